@@ -1,0 +1,26 @@
+"""Lite: keep your PyTorch training loop and scale it by changing constructor arguments.
+
+Public names are re-exported here and imported lazily, so `import lite_core` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lite_core.__about__ import __version__
+
+if TYPE_CHECKING:
+    from lite_core._seed import seed_everything
+    from lite_core.lite import LightningLite
+
+__all__ = ["LightningLite", "__version__", "seed_everything"]
+
+_LAZY = {"LightningLite": "lite_core.lite", "seed_everything": "lite_core._seed"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lite_core' has no attribute {name!r}")

@@ -1,0 +1,153 @@
+"""Joins the user's accelerator, strategy, devices and precision into one connected strategy.
+
+Every decision reads what the classes declare (`Accelerator.priority`, `.supported_precisions`,
+`.default_distributed_strategy`, `Strategy.supported_accelerators`, `.supported_precisions`,
+`.is_distributed`); no branch here names a particular backend.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from lite_core._registry import ACCELERATORS, STRATEGIES
+from lite_core.accelerators.accelerator import Accelerator
+from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from lite_core.errors import BackendImportError, ConfigurationError
+from lite_core.io.checkpoint_io import CheckpointIO
+from lite_core.precision.names import normalize_precision
+from lite_core.precision.precision import Precision
+from lite_core.strategies.strategy import Strategy
+
+_PLUGIN_KINDS = (Precision, ClusterEnvironment, CheckpointIO)
+
+
+def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any,
+            plugins: Any) -> Strategy:
+    """Resolve every choice and return the strategy with accelerator, environment and precision."""
+    given = _sort_plugins(precision, plugins)
+    _check_num_nodes(num_nodes)
+    strategy_cls = type(strategy) if isinstance(strategy, Strategy) else _strategy_class(strategy)
+    accel = _accelerator(accelerator, strategy_cls)
+    indexes = accel.parse_devices(devices)
+    environment = given.get(ClusterEnvironment) or detect_environment()
+    if strategy_cls is None:
+        multi = len(indexes) * num_nodes > 1
+        strategy_cls = STRATEGIES.load(accel.default_distributed_strategy if multi else "single_device")
+    chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
+    _check_strategy(chosen, accel, len(indexes), num_nodes)
+    environment.validate_settings(len(indexes), num_nodes)
+    _check_multi_node(environment, num_nodes)
+    chosen.connect(accel, environment, indexes, num_nodes)
+    chosen.precision = given.get(Precision) or _precision(chosen, accel, precision)
+    if CheckpointIO in given:
+        chosen.checkpoint_io = given[CheckpointIO]
+    return chosen
+
+
+def _sort_plugins(precision: Any, plugins: Any) -> dict[type, Any]:
+    items = list(plugins) if isinstance(plugins, (list, tuple)) else ([] if plugins is None else [plugins])
+    if isinstance(precision, Precision):
+        items.append(precision)
+    given: dict[type, Any] = {}
+    for item in items:
+        kind = next((k for k in _PLUGIN_KINDS if isinstance(item, k)), None)
+        if kind is None:
+            raise ConfigurationError(
+                f"plugins got {item!r}, which is not a Precision, ClusterEnvironment or CheckpointIO:"
+                " pass accelerators and strategies as accelerator=... and strategy=... instead."
+            )
+        if kind in given:
+            raise ConfigurationError(f"plugins holds two {kind.__name__} objects: pass only one.")
+        given[kind] = item
+    return given
+
+
+def _check_num_nodes(num_nodes: Any) -> None:
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise ConfigurationError(f"num_nodes={num_nodes!r} is not valid: pass a positive integer, e.g. num_nodes=1.")
+
+
+def _strategy_class(strategy: Any) -> type[Strategy] | None:
+    if strategy == "auto" or strategy is None:
+        return None
+    if not isinstance(strategy, str):
+        raise ConfigurationError(
+            f"strategy={strategy!r} is neither a name nor a Strategy instance: pass e.g. strategy='ddp'."
+        )
+    return STRATEGIES.load(strategy)
+
+
+def _accelerator(accelerator: Any, strategy_cls: type[Strategy] | None) -> Accelerator:
+    if isinstance(accelerator, Accelerator):
+        return accelerator
+    if accelerator is None or accelerator == "auto":
+        return _auto_accelerator(strategy_cls)()
+    if not isinstance(accelerator, str):
+        raise ConfigurationError(
+            f"accelerator={accelerator!r} is neither a name nor an Accelerator instance: pass e.g. accelerator='cpu'."
+        )
+    accel_cls = ACCELERATORS.load(accelerator)
+    if not accel_cls.is_available():
+        raise ConfigurationError(
+            f"accelerator={accelerator!r} was requested but this machine has no such device: use accelerator='auto' or 'cpu'."
+        )
+    return accel_cls()
+
+
+def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
+    wanted = strategy_cls.supported_accelerators if strategy_cls is not None else None
+    candidates = []
+    for name in ACCELERATORS.names():
+        if wanted is not None and name not in wanted:
+            continue
+        try:
+            accel_cls = ACCELERATORS.load(name)
+        except BackendImportError as err:
+            warnings.warn(f"Skipping a broken backend while choosing accelerator='auto': {err}", stacklevel=4)
+            continue
+        if accel_cls.is_available():
+            candidates.append(accel_cls)
+    if not candidates:
+        raise ConfigurationError(
+            f"No available accelerator supports the chosen strategy (it runs on {sorted(wanted or [])}): install"
+            " and set up one of those, or choose another strategy."
+        )
+    return max(candidates, key=lambda cls: cls.priority)
+
+
+def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, num_nodes: int) -> None:
+    supported = strategy.supported_accelerators
+    if supported is not None and accel.name not in supported:
+        raise ConfigurationError(
+            f"strategy={strategy.name!r} does not run on accelerator={accel.name!r}: choose one of"
+            f" {sorted(supported)} or another strategy."
+        )
+    if not strategy.is_distributed and num_devices * num_nodes > 1:
+        raise ConfigurationError(
+            f"strategy={strategy.name!r} runs one process but devices={num_devices}, num_nodes={num_nodes}"
+            " ask for more: use strategy='ddp' (or 'auto'), or devices=1."
+        )
+
+
+def _check_multi_node(environment: ClusterEnvironment, num_nodes: int) -> None:
+    if num_nodes > 1 and isinstance(environment, LocalEnvironment):
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if v not in os.environ]
+        if missing:
+            raise ConfigurationError(
+                f"num_nodes={num_nodes} without a cluster scheduler needs {', '.join(missing)} set on every"
+                " node: export MASTER_ADDR and MASTER_PORT of node 0 and each node's NODE_RANK (or use"
+                " torchrun or SLURM)."
+            )
+
+
+def _precision(strategy: Strategy, accel: Accelerator, precision: Any) -> Precision:
+    name = normalize_precision(precision)
+    supported = strategy.supported_precisions & accel.supported_precisions
+    if name not in supported:
+        raise ConfigurationError(
+            f"precision={name!r} is not supported by strategy={strategy.name!r} on accelerator={accel.name!r}:"
+            f" choose one of {sorted(supported)}."
+        )
+    return strategy.build_precision(name)

@@ -1,0 +1,123 @@
+"""Gives each process its own shard of a dataloader's samples."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Iterator, Sized
+from typing import Any, Callable
+
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from lite_core._seed import seed_worker, worker_seeding_enabled
+from lite_core.errors import MisuseError
+
+# DataLoader arguments that describe how it loads (everything but what picks the samples).
+_LOADER_ARGUMENTS = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+)
+
+
+class ShardedSampler(Sampler[int]):
+    """Gives rank `r` every `num_replicas`-th index of the user's sampler, starting at `r`.
+
+    Every rank draws the same sequence from the user's sampler (so it must be deterministic
+    for a given epoch); with `drop_last=False` the sequence is padded by repeating its start so
+    that all ranks see the same number of samples.
+    """
+
+    def __init__(self, sampler: Sampler[int], num_replicas: int, rank: int, drop_last: bool = False) -> None:
+        self.sampler = sampler
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        total = len(self.sampler)  # type: ignore[arg-type]
+        if self.drop_last:
+            return total // self.num_replicas
+        return math.ceil(total / self.num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        indexes = list(self.sampler)
+        wanted = len(self) * self.num_replicas
+        if len(indexes) < wanted:
+            indexes += (indexes * math.ceil(wanted / max(len(indexes), 1)))[: wanted - len(indexes)]
+        return iter(indexes[self.rank : wanted : self.num_replicas])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the user's sampler when it uses one."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def distribute(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """A copy of `dataloader` that loads only this rank's shard, with its other settings kept."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        return dataloader  # the dataset decides what each rank reads
+    sampler = _sharded(dataloader, num_replicas, rank, seed)
+    if sampler is None:
+        return dataloader
+    return _rebuild(dataloader, sampler)
+
+
+def _sharded(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> Sampler[Any] | None:
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        raise MisuseError(
+            f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
+            " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
+        )
+    sampler = dataloader.sampler
+    if isinstance(sampler, DistributedSampler):
+        return None
+    drop_last = dataloader.drop_last
+    if type(sampler) in (RandomSampler, SequentialSampler) and not getattr(sampler, "replacement", False):
+        shuffle = isinstance(sampler, RandomSampler)
+        return DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                                  seed=seed, drop_last=drop_last)
+    if not isinstance(sampler, Sized):
+        raise MisuseError(
+            f"The dataloader's sampler ({type(sampler).__name__}) has no length, so Lite cannot shard it:"
+            " pass setup_dataloaders(..., replace_sampler=False) and shard it yourself."
+        )
+    return ShardedSampler(sampler, num_replicas, rank, drop_last=drop_last)
+
+
+def _rebuild(dataloader: DataLoader, sampler: Sampler[Any]) -> DataLoader:
+    kwargs = {name: getattr(dataloader, name) for name in _LOADER_ARGUMENTS if hasattr(dataloader, name)}
+    if dataloader.num_workers == 0:
+        kwargs.pop("prefetch_factor", None)
+    kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, sampler=sampler)
+    accepted = inspect.signature(type(dataloader).__init__).parameters
+    if type(dataloader) is not DataLoader and not all(name in accepted for name in ("dataset", *kwargs)):
+        raise MisuseError(
+            f"Lite cannot rebuild your {type(dataloader).__name__} with a distributed sampler because its"
+            " __init__ does not accept DataLoader's arguments: pass replace_sampler=False and give it a"
+            " DistributedSampler yourself."
+        )
+    return type(dataloader)(dataloader.dataset, **kwargs)
+
+
+def with_worker_seeding(dataloader: DataLoader, rank: int) -> DataLoader:
+    """Seed `random`, NumPy and torch in each worker when `seed_everything(workers=True)` ran."""
+    if dataloader.num_workers == 0 or not worker_seeding_enabled():
+        return dataloader
+    dataloader.worker_init_fn = functools.partial(_init_worker, rank=rank, user_fn=dataloader.worker_init_fn)
+    return dataloader
+
+
+def _init_worker(worker_id: int, rank: int, user_fn: Callable[[int], Any] | None) -> None:
+    seed_worker(worker_id, rank)
+    if user_fn is not None:
+        user_fn(worker_id)

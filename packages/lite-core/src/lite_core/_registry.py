@@ -1,0 +1,138 @@
+"""Finds accelerators and strategies through entry points, loading only what is asked for."""
+
+from __future__ import annotations
+
+import difflib
+from functools import cache
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import Version
+
+from lite_core.errors import (
+    BackendImportError,
+    BackendNotInstalledError,
+    IncompatibleBackendError,
+    UnknownNameError,
+)
+
+_CORE = "lite-core"
+
+#: Names provided by backends that Lite knows of, with the extra that installs each.
+_KNOWN_BACKENDS: dict[str, dict[str, str]] = {
+    "accelerator": {"cuda": "cuda", "gpu": "cuda", "tpu": "xla", "xla": "xla"},
+    "strategy": {
+        "dp": "cuda",
+        "deepspeed": "deepspeed",
+        "deepspeed_stage_1": "deepspeed",
+        "deepspeed_stage_2": "deepspeed",
+        "deepspeed_stage_2_offload": "deepspeed",
+        "deepspeed_stage_3": "deepspeed",
+        "deepspeed_stage_3_offload": "deepspeed",
+        "xla": "xla",
+        "xla_fsdp": "xla",
+    },
+}
+_EXTRA_PACKAGE = {"cuda": "lite-cuda", "xla": "lite-xla", "deepspeed": "lite-deepspeed"}
+
+
+class Registry:
+    """The plugins of one kind ("accelerator" or "strategy") in one entry-point group."""
+
+    def __init__(self, kind: str, group: str) -> None:
+        self.kind = kind
+        self.group = group
+
+    def names(self) -> list[str]:
+        """Every installed name, without importing any backend."""
+        return sorted(_entry_points(self.group))
+
+    def load(self, name: str) -> type[Any]:
+        """Import and return the class registered as `name`, checking its backend's version."""
+        found = _entry_points(self.group).get(name)
+        if found is None:
+            raise self._missing(name)
+        _check_compatible(found)
+        try:
+            return found.load()
+        except Exception as err:
+            dist = _dist_label(found)
+            raise BackendImportError(
+                f"The {self.kind} '{name}' from {dist} failed to import ({type(err).__name__}: {err}):"
+                f" reinstall or upgrade {dist.split()[0]}, or uninstall it if you do not need it."
+            ) from err
+
+    def _missing(self, name: str) -> Exception:
+        extra = _KNOWN_BACKENDS[self.kind].get(name)
+        if extra is not None:
+            return BackendNotInstalledError(
+                f"{self.kind}={name!r} is provided by {_EXTRA_PACKAGE[extra]}, which is not installed:"
+                f" run `pip install 'lite-core[{extra}]'`."
+            )
+        valid = self.names()
+        guess = difflib.get_close_matches(name, valid + sorted(_KNOWN_BACKENDS[self.kind]), n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        return UnknownNameError(
+            f"{self.kind}={name!r} is not a known {self.kind}: {hint}valid names are {', '.join(valid)}."
+        )
+
+
+@cache
+def _entry_points(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def clear_cache() -> None:
+    """Forget the entry points read so far (after installing a backend in this process)."""
+    _entry_points.cache_clear()
+    _core_version.cache_clear()
+
+
+@cache
+def _core_version() -> Version:
+    try:
+        return Version(version(_CORE))
+    except PackageNotFoundError:
+        from lite_core.__about__ import __version__
+
+        return Version(__version__)
+
+
+def _check_compatible(found: EntryPoint) -> None:
+    dist = found.dist
+    if dist is None or dist.metadata["Name"] == _CORE:
+        return
+    for line in dist.requires or []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.name != _CORE or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        core = _core_version()
+        if not requirement.specifier.contains(core, prereleases=True):
+            raise _incompatible(dist.metadata["Name"], dist.version, str(requirement.specifier), core)
+
+
+def _incompatible(name: str, backend_version: str, spec: str, core: Version) -> IncompatibleBackendError:
+    core_is_too_old = any(Version(core_v) > core for core_v in _lower_bounds(spec))
+    fix = f"pip install --upgrade 'lite-core{spec}'" if core_is_too_old else f"pip install --upgrade {name}"
+    return IncompatibleBackendError(
+        f"{name} {backend_version} needs lite-core{spec} but lite-core {core} is installed: run `{fix}`."
+    )
+
+
+def _lower_bounds(spec: str) -> list[str]:
+    from packaging.specifiers import SpecifierSet
+
+    return [s.version for s in SpecifierSet(spec) if s.operator in (">=", ">", "==", "~=")]
+
+
+def _dist_label(found: EntryPoint) -> str:
+    dist = found.dist
+    return f"{dist.metadata['Name']} {dist.version}" if dist is not None else f"'{found.value}'"
+
+
+ACCELERATORS = Registry("accelerator", "lite_core.accelerators")
+STRATEGIES = Registry("strategy", "lite_core.strategies")

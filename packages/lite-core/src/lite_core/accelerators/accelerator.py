@@ -1,0 +1,55 @@
+"""The accelerator: which devices a process can use and how to prepare them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lite_core.precision.names import PRECISIONS
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Accelerator(ABC):
+    """A kind of device. Subclasses declare what they support; the connector reads it.
+
+    Backends register subclasses under the `lite_core.accelerators` entry-point group.
+    """
+
+    #: The name users pass as `accelerator=...` (aliases are further entry-point names).
+    name: ClassVar[str]
+    #: Highest available priority wins when the user asks for `accelerator="auto"`.
+    priority: ClassVar[int] = 0
+    #: `torch.distributed` backend for process groups on this device.
+    distributed_backend: ClassVar[str] = "gloo"
+    #: Strategy chosen for `strategy="auto"` when the job has more than one process.
+    default_distributed_strategy: ClassVar[str] = "ddp"
+    #: Precisions this device can run.
+    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
+    #: Device type passed to `torch.autocast`.
+    autocast_device_type: ClassVar[str] = "cpu"
+
+    @staticmethod
+    @abstractmethod
+    def is_available() -> bool:
+        """Whether this machine has at least one such device."""
+
+    @staticmethod
+    @abstractmethod
+    def parse_devices(devices: Any) -> list[int]:
+        """Turn the user's `devices` argument into device indexes (one process each)."""
+
+    @abstractmethod
+    def get_device(self, index: int) -> torch.device:
+        """The `torch.device` a process with this device index computes on."""
+
+    def setup_device(self, device: torch.device) -> None:
+        """Prepare `device` for the current process (e.g. make it the current CUDA device)."""
+
+    def teardown(self) -> None:
+        """Release what `setup_device` took."""
+
+    def describe(self) -> str:
+        """One line for `lite env` and error messages."""
+        return f"{self.name} (available: {self.is_available()})"

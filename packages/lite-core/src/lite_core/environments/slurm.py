@@ -1,0 +1,144 @@
+"""Processes started by SLURM (`srun`, or `sbatch` scripts that call `srun`)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from lite_core.environments._envvars import env_int, port_from_env_or_job
+from lite_core.environments.environment import ClusterEnvironment
+from lite_core.errors import ConfigurationError
+
+_LAUNCHER = "SLURM (srun)"
+_INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+_MPIRUN_MARKERS = ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")  # Open MPI's, Hydra's mpirun
+
+
+def parse_slurm_hostlist(hostlist: str) -> list[str]:
+    """Expand SLURM's compressed host list into host names, keeping the zero padding of ranges.
+
+    For example `"node[01-02,07],gpu5"` becomes `["node01", "node02", "node07", "gpu5"]`.
+
+    Raises:
+        ConfigurationError: The brackets do not balance or a range is not numeric and ascending.
+    """
+    entries: list[str] = []
+    depth = start = 0
+    for i, char in enumerate(hostlist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            break
+        if char == "," and depth == 0:
+            entries.append(hostlist[start:i])
+            start = i + 1
+    if depth != 0:
+        raise _bad_hostlist(hostlist)
+    entries.append(hostlist[start:])
+    return [host for entry in entries if entry.strip() for host in _expand(entry.strip(), hostlist)]
+
+
+def _expand(entry: str, hostlist: str) -> list[str]:
+    """Expand one host pattern, which may hold several bracket groups."""
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", entry)
+    if match is None:
+        return [entry]
+    prefix, ranges, rest = match.groups()
+    values: list[str] = []
+    for part in ranges.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not (high.isdigit() and int(high) >= int(low))):
+            raise _bad_hostlist(hostlist)
+        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high or low) + 1))
+    return [prefix + value + tail for value in values for tail in _expand(rest, hostlist)]
+
+
+def _bad_hostlist(hostlist: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"SLURM host list {hostlist!r} cannot be parsed: export MASTER_ADDR to the host of node 0."
+    )
+
+
+class SLURMEnvironment(ClusterEnvironment):
+    """Reads the ranks SLURM assigns to each task started by `srun`.
+
+    Interactive allocations (job name `bash` or `interactive`) are not detected, so that Lite can
+    start its own processes inside them; nor are processes that `mpirun` started inside a job.
+    `MASTER_ADDR` and `MASTER_PORT` override the first host of the node list and the port derived
+    from `SLURM_JOB_ID`.
+    """
+
+    name = "slurm"
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        if "MASTER_ADDR" in os.environ:
+            return os.environ["MASTER_ADDR"]
+        nodelist = os.environ.get("SLURM_NODELIST", os.environ.get("SLURM_JOB_NODELIST"))
+        hosts = parse_slurm_hostlist(nodelist) if nodelist else []
+        if not hosts:
+            raise ConfigurationError(
+                "SLURM_NODELIST and SLURM_JOB_NODELIST are unset or empty: "
+                "export MASTER_ADDR to the host of node 0."
+            )
+        return hosts[0]
+
+    @property
+    def main_port(self) -> int:
+        return port_from_env_or_job("SLURM_JOB_ID", _LAUNCHER)
+
+    @staticmethod
+    def detect() -> bool:
+        # mpirun/mpiexec inside an allocation starts the ranks through its own daemons, whose
+        # SLURM_* ranks describe the daemons; the MPI launcher's variables then win.
+        started_by_mpirun = any(name in os.environ for name in _MPIRUN_MARKERS)
+        return (
+            "SLURM_NTASKS" in os.environ
+            and os.environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_JOB_NAMES
+            and not started_by_mpirun
+        )
+
+    def world_size(self) -> int:
+        return env_int("SLURM_NTASKS", _LAUNCHER)
+
+    def global_rank(self) -> int:
+        return env_int("SLURM_PROCID", _LAUNCHER)
+
+    def local_rank(self) -> int:
+        return env_int("SLURM_LOCALID", _LAUNCHER)
+
+    def node_rank(self) -> int:
+        return env_int("SLURM_NODEID", _LAUNCHER)
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check `--ntasks-per-node`, `--nodes` and `--ntasks` against `devices` and `num_nodes`.
+
+        Raises:
+            ConfigurationError: The allocation disagrees with the Lite arguments.
+        """
+        if "SLURM_NTASKS_PER_NODE" in os.environ:
+            per_node = env_int("SLURM_NTASKS_PER_NODE", _LAUNCHER)
+            if per_node != num_devices:
+                raise ConfigurationError(
+                    f"SLURM runs {per_node} tasks per node but "
+                    f"LightningLite(devices={num_devices}) asks for {num_devices}: make them "
+                    f"agree, e.g. devices={per_node} or sbatch --ntasks-per-node={num_devices}."
+                )
+        if "SLURM_NNODES" in os.environ:
+            nodes = env_int("SLURM_NNODES", _LAUNCHER)
+            if nodes != num_nodes:
+                raise ConfigurationError(
+                    f"SLURM allocated {nodes} nodes but LightningLite(num_nodes={num_nodes}) asks "
+                    f"for {num_nodes}: make them agree, e.g. num_nodes={nodes} or "
+                    f"sbatch --nodes={num_nodes}."
+                )
+        world = self.world_size()
+        if world != num_devices * num_nodes:
+            raise ConfigurationError(
+                f"SLURM started {world} tasks but LightningLite(devices={num_devices}, "
+                f"num_nodes={num_nodes}) expects {num_devices * num_nodes}: make them agree, e.g. "
+                f"sbatch --ntasks-per-node={num_devices} --nodes={num_nodes}."
+            )

@@ -1,0 +1,78 @@
+"""Processes started by `torchrun` (TorchElastic)."""
+
+from __future__ import annotations
+
+import os
+
+from lite_core.environments._envvars import env_int
+from lite_core.environments.environment import ClusterEnvironment
+from lite_core.errors import ConfigurationError
+
+_LAUNCHER = "torchrun"
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """Reads what `torchrun` exports to each worker process.
+
+    torchrun sets `TORCHELASTIC_RUN_ID`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+    `GROUP_RANK` (the node rank), `MASTER_ADDR` and `MASTER_PORT`.
+    """
+
+    name = "torchelastic"
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        if "MASTER_ADDR" not in os.environ:
+            raise ConfigurationError(
+                "MASTER_ADDR is not set although the job looks like it runs under torchrun: "
+                "start the script through torchrun or export MASTER_ADDR."
+            )
+        return os.environ["MASTER_ADDR"]
+
+    @property
+    def main_port(self) -> int:
+        return env_int("MASTER_PORT", _LAUNCHER)
+
+    @staticmethod
+    def detect() -> bool:
+        required = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+        return all(name in os.environ for name in required)
+
+    def world_size(self) -> int:
+        return env_int("WORLD_SIZE", _LAUNCHER)
+
+    def global_rank(self) -> int:
+        return env_int("RANK", _LAUNCHER)
+
+    def local_rank(self) -> int:
+        return env_int("LOCAL_RANK", _LAUNCHER)
+
+    def node_rank(self) -> int:
+        return env_int("GROUP_RANK", _LAUNCHER, default=0)
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check that torchrun's process counts match `devices` and `num_nodes`.
+
+        Raises:
+            ConfigurationError: The processes per node or the world size disagree.
+        """
+        if "LOCAL_WORLD_SIZE" in os.environ:
+            per_node = env_int("LOCAL_WORLD_SIZE", _LAUNCHER)
+            if per_node != num_devices:
+                raise ConfigurationError(
+                    f"torchrun started {per_node} processes per node but "
+                    f"LightningLite(devices={num_devices}) asks for {num_devices}: make them "
+                    f"agree, e.g. devices={per_node} or torchrun --nproc-per-node={num_devices}."
+                )
+        world = self.world_size()
+        if world != num_devices * num_nodes:
+            raise ConfigurationError(
+                f"torchrun started {world} processes in total but "
+                f"LightningLite(devices={num_devices}, num_nodes={num_nodes}) expects "
+                f"{num_devices * num_nodes}: make them agree, e.g. num_nodes="
+                f"{max(world // max(num_devices, 1), 1)} or torchrun --nnodes={num_nodes}."
+            )

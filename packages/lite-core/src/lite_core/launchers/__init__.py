@@ -1,0 +1,5 @@
+"""Launchers: what starts the processes of a job."""
+
+from lite_core.launchers.launcher import Launcher
+
+__all__ = ["Launcher"]

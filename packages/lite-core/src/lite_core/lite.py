@@ -1,0 +1,376 @@
+"""`LightningLite`: keep your training loop, choose the hardware and strategy in the constructor."""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+import weakref
+from collections.abc import Generator, Iterable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, TypeVar, cast
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from lite_core import _checkpoint, _data, _seed
+from lite_core._connector import connect
+from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.strategies.strategy import Strategy
+from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer
+
+T = TypeVar("T")
+
+
+class LightningLite:
+    """Runs your own PyTorch loop on any accelerator and strategy chosen by the arguments.
+
+    Put the loop in `run()` (or pass a function to `launch()`); Lite starts the processes, sets
+    up each one once, and hands rank 0's return value back to the caller.
+
+    Args:
+        accelerator: `"cpu"`, `"cuda"`/`"gpu"`, `"tpu"`/`"xla"`, `"auto"` or an `Accelerator`.
+        strategy: `"auto"`, `"single_device"`, `"ddp"`, `"ddp_spawn"`, `"ddp_fork"`,
+            `"ddp_notebook"`, a backend's name (e.g. `"deepspeed_stage_3"`) or a `Strategy`.
+        devices: how many devices (processes) per node, a list of indexes, or `"auto"`.
+        num_nodes: how many machines the job spans.
+        precision: `"64-true"`, `"32-true"`, `"16-mixed"`, `"bf16-mixed"`, `"16-true"`,
+            `"bf16-true"` (legacy `64`, `32`, `16`, `"bf16"` accepted) or a `Precision`.
+        plugins: a `Precision`, `ClusterEnvironment` or `CheckpointIO` instance, or a list.
+        loggers: objects with `log_metrics(metrics, step)`; written by rank 0 only.
+        callbacks: objects whose methods `call(hook_name, ...)` invokes.
+        gpus: deprecated, means `accelerator="cuda", devices=gpus`.
+        tpu_cores: deprecated, means `accelerator="tpu", devices=tpu_cores`.
+    """
+
+    def __init__(self, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
+                 num_nodes: int = 1, precision: Any = "32-true", plugins: Any = None,
+                 loggers: Any = None, callbacks: Any = None, *, gpus: Any = None,
+                 tpu_cores: Any = None) -> None:
+        accelerator, devices = _legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
+        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
+        self._loggers = _as_list(loggers)
+        self._callbacks = _as_list(callbacks)
+        self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._models: list[LiteModule] = []
+        self._inside_run = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__:
+            cls.run = _wrap_run(cls.__dict__["run"])  # type: ignore[method-assign]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned process gets a copy without the parent's set-up objects.
+        state = self.__dict__.copy()
+        state.update(_set_up=None, _models=[])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._set_up = weakref.WeakSet()
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._strategy.root_device
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process across all nodes."""
+        return self._strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        return self._strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """Rank of this process's node."""
+        return self._strategy.node_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self._strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process with global rank 0."""
+        return self.global_rank == 0
+
+    @property
+    def strategy(self) -> Strategy:
+        """The connected strategy (its accelerator, precision and environment hang off it)."""
+        return self._strategy
+
+    # -- entry points ------------------------------------------------------------------------------
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Override this with your training loop; Lite launches and wraps it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not override run(): put your loop in run(), or call"
+            " launch(fn) with a function instead."
+        )
+
+    def launch(self, fn: Callable[..., T] | None = None, *args: Any, **kwargs: Any) -> T | None:
+        """Start the processes and run `fn(self, *args, **kwargs)` in each; returns rank 0's result.
+
+        Without `fn`, only launchers that re-run the script (e.g. `ddp`) work: the processes are
+        started and set up, and the code after `launch()` runs in every one of them.
+        """
+        if fn is not None:
+            return cast(T, self._launch(functools.partial(self._execute, fn, (self, *args), kwargs)))
+        launcher = self._strategy.launcher
+        if launcher is not None and launcher.needs_function:
+            raise MisuseError(
+                f"strategy={self._strategy.name!r} starts processes that need code to run: pass a"
+                " function, launch(train), or put your loop in run()."
+            )
+        if launcher is not None:
+            launcher.start()
+        self._strategy.setup_environment()
+        return None
+
+    def _launch(self, worker: Callable[[], T]) -> T:
+        launcher = self._strategy.launcher
+        if self._inside_run or launcher is None:
+            return worker()
+        return cast(T, launcher.launch(worker))
+
+    def _user_run(self, *args: Any, **kwargs: Any) -> Any:
+        # Looked up by name (not captured) so a pickled copy in a spawned process finds it too.
+        return type(self).run.__wrapped__(self, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def _execute(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        self._strategy.setup_environment()
+        outer, self._inside_run = self._inside_run, True
+        try:
+            with self._strategy.run_context():
+                return fn(*args, **kwargs)
+        except BaseException:
+            getattr(self._strategy, "mark_failed", lambda: None)()
+            raise
+        finally:
+            self._inside_run = outer
+
+    # -- setup -----------------------------------------------------------------------------------------
+    def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
+        """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`."""
+        module = self.setup_module(model, move_to_device=move_to_device)
+        if not optimizers:
+            return module
+        return (module, *self._wrap_optimizers(optimizers))
+
+    def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
+        """Move the model to the device, apply the precision and wrap it for the strategy."""
+        self._require_environment("setup_module")
+        self._claim(model, "model")
+        model = self._strategy.precision.convert_module(model)
+        if move_to_device:
+            model = self._strategy.module_to_device(model)
+        wrapped = LiteModule(self._strategy.setup_module(model), model, self._strategy)
+        self._models.append(wrapped)
+        return wrapped
+
+    def setup_optimizers(self, *optimizers: Optimizer) -> Any:
+        """Wrap optimizers so that `step()` goes through the strategy and precision."""
+        wrapped = self._wrap_optimizers(optimizers)
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _wrap_optimizers(self, optimizers: tuple[Optimizer, ...]) -> list[Optimizer]:
+        self._require_environment("setup_optimizers")
+        wrapped = []
+        for optimizer in optimizers:
+            self._claim(optimizer, "optimizer")
+            wrapped.append(wrap_optimizer(self._strategy.setup_optimizer(optimizer), self._strategy))
+        return wrapped
+
+    def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
+                          move_to_device: bool = True) -> Any:
+        """Shard each dataloader across processes and move its batches to the device."""
+        self._require_environment("setup_dataloaders")
+        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device) for d in dataloaders]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool) -> LiteDataLoader:
+        if not isinstance(dataloader, DataLoader):
+            raise MisuseError(
+                f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
+                " your data in a torch.utils.data.DataLoader."
+            )
+        self._claim(dataloader, "dataloader")
+        shard = self._strategy.distributed_sampler_kwargs()
+        if replace_sampler and shard is not None:
+            seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
+            dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
+        dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
+        return LiteDataLoader(dataloader, self._strategy if move_to_device else None)
+
+    def _claim(self, obj: Any, kind: str) -> None:
+        if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
+            raise MisuseError(f"This {kind} was already set up by Lite: set up each {kind} once and reuse the result.")
+        self._set_up.add(obj)
+
+    def _require_environment(self, method: str) -> None:
+        if self._strategy.environment_ready:
+            return
+        if self._strategy.is_distributed:
+            raise MisuseError(
+                f"{method}() was called before the processes were launched: call it inside run(), or"
+                " after launch()."
+            )
+        self._strategy.setup_environment()
+
+    # -- training step ---------------------------------------------------------------------------------
+    def backward(self, tensor: torch.Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
+        """`tensor.backward()` through the strategy and precision (use it instead of `loss.backward()`)."""
+        if not self._models:
+            raise MisuseError("backward() was called before any model was set up: call setup(model, optimizer) first.")
+        module = model if model is not None else self._models[0]
+        self._strategy.backward(tensor, module, *args, **kwargs)
+
+    def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
+                       max_norm: float | None = None, norm_type: float = 2.0,
+                       error_if_nonfinite: bool = True) -> torch.Tensor | None:
+        """Clip gradients by value (`clip_val`) or total norm (`max_norm`, returns the norm)."""
+        if (clip_val is None) == (max_norm is None):
+            raise MisuseError("clip_gradients() needs exactly one of clip_val and max_norm: pass one of them.")
+        inner = optimizer.optimizer if isinstance(optimizer, _LiteOptimizerBase) else optimizer
+        if max_norm is not None:
+            return self._strategy.clip_gradients_norm(model, inner, max_norm, norm_type, error_if_nonfinite)
+        self._strategy.clip_gradients_value(model, inner, cast(float, clip_val))
+        return None
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
+        if not isinstance(model, LiteModule):
+            raise MisuseError("no_backward_sync() needs the model returned by setup(): pass that one.")
+        if not enabled:
+            return nullcontext()
+        return self._strategy.no_backward_sync(model._forward_module)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The precision's forward context, for code that runs outside the wrapped model."""
+        return self._strategy.precision.forward_context()
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Context for building modules directly on the device and in the precision."""
+        return self._strategy.module_init_context(empty_init)
+
+    def to_device(self, obj: Any) -> Any:
+        """Move a module, or every tensor in a nested structure, to this process's device."""
+        if isinstance(obj, nn.Module):
+            return self._strategy.module_to_device(obj)
+        return self._strategy.batch_to_device(obj)
+
+    # -- processes ---------------------------------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on global rank 0 only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process arrives."""
+        self._require_collectives("barrier")
+        self._strategy.barrier(name)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Rank `src`'s `obj` on every process (any picklable object)."""
+        self._require_collectives("broadcast")
+        return cast(T, self._strategy.broadcast(obj, src))
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Each tensor in `data` stacked from every process along a new first dimension."""
+        self._require_collectives("all_gather")
+        return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
+
+    def all_reduce(self, data: Any, group: Any = None, reduce_op: str = "mean") -> Any:
+        """Each tensor in `data` reduced over every process (`mean`, `sum`, `max`, `min`, `product`)."""
+        self._require_collectives("all_reduce")
+        return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
+
+    def _require_collectives(self, method: str) -> None:
+        if self._strategy.is_distributed and not self._strategy.environment_ready:
+            raise MisuseError(f"{method}() needs the processes to be running: call it inside run() or after launch().")
+
+    @contextmanager
+    def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
+        """Rank 0 (of the node, with `local=True`) runs the block first, the others after it."""
+        first = (self.local_rank if local else self.global_rank) == 0
+        if not first:
+            self.barrier("rank_zero_first")
+        yield
+        if first:
+            self.barrier("rank_zero_first")
+
+    # -- checkpoints, logging, callbacks -----------------------------------------------------------------
+    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
+        """Save `content` (modules and optimizers become their state) atomically from rank 0."""
+        self._strategy.save_checkpoint(os.fspath(filepath), _checkpoint.to_state(content, self._strategy))
+
+    def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
+             weights_only: bool = True) -> dict[str, Any]:
+        """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content."""
+        content = self._strategy.load_checkpoint(os.fspath(filepath), weights_only=weights_only)
+        if state is not None:
+            _checkpoint.restore(state, content, strict=strict, strategy=self._strategy)
+        return content
+
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """Log one value to every logger (rank 0 only)."""
+        self.log_dict({name: value}, step=step)
+
+    def log_dict(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log several values to every logger (rank 0 only)."""
+        if not self.is_global_zero:
+            return
+        metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+        for logger in self._loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        """Call `hook_name(*args, **kwargs)` on every callback that defines it."""
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if callable(method):
+                method(*args, **kwargs)
+
+    @staticmethod
+    def seed_everything(seed: int | None = None, workers: bool = True) -> int:
+        """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
+        return _seed.seed_everything(seed, workers=workers)
+
+
+def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(run)
+    def wrapped(self: LightningLite, *args: Any, **kwargs: Any) -> Any:
+        if self._inside_run:
+            return run(self, *args, **kwargs)
+        return self._launch(functools.partial(self._execute, self._user_run, args, kwargs))
+
+    return wrapped
+
+
+def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:
+    for flag, value, name in (("gpus", gpus, "cuda"), ("tpu_cores", tpu_cores, "tpu")):
+        if value is None:
+            continue
+        if accelerator not in ("auto", name) or devices != "auto":
+            raise ConfigurationError(
+                f"{flag}={value!r} cannot be combined with accelerator/devices: pass only"
+                f" accelerator={name!r}, devices={value!r}."
+            )
+        warnings.warn(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.",
+                      DeprecationWarning, stacklevel=3)
+        return name, value
+    return accelerator, devices
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]

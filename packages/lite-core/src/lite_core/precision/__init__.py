@@ -1,0 +1,5 @@
+"""Precision plugins."""
+
+from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
+
+__all__ = ["MixedPrecision", "Precision", "TruePrecision"]

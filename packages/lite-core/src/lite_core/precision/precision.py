@@ -1,0 +1,157 @@
+"""Precision plugins: how modules, inputs, the forward pass and the backward pass are typed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils._pytree import tree_map_only
+
+
+class Precision:
+    """Full `32-true` precision: leaves everything as the user wrote it (bit-for-bit parity)."""
+
+    name: str = "32-true"
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast the module's parameters and buffers to this precision."""
+        return module
+
+    def module_init_context(self) -> ContextManager[Any]:
+        """Context in which modules are created directly in this precision."""
+        return nullcontext()
+
+    def forward_context(self) -> ContextManager[Any]:
+        """Context around the model's forward pass (autocast for mixed precision)."""
+        return nullcontext()
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast the floating-point tensors of a batch before the forward pass."""
+        return data
+
+    def convert_output(self, data: Any) -> Any:
+        """Cast the floating-point tensors the forward pass returned."""
+        return data
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Run the backward pass from `tensor`."""
+        tensor.backward(*args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step `optimizer`; returns what its `step` returns."""
+        return optimizer.step(**kwargs)
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Bring gradients to their true scale before they are clipped or inspected."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save with a checkpoint (e.g. the gradient scaler's)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
+
+class TruePrecision(Precision):
+    """`64-true`, `16-true` or `bf16-true`: parameters, inputs and computation in one dtype."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name = name
+        self._dtype = dtype
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self._dtype)
+
+    def module_init_context(self) -> ContextManager[Any]:
+        return _default_dtype(self._dtype)
+
+    def forward_context(self) -> ContextManager[Any]:
+        return _default_dtype(self._dtype)
+
+    def convert_input(self, data: Any) -> Any:
+        return _cast_floating(data, self._dtype)
+
+
+class MixedPrecision(Precision):
+    """`16-mixed` or `bf16-mixed`: float32 weights, forward under `torch.autocast`.
+
+    `16-mixed` scales the loss with a `torch.amp.GradScaler` whose state is checkpointed.
+    """
+
+    def __init__(self, name: str, device_type: str, scaler: torch.amp.GradScaler | None = None) -> None:
+        self.name = name
+        self._device_type = device_type
+        self._dtype = torch.float16 if name == "16-mixed" else torch.bfloat16
+        if scaler is None and name == "16-mixed":
+            scaler = torch.amp.GradScaler(device_type)
+        self.scaler = scaler
+
+    def forward_context(self) -> ContextManager[Any]:
+        return torch.autocast(self._device_type, dtype=self._dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        return _cast_floating(data, torch.get_default_dtype())
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        if self.scaler is not None:
+            tensor = self.scaler.scale(tensor)
+        tensor.backward(*args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        if self.scaler is None:
+            return optimizer.step(**kwargs)
+        if kwargs.get("closure") is not None:
+            raise _closure_error()
+        result = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        return result
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def _closure_error() -> Exception:
+    from lite_core.errors import MisuseError
+
+    return MisuseError(
+        "precision='16-mixed' cannot step an optimizer with a closure (e.g. LBFGS) because the"
+        " gradient scaler must see the gradients first: use precision='bf16-mixed' or '32-true'."
+    )
+
+
+def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, data)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+_TRUE_DTYPES = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}
+
+
+def build_precision(name: str, device_type: str) -> Precision:
+    """The core's precision plugin for a normalised precision `name` on `device_type`."""
+    if name in _TRUE_DTYPES:
+        return TruePrecision(name, _TRUE_DTYPES[name])
+    if name.endswith("-mixed"):
+        return MixedPrecision(name, device_type)
+    return Precision()

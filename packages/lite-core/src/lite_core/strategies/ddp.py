@@ -1,0 +1,220 @@
+"""Distributed data parallel: one model replica per process, gradients averaged in backward."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any, ClassVar, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map_only
+
+from lite_core.launchers.launcher import Launcher
+from lite_core.strategies.strategy import Strategy
+
+_DEFAULT_TIMEOUT_SECONDS = 1800.0
+_TIMEOUT_VARIABLE = "LITE_COLLECTIVE_TIMEOUT"
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+
+
+class DDPStrategy(Strategy):
+    """`strategy="ddp"`: re-runs the user's script for the other local ranks.
+
+    Args:
+        timeout: how long a collective may wait for the other ranks before the job fails
+            (seconds or a `timedelta`); defaults to `$LITE_COLLECTIVE_TIMEOUT` or 30 minutes.
+        process_group_backend: overrides the accelerator's `torch.distributed` backend.
+        **ddp_kwargs: passed on to `torch.nn.parallel.DistributedDataParallel`.
+    """
+
+    name = "ddp"
+    is_distributed = True
+    #: `None` re-runs the script; otherwise a `multiprocessing` start method.
+    start_method: ClassVar[str | None] = None
+
+    def __init__(self, timeout: float | timedelta | None = None,
+                 process_group_backend: str | None = None, **ddp_kwargs: Any) -> None:
+        super().__init__()
+        self._timeout = _as_timedelta(timeout)
+        self._backend = process_group_backend
+        self._ddp_kwargs = ddp_kwargs
+        self._launcher: Launcher | None = None
+        self._failed = False
+        self._teardown_registered = False
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective waits for the other ranks."""
+        return self._timeout
+
+    @property
+    def launcher(self) -> Launcher | None:
+        assert self.environment is not None
+        if self.environment.creates_processes_externally:
+            return self._launcher if self.start_method is None else None
+        if self._launcher is None:
+            self._launcher = self._build_launcher()
+        return self._launcher
+
+    def _build_launcher(self) -> Launcher:
+        assert self.environment is not None
+        if self.start_method is None:
+            from lite_core.launchers.script import ScriptLauncher
+
+            return ScriptLauncher(self.environment, len(self.device_indexes), self.num_nodes)
+        from lite_core.launchers.multiprocessing import MultiprocessingLauncher
+
+        return MultiprocessingLauncher(self, self.start_method)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_launcher"] = None  # holds processes and threads; never sent to a worker
+        return state
+
+    # -- ranks -----------------------------------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return self._env().global_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self._env().local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self._env().node_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self._env().world_size()
+
+    def _env(self) -> Any:
+        assert self.environment is not None
+        return self.environment
+
+    def sync_ranks(self) -> None:
+        """Tell the environment the world size and this process's global rank."""
+        env = self._env()
+        per_node = len(self.device_indexes)
+        env.set_world_size(per_node * self.num_nodes)
+        env.set_global_rank(env.node_rank() * per_node + env.local_rank())
+
+    # -- environment -------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        if self._environment_ready:
+            return
+        self.sync_ranks()
+        super().setup_environment()
+        if not dist.is_initialized():
+            self._init_process_group()
+        if not self._teardown_registered:
+            atexit.register(self.teardown)
+            self._teardown_registered = True
+
+    def _init_process_group(self) -> None:
+        env = self._env()
+        assert self.accelerator is not None
+        os.environ["MASTER_ADDR"] = env.main_address
+        os.environ["MASTER_PORT"] = str(env.main_port)
+        dist.init_process_group(
+            backend=self._backend or self.accelerator.distributed_backend,
+            init_method=f"tcp://{env.main_address}:{env.main_port}",
+            rank=self.global_rank,
+            world_size=self.world_size,
+            timeout=self._timeout,
+        )
+
+    def mark_failed(self) -> None:
+        """Remember that this rank failed, so teardown skips its closing barrier."""
+        self._failed = True
+
+    def teardown(self, failed: bool = False) -> None:
+        if dist.is_initialized():
+            if not (failed or self._failed):
+                dist.barrier()
+            dist.destroy_process_group()
+        super().teardown(failed)
+
+    # -- model ---------------------------------------------------------------------------------------
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        device = self.root_device
+        device_ids = [device] if device.index is not None else None
+        return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+
+    def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
+        if isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        return nullcontext()
+
+    # -- collectives -------------------------------------------------------------------------------
+    def barrier(self, name: str | None = None) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not dist.is_initialized():
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src)
+        return holder[0]
+
+    def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: self._all_gather_one(t, group, sync_grads), tensor)
+
+    def _all_gather_one(self, tensor: torch.Tensor, group: Any, sync_grads: bool) -> torch.Tensor:
+        tensor = tensor.contiguous()
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather
+
+            return torch.stack(all_gather(tensor, group=group or dist.group.WORLD))
+        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, tensor, group=group)
+        return torch.stack(gathered)
+
+    def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
+        if reduce_op not in _REDUCE_OPS:
+            from lite_core.errors import MisuseError
+
+            raise MisuseError(f"reduce_op={reduce_op!r} is not supported: use one of {sorted(_REDUCE_OPS)}.")
+        return tree_map_only(torch.Tensor, lambda t: self._all_reduce_one(t, group, reduce_op), tensor)
+
+    def _all_reduce_one(self, tensor: torch.Tensor, group: Any, reduce_op: str) -> torch.Tensor:
+        result = tensor.clone()
+        dist.all_reduce(result, op=_REDUCE_OPS[reduce_op], group=group)
+        if reduce_op == "mean":
+            result = result / dist.get_world_size(group)
+        return result
+
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(timeout={self._timeout})"
+
+
+class DDPSpawnStrategy(DDPStrategy):
+    """`strategy="ddp_spawn"`: starts every rank with `multiprocessing` spawn."""
+
+    name = "ddp_spawn"
+    start_method = "spawn"
+
+
+class DDPForkStrategy(DDPStrategy):
+    """`strategy="ddp_fork"` / `"ddp_notebook"`: forks every rank; works from a Jupyter cell."""
+
+    name = "ddp_fork"
+    start_method = "fork"
+
+
+def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
+    if isinstance(timeout, timedelta):
+        return timeout
+    if timeout is None:
+        timeout = float(os.environ.get(_TIMEOUT_VARIABLE, _DEFAULT_TIMEOUT_SECONDS))
+    return timedelta(seconds=float(timeout))

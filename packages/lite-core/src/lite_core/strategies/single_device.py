@@ -1,0 +1,11 @@
+"""One process on one device."""
+
+from __future__ import annotations
+
+from lite_core.strategies.strategy import Strategy
+
+
+class SingleDeviceStrategy(Strategy):
+    """Runs the user's loop in this process on one device, exactly as plain PyTorch would."""
+
+    name = "single_device"

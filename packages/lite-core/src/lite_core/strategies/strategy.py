@@ -1,0 +1,198 @@
+"""The strategy: how the model, optimizers and collectives are spread over processes."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, nullcontext
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils._pytree import tree_map_only
+
+from lite_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
+from lite_core.precision.names import PRECISIONS
+from lite_core.precision.precision import Precision, build_precision
+
+if TYPE_CHECKING:
+    from lite_core.accelerators.accelerator import Accelerator
+    from lite_core.environments.environment import ClusterEnvironment
+    from lite_core.launchers.launcher import Launcher
+
+
+class Strategy:
+    """Declares what it supports; the connector checks the user's choice against it.
+
+    Backends register subclasses under the `lite_core.strategies` entry-point group.
+    """
+
+    #: The name users pass as `strategy=...`.
+    name: ClassVar[str]
+    #: Accelerator names this strategy runs on; `None` means any accelerator.
+    supported_accelerators: ClassVar[frozenset[str] | None] = None
+    #: Precisions this strategy accepts.
+    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
+    #: Whether the strategy drives more than one process.
+    is_distributed: ClassVar[bool] = False
+    #: Whether the user's `run()` must execute inside `module_init_context` (e.g. ZeRO-3).
+    runs_inside_init_context: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.accelerator: Accelerator | None = None
+        self.precision: Precision = Precision()
+        self.environment: ClusterEnvironment | None = None
+        self.checkpoint_io: CheckpointIO = TorchCheckpointIO()
+        self.device_indexes: list[int] = [0]
+        self.num_nodes = 1
+        self._environment_ready = False
+
+    # -- wiring, done once by the connector -------------------------------------------------
+    def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
+                device_indexes: list[int], num_nodes: int) -> None:
+        """Give the strategy the choices the connector resolved."""
+        self.accelerator = accelerator
+        self.environment = environment
+        self.device_indexes = device_indexes
+        self.num_nodes = num_nodes
+
+    def build_precision(self, name: str) -> Precision:
+        """The precision plugin for `name` (strategies with their own precision override this)."""
+        assert self.accelerator is not None
+        return build_precision(name, self.accelerator.autocast_device_type)
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """What starts the processes; `None` runs the user's code in this process only."""
+        return None
+
+    # -- process ------------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        assert self.accelerator is not None
+        return self.accelerator.get_device(self.device_indexes[self.local_rank])
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def environment_ready(self) -> bool:
+        """Whether `setup_environment` has run in this process."""
+        return self._environment_ready
+
+    def setup_environment(self) -> None:
+        """Prepare this process (device, process group); runs once per process."""
+        if self._environment_ready:
+            return
+        assert self.accelerator is not None
+        self.accelerator.setup_device(self.root_device)
+        self._environment_ready = True
+
+    def teardown(self, failed: bool = False) -> None:
+        """Undo `setup_environment`; `failed` skips steps that need every rank to be alive."""
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+        self._environment_ready = False
+
+    # -- modules and optimizers ---------------------------------------------------------------
+    def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
+        """Context in which the user builds modules: on the device, in the precision."""
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def run_context(self) -> ContextManager[Any]:
+        """Context around the user's whole `run()`."""
+        return self.module_init_context() if self.runs_inside_init_context else nullcontext()
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        """Move `module` to this process's device."""
+        return module.to(self.root_device)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Wrap `module` for this strategy (e.g. in DistributedDataParallel)."""
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Prepare `optimizer` for this strategy."""
+        return optimizer
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move every tensor in `batch` to this process's device."""
+        device = self.root_device
+        return tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward pass through the precision plugin."""
+        self.precision.backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step `optimizer` through the precision plugin."""
+        return self.precision.optimizer_step(optimizer, **kwargs)
+
+    def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
+        """Context in which backward passes skip gradient synchronisation."""
+        return nullcontext()
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Scale gradients so that their total norm is at most `max_norm`; returns the norm."""
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
+                                              error_if_nonfinite=error_if_nonfinite)
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp every gradient to `[-clip_val, clip_val]`."""
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_value_(parameters, clip_val)
+
+    # -- collectives (identity on one process) ------------------------------------------------
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process arrives."""
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """`obj` from rank `src` on every process."""
+        return obj
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """Stack `tensor` from every process along a new first dimension."""
+        return tensor.unsqueeze(0)
+
+    def all_reduce(self, tensor: torch.Tensor, group: Any = None, reduce_op: str = "mean") -> torch.Tensor:
+        """Reduce `tensor` over every process."""
+        return tensor
+
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """`num_replicas` and `rank` for a `DistributedSampler`, or `None` on one process."""
+        return None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str, state: dict[str, Any]) -> None:
+        """Write `state` (already turned into plain state dicts) to `path` on rank 0."""
+        if self.global_rank == 0:
+            self.checkpoint_io.save(state, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str, weights_only: bool = True) -> dict[str, Any]:
+        """Read the checkpoint at `path` on every process."""
+        return self.checkpoint_io.load(path, weights_only=weights_only)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+

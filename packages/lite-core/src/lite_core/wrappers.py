@@ -1,0 +1,144 @@
+"""Wrappers around the user's model, optimizers and dataloaders.
+
+Each behaves like the object it wraps (attribute access, `state_dict`, iteration, `len`) and keeps
+the original reachable, while routing the forward pass, the optimizer step and batches through the
+strategy and precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from lite_core.strategies.strategy import Strategy
+
+
+class LiteModule(nn.Module):
+    """The user's module as set up by Lite; `forward` applies the precision.
+
+    `state_dict()` and `load_state_dict()` act on the user's module, so keys are unchanged.
+    """
+
+    def __init__(self, forward_module: nn.Module, original_module: nn.Module, strategy: Strategy) -> None:
+        super().__init__()
+        self._forward_module = forward_module
+        self.__dict__["_original_module"] = original_module
+        self.__dict__["_strategy"] = strategy
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's own module."""
+        return self._original_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        precision = self._strategy.precision
+        args, kwargs = precision.convert_input((args, kwargs))
+        with precision.forward_context():
+            output = self._forward_module(*args, **kwargs)
+        return precision.convert_output(output)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._original_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_original_module"], name)
+
+    def __repr__(self) -> str:
+        return f"LiteModule({self._original_module!r})"
+
+
+class _LiteOptimizerBase:
+    """Methods of a wrapped optimizer; combined with the user's optimizer class at wrap time."""
+
+    _optimizer: Optimizer
+    _strategy: Strategy
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The user's own optimizer."""
+        return self._optimizer
+
+    def step(self, closure: Any = None) -> Any:
+        kwargs = {} if closure is None else {"closure": closure}
+        return self._strategy.optimizer_step(self._optimizer, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._optimizer.add_param_group(param_group)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_optimizer", "_strategy"):
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"Lite{self._optimizer!r}"
+
+
+def wrap_optimizer(optimizer: Optimizer, strategy: Strategy) -> Optimizer:
+    """An object that is an instance of the optimizer's class but steps through the strategy.
+
+    It holds no state of its own: `param_groups`, `state` and hooks are the user's optimizer's,
+    so LR schedulers built on either object see the same values.
+    """
+    cls = type(f"Lite{type(optimizer).__name__}", (_LiteOptimizerBase, type(optimizer)), {})
+    wrapper = object.__new__(cls)
+    object.__setattr__(wrapper, "_optimizer", optimizer)
+    object.__setattr__(wrapper, "_strategy", strategy)
+    return wrapper  # type: ignore[return-value]
+
+
+class LiteDataLoader:
+    """Iterates the user's dataloader, moving each batch to the device.
+
+    Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch.
+    """
+
+    def __init__(self, dataloader: DataLoader, strategy: Strategy | None) -> None:
+        self._dataloader = dataloader
+        self._strategy = strategy
+        self._epoch = 0
+
+    @property
+    def dataloader(self) -> DataLoader:
+        """The dataloader Lite iterates (the user's, or a copy with a distributed sampler)."""
+        return self._dataloader
+
+    def __len__(self) -> int:
+        return len(self._dataloader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for sampler in (getattr(self._dataloader, "sampler", None), getattr(self._dataloader, "batch_sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self._epoch)
+        self._epoch += 1
+        if self._strategy is None:
+            yield from self._dataloader
+            return
+        for batch in self._dataloader:
+            yield self._strategy.batch_to_device(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_dataloader":
+            raise AttributeError(name)
+        return getattr(self._dataloader, name)
