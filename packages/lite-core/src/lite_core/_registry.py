@@ -8,6 +8,7 @@ from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, v
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from lite_core.errors import (
@@ -71,7 +72,9 @@ class Registry:
                 f" run `pip install 'lite-core[{extra}]'`."
             )
         valid = self.names()
-        guess = difflib.get_close_matches(name, valid + sorted(_KNOWN_BACKENDS[self.kind]), n=1)
+        guess = difflib.get_close_matches(name, valid, n=1) or difflib.get_close_matches(
+            name, sorted(_KNOWN_BACKENDS[self.kind]), n=1
+        )
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         return UnknownNameError(
             f"{self.kind}={name!r} is not a known {self.kind}: {hint}valid names are {', '.join(valid)}."
@@ -108,7 +111,9 @@ def _check_compatible(found: EntryPoint) -> None:
             requirement = Requirement(line)
         except InvalidRequirement:
             continue
-        if requirement.name != _CORE or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+        if canonicalize_name(requirement.name) != _CORE:
+            continue
+        if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
             continue
         core = _core_version()
         if not requirement.specifier.contains(core, prereleases=True):

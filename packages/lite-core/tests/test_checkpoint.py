@@ -1,0 +1,114 @@
+"""save() is atomic and load() is safe by default, with one-sentence errors for bad files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lite_core import LightningLite
+from lite_core.errors import CheckpointError
+
+
+def _lite() -> LightningLite:
+    return LightningLite(accelerator="cpu")
+
+
+def test_save_and_load_restore_modules_optimizers_and_values(tmp_path: Path) -> None:
+    lite = _lite()
+    model = nn.Linear(3, 2)
+    model, optimizer = lite.setup(model, torch.optim.Adam(model.parameters()))
+    lite.backward(model(torch.ones(1, 3)).sum())
+    optimizer.step()
+    lite.save({"model": model, "optimizer": optimizer, "step": 7}, tmp_path / "ckpt.pt")
+
+    other = _lite()
+    fresh = nn.Linear(3, 2)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    state = {"model": fresh, "optimizer": fresh_opt, "step": 0}
+    content = other.load(tmp_path / "ckpt.pt", state)
+    assert state["step"] == 7 and content["step"] == 7
+    assert torch.equal(fresh.weight, model.module.weight)
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+
+
+def test_saved_model_keys_are_the_users(tmp_path: Path) -> None:
+    lite = _lite()
+    model = lite.setup(nn.Sequential(nn.Linear(2, 2)))
+    lite.save({"model": model}, tmp_path / "ckpt.pt")
+    assert list(torch.load(tmp_path / "ckpt.pt")["model"]) == ["0.weight", "0.bias"]
+
+
+def test_strict_load_names_missing_entries(tmp_path: Path) -> None:
+    lite = _lite()
+    lite.save({"a": 1}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match=r"no entry for \['b'\].*strict=False"):
+        lite.load(tmp_path / "ckpt.pt", {"a": 0, "b": 0})
+    state = {"a": 0, "b": 5}
+    lite.load(tmp_path / "ckpt.pt", state, strict=False)
+    assert state == {"a": 1, "b": 5}
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="No checkpoint file at .*check the path"):
+        _lite().load(tmp_path / "nope.pt")
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    _lite().save({"weights": torch.randn(1000)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or is not a checkpoint"):
+        _lite().load(path)
+
+
+def test_foreign_file(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("these are not tensors")
+    with pytest.raises(CheckpointError, match="truncated or is not a checkpoint"):
+        _lite().load(path)
+
+
+class Arbitrary:
+    """A class a checkpoint might pickle; safe loading must refuse it."""
+
+
+def test_pickled_code_is_refused_by_default_and_allowed_on_request(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    torch.save({"obj": Arbitrary()}, path)
+    with pytest.raises(CheckpointError, match="weights_only=False"):
+        _lite().load(path)
+    assert isinstance(_lite().load(path, weights_only=False)["obj"], Arbitrary)
+
+
+def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
+    _lite().save({"x": torch.ones(1)}, tmp_path / "sub" / "ckpt.pt")
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["ckpt.pt"]
+
+
+@pytest.mark.timeout(60)
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    _lite().save({"version": 1}, path)
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from lite_core import LightningLite
+        real_save = torch.save
+        def dying_save(obj, f, *args, **kwargs):
+            f.write(b"partial bytes")
+            f.flush()
+            os._exit(9)
+        torch.save = dying_save
+        LightningLite(accelerator="cpu").save({{"version": 2}}, {str(path)!r})
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], timeout=50)
+    assert result.returncode == 9
+    assert _lite().load(path) == {"version": 1}

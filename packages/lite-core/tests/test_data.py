@@ -1,0 +1,134 @@
+"""Sharding a dataloader across ranks keeps its settings (checked rank by rank in one process)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
+
+from lite_core import LightningLite, seed_everything
+from lite_core._data import ShardedSampler, distribute
+from lite_core.errors import MisuseError
+
+DATA = list(range(10))
+
+
+def _indexes(loader: DataLoader) -> list[int]:
+    return [int(i) for batch in loader for i in batch]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shards_are_disjoint_and_cover_the_data(drop_last: bool) -> None:
+    shards = [_indexes(distribute(DataLoader(DATA, batch_size=1, drop_last=drop_last), 3, r, 0)) for r in range(3)]
+    covered = sorted(i for shard in shards for i in shard)
+    if drop_last:
+        assert covered == DATA[:9]
+    else:
+        assert set(covered) == set(DATA)
+        assert len({len(s) for s in shards}) == 1
+
+
+def test_shuffle_is_kept_and_changes_with_epoch() -> None:
+    loader = distribute(DataLoader(DATA * 10, shuffle=True, batch_size=100), 2, 0, seed=3)
+    assert isinstance(loader.sampler, DistributedSampler) and loader.sampler.shuffle
+    first = _indexes(loader)
+    loader.sampler.set_epoch(1)
+    assert first != _indexes(loader)
+    assert not distribute(DataLoader(DATA), 2, 0, 0).sampler.shuffle
+
+
+def test_loader_settings_are_kept() -> None:
+    original = DataLoader(DATA, batch_size=3, drop_last=True, collate_fn=lambda b: b, num_workers=0)
+    rebuilt = distribute(original, 2, 1, 0)
+    assert (rebuilt.batch_size, rebuilt.drop_last, rebuilt.collate_fn) == (3, True, original.collate_fn)
+
+
+class FixedOrder(Sampler[int]):
+    def __init__(self, order: list[int]) -> None:
+        self.order = order
+        self.epochs: list[int] = []
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+def test_custom_sampler_is_sharded_in_its_own_order() -> None:
+    order = [9, 3, 1, 7, 5, 0, 2]
+    shards = [_indexes(distribute(DataLoader(DATA, sampler=FixedOrder(order)), 2, r, 0)) for r in range(2)]
+    assert shards == [[9, 1, 5, 2], [3, 7, 0, 9]]
+    sampler = distribute(DataLoader(DATA, sampler=FixedOrder(order)), 2, 0, 0).sampler
+    assert isinstance(sampler, ShardedSampler)
+    sampler.set_epoch(4)
+    assert sampler.sampler.epochs == [4]
+
+
+def test_distributed_sampler_and_iterable_datasets_are_left_alone() -> None:
+    loader = DataLoader(DATA, sampler=DistributedSampler(DATA, num_replicas=2, rank=0))
+    assert distribute(loader, 2, 0, 0) is loader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(DATA)
+
+    stream = DataLoader(Stream())
+    assert distribute(stream, 2, 0, 0) is stream
+
+
+def test_custom_batch_sampler_says_how_to_opt_out() -> None:
+    class Batches(BatchSampler):
+        pass
+
+    loader = DataLoader(DATA, batch_sampler=Batches(range(10), 2, False))
+    with pytest.raises(MisuseError, match="replace_sampler=False"):
+        distribute(loader, 2, 0, 0)
+
+
+def test_dataloader_subclass_that_cannot_be_rebuilt() -> None:
+    class Special(DataLoader):
+        def __init__(self, data: list[int]) -> None:
+            super().__init__(data, batch_size=2)
+
+    with pytest.raises(MisuseError, match="replace_sampler=False"):
+        distribute(Special(DATA), 2, 0, 0)
+
+
+class _Worker(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> float:
+        return random.random()
+
+
+@pytest.mark.timeout(60)
+def test_seed_everything_seeds_dataloader_workers() -> None:
+    def draws() -> list[float]:
+        seed_everything(7, workers=True)
+        lite = LightningLite(accelerator="cpu")
+        loader = lite.setup_dataloaders(DataLoader(_Worker(), batch_size=1, num_workers=2))
+        return [float(x) for batch in loader for x in batch]
+
+    first, second = draws(), draws()
+    assert first == second
+    assert len(set(first)) == len(first)  # workers do not repeat each other's stream
+
+
+def test_seed_everything_returns_seed_and_repeats_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LITE_GLOBAL_SEED", raising=False)
+    assert seed_everything(5) == 5
+    a = (random.random(), torch.rand(1).item())
+    seed_everything(5)
+    assert a == (random.random(), torch.rand(1).item())
+    monkeypatch.delenv("LITE_GLOBAL_SEED", raising=False)
+    with pytest.warns(UserWarning, match="random seed"):
+        seed_everything()
+    with pytest.raises(ValueError, match="out of range"):
+        seed_everything(-1)
