@@ -14,7 +14,7 @@ from typing import Any
 from lite_core._registry import ACCELERATORS, STRATEGIES
 from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
-from lite_core.errors import BackendImportError, ConfigurationError
+from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
 from lite_core.io.checkpoint_io import CheckpointIO
 from lite_core.precision.names import normalize_precision
 from lite_core.precision.precision import Precision
@@ -104,8 +104,8 @@ def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
             continue
         try:
             accel_cls = ACCELERATORS.load(name)
-        except BackendImportError as err:
-            warnings.warn(f"Skipping a broken backend while choosing accelerator='auto': {err}", stacklevel=4)
+        except (BackendImportError, IncompatibleBackendError) as err:
+            warnings.warn(f"Skipping an unusable backend while choosing accelerator='auto': {err}", stacklevel=5)
             continue
         if accel_cls.is_available():
             candidates.append(accel_cls)

@@ -60,7 +60,7 @@ class Registry:
         except Exception as err:
             dist = _dist_label(found)
             raise BackendImportError(
-                f"The {self.kind} '{name}' from {dist} failed to import ({type(err).__name__}: {err}):"
+                f"The {self.kind} '{name}' from {dist} failed to import ({type(err).__name__}: {_first_line(err)}):"
                 f" reinstall or upgrade {dist.split()[0]}, or uninstall it if you do not need it."
             ) from err
 
@@ -132,6 +132,11 @@ def _lower_bounds(spec: str) -> list[str]:
     from packaging.specifiers import SpecifierSet
 
     return [s.version for s in SpecifierSet(spec) if s.operator in (">=", ">", "==", "~=")]
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def _dist_label(found: EntryPoint) -> str:
