@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Generator, Iterable
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 from lite_core import _checkpoint, _data, _seed
 from lite_core._connector import connect
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
 from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer
 
@@ -133,6 +135,7 @@ class LightningLite:
         if launcher is not None:
             launcher.start()
         self._strategy.setup_environment()
+        _fail_fast_on_uncaught_exception(self._strategy, launcher)
         return None
 
     def _launch(self, worker: Callable[[], T]) -> T:
@@ -152,7 +155,7 @@ class LightningLite:
             with self._strategy.run_context():
                 return fn(*args, **kwargs)
         except BaseException:
-            getattr(self._strategy, "mark_failed", lambda: None)()
+            self._strategy.mark_failed()
             raise
         finally:
             self._inside_run = outer
@@ -353,6 +356,20 @@ def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
         return self._launch(functools.partial(self._execute, self._user_run, args, kwargs))
 
     return wrapped
+
+
+def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | None) -> None:
+    """After `launch()` without a function the user's code runs outside Lite: an exception that
+    ends this process must still skip the closing barrier and stop the ranks it started."""
+    previous = sys.excepthook
+
+    def hook(*exc_info: Any) -> None:
+        strategy.mark_failed()
+        if launcher is not None:
+            launcher.stop()
+        previous(*exc_info)
+
+    sys.excepthook = hook
 
 
 def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:

@@ -17,6 +17,9 @@ class Launcher(ABC):
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Start the processes, run `fn(*args, **kwargs)` in each, return rank 0's result."""
 
+    def stop(self) -> None:
+        """Stop the processes this launcher started (after this process failed)."""
+
     def start(self) -> None:
         """Start the processes without a function (only where `needs_function` is False)."""
         raise NotImplementedError

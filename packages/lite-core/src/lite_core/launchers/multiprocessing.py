@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import tempfile
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -14,6 +15,9 @@ from lite_core.launchers.launcher import Launcher
 
 if TYPE_CHECKING:
     from lite_core.strategies.strategy import Strategy
+
+#: The traceback of the rank that failed first; the others usually fail only because of it.
+_FIRST_FAILURE = "first_failure.pkl"
 
 
 class MultiprocessingLauncher(Launcher):
@@ -41,12 +45,16 @@ class MultiprocessingLauncher(Launcher):
         os.environ["MASTER_PORT"] = str(environment.main_port)
         with tempfile.TemporaryDirectory(prefix="lite-result-") as folder:
             result_file = Path(folder) / "rank0.pkl"
-            mp.start_processes(
-                _worker,
-                args=(self._strategy, fn, args, kwargs, str(result_file)),
-                nprocs=len(self._strategy.device_indexes),
-                start_method=self._start_method,
-            )
+            try:
+                mp.start_processes(
+                    _worker,
+                    args=(self._strategy, fn, args, kwargs, str(result_file)),
+                    nprocs=len(self._strategy.device_indexes),
+                    start_method=self._start_method,
+                )
+            except mp.ProcessRaisedException as err:
+                _raise_first_failure(result_file.with_name(_FIRST_FAILURE), err)
+                raise
             with result_file.open("rb") as handle:
                 return pickle.load(handle)
 
@@ -57,9 +65,36 @@ def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: t
     try:
         result = fn(*args, **kwargs)
     except BaseException:
+        _record_failure(Path(result_file).with_name(_FIRST_FAILURE), local_rank)
         strategy.teardown(failed=True)
         raise
     strategy.teardown()
     if strategy.global_rank == 0:
         with open(result_file, "wb") as handle:
             pickle.dump(result, handle)
+
+
+def _record_failure(path: Path, local_rank: int) -> None:
+    """Keep this rank's traceback unless another rank has already failed (before teardown, so
+    that the ranks failing on the closed connections come later)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except OSError:
+        return
+    with os.fdopen(fd, "wb") as handle:
+        pickle.dump((local_rank, os.getpid(), traceback.format_exc()), handle)
+
+
+def _raise_first_failure(path: Path, err: Exception) -> None:
+    """Raise the first failure when torch reports another rank's (e.g. a "connection closed")."""
+    import torch.multiprocessing as mp
+
+    try:
+        with path.open("rb") as handle:
+            local_rank, pid, trace = pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+        return
+    if local_rank == getattr(err, "error_index", None):
+        return
+    message = f"\n\n-- Process {local_rank:d} failed first, with the following error:\n{trace}"
+    raise mp.ProcessRaisedException(message, local_rank, pid) from err

@@ -33,13 +33,14 @@ class ScriptLauncher(Launcher):
         self._num_processes = num_processes
         self._num_nodes = num_nodes
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._stopped: set[int] = set()  # local ranks this launcher terminated itself
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.start()
         try:
             return fn(*args, **kwargs)
         except BaseException:
-            self._stop_children()
+            self.stop()
             raise
 
     def start(self) -> None:
@@ -63,20 +64,26 @@ class ScriptLauncher(Launcher):
                 code = child.poll()
                 if code is None:
                     continue
-                if code != 0:
+                if code != 0 and not self._was_stopped(local_rank, code):
                     self._fail(local_rank, code)
                 del self._children[local_rank]
             time.sleep(_POLL_SECONDS)
+
+    def _was_stopped(self, local_rank: int, code: int) -> bool:
+        # Ended by `_stop_children` (this process failed and reports that itself), not failed.
+        return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
 
     def _fail(self, local_rank: int, code: int) -> None:
         reason = f"signal {-code}" if code < 0 else f"exit code {code}"
         sys.stderr.write(f"lite: local rank {local_rank} failed with {reason}; stopping every rank.\n")
         sys.stderr.flush()
-        self._stop_children()
+        self.stop()
         os._exit(code if code > 0 else 128 - code)
 
-    def _stop_children(self) -> None:
-        children = [c for c in self._children.values() if c.poll() is None]
+    def stop(self) -> None:
+        running = {r: c for r, c in list(self._children.items()) if c.poll() is None}
+        self._stopped.update(running)
+        children = list(running.values())
         for child in children:
             child.terminate()
         deadline = time.monotonic() + _GRACE_SECONDS

@@ -45,7 +45,6 @@ class DDPStrategy(Strategy):
         self._backend = process_group_backend
         self._ddp_kwargs = ddp_kwargs
         self._launcher: Launcher | None = None
-        self._failed = False
         self._teardown_registered = False
 
     @property
@@ -129,10 +128,6 @@ class DDPStrategy(Strategy):
             world_size=self.world_size,
             timeout=self._timeout,
         )
-
-    def mark_failed(self) -> None:
-        """Remember that this rank failed, so teardown skips its closing barrier."""
-        self._failed = True
 
     def teardown(self, failed: bool = False) -> None:
         if dist.is_initialized():

@@ -45,6 +45,7 @@ class Strategy:
         self.device_indexes: list[int] = [0]
         self.num_nodes = 1
         self._environment_ready = False
+        self._failed = False
 
     # -- wiring, done once by the connector -------------------------------------------------
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
@@ -100,6 +101,10 @@ class Strategy:
         assert self.accelerator is not None
         self.accelerator.setup_device(self.root_device)
         self._environment_ready = True
+
+    def mark_failed(self) -> None:
+        """Remember that this rank failed, so teardown skips steps that need every rank."""
+        self._failed = True
 
     def teardown(self, failed: bool = False) -> None:
         """Undo `setup_environment`; `failed` skips steps that need every rank to be alive."""

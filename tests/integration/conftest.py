@@ -1,0 +1,149 @@
+"""Shared helpers for the multi-process integration tests.
+
+Each test runs a small user script from `tests/scripts/` as a real `python` program (2 ranks over
+gloo on CPU), with a short collective timeout so that a broken job fails fast instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+#: Seconds a single script may run before the test gives up on it.
+SCRIPT_TIMEOUT = 90
+#: Lite's collective timeout (seconds) inside the scripts; read by DDPStrategy.
+COLLECTIVE_TIMEOUT = "20"
+
+# Variables a launcher or scheduler around pytest could have set; they would change which
+# cluster environment Lite detects, so the scripts never inherit them.
+_LAUNCHER_VARIABLES = (
+    "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID",
+    "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "KUBERNETES_PORT", "LITE_GLOBAL_SEED",
+)
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment the scripts run with: clean of launcher variables, short timeouts."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
+    env.update(LITE_COLLECTIVE_TIMEOUT=COLLECTIVE_TIMEOUT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that is free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def free_tcp_port() -> Callable[[], int]:
+    """`free_tcp_port()` -> a port that is free on 127.0.0.1 right now."""
+    return free_port
+
+
+def _command(script: str | os.PathLike[str], args: tuple[Any, ...], python_args: tuple[str, ...]) -> list[str]:
+    path = Path(script)
+    if not path.is_absolute():
+        path = SCRIPTS / path
+    return [sys.executable, *python_args, str(path), *map(str, args)]
+
+
+@pytest.fixture(scope="session")
+def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_script("name.py", *args, env=..., input=..., python_args=...)` -> CompletedProcess.
+
+    Runs `python tests/scripts/name.py args...` to completion (at most `SCRIPT_TIMEOUT` seconds),
+    capturing its text output. `env` adds variables to `script_env()`; `command` replaces the
+    whole command line (e.g. `python -` with the code on stdin).
+    """
+
+    def run(script: str | None = None, *args: Any, env: dict[str, str] | None = None,
+            input: str | None = None, python_args: tuple[str, ...] = (),
+            command: list[str] | None = None, timeout: float = SCRIPT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        cmd = command if command is not None else _command(script, args, python_args)  # type: ignore[arg-type]
+        # Like subprocess.run(..., timeout=...), but a script that overruns is killed together
+        # with every process it started (its own session), not just the first one.
+        proc = subprocess.Popen(cmd, env=script_env(**(env or {})), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=SCRIPTS,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr) from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+    return run
+
+
+@pytest.fixture
+def start_script() -> Any:
+    """`start_script("name.py", *args, env=...)` -> Popen, for jobs that must run concurrently.
+
+    Output goes to pipes (read it with `communicate(timeout=...)`); anything still running at the
+    end of the test is killed.
+    """
+    started: list[subprocess.Popen[str]] = []
+
+    def start(script: str, *args: Any, env: dict[str, str] | None = None,
+              python_args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(_command(script, args, python_args), env=script_env(**(env or {})),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=SCRIPTS,
+                                start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture(scope="session")
+def wait_gone() -> Callable[[list[int], float], list[int]]:
+    """`wait_gone(pids, seconds)` -> the pids still alive after waiting up to `seconds`."""
+
+    def wait(pids: list[int], seconds: float = 3.0) -> list[int]:
+        deadline = time.monotonic() + seconds
+        while True:
+            alive = [pid for pid in pids if process_alive(pid)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.05)
+
+    return wait
+
+
+def describe(proc: subprocess.CompletedProcess[str]) -> str:
+    """Exit code and output of a finished script, for assertion messages."""
+    return f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def output_of() -> Callable[[subprocess.CompletedProcess[str]], str]:
+    """`output_of(proc)` -> a readable dump of a finished script for assertion messages."""
+    return describe

@@ -1,0 +1,163 @@
+"""Sampler injection and training parity with 2 real processes over gloo.
+
+`tests/scripts/train.py` runs once per strategy (module-scoped cache). The parity tests replay
+the same data from the same initial weights with a plain one-process PyTorch loop here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+STRATEGIES = ["ddp", "ddp_spawn", "ddp_fork"]
+GLOBAL_BATCH = 8
+MICRO_BATCH = 2  # per rank, as in train.py
+LR = 0.1
+
+
+class Job:
+    def __init__(self, out_dir: Path) -> None:
+        self.sampling = [json.loads((out_dir / f"sampling_rank{r}.json").read_text()) for r in (0, 1)]
+        self.grads = [json.loads((out_dir / f"grads_rank{r}.json").read_text()) for r in (0, 1)]
+        self.training = torch.load(out_dir / "training.pt", weights_only=True)
+
+    def shards(self, case: str, epoch: int = 0) -> list[list[int]]:
+        """Per rank, the flat list of indexes it saw in `epoch`."""
+        return [[i for batch in record[case]["batches"][epoch] for i in batch] for record in self.sampling]
+
+    def batches(self, case: str, rank: int, epoch: int = 0) -> list[list[int]]:
+        return self.sampling[rank][case]["batches"][epoch]
+
+
+@pytest.fixture(scope="module")
+def training_job(run_script, output_of, tmp_path_factory):
+    jobs: dict[str, Job] = {}
+
+    def get(strategy: str) -> Job:
+        if strategy not in jobs:
+            out_dir = tmp_path_factory.mktemp(f"train-{strategy}")
+            proc = run_script("train.py", strategy, out_dir)
+            assert proc.returncode == 0, output_of(proc)
+            jobs[strategy] = Job(out_dir)
+        return jobs[strategy]
+
+    return get
+
+
+# -- sampler injection ---------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sequential_loader_is_sharded(strategy, training_job):
+    job = training_job(strategy)
+    zero, one = job.shards("sequential")
+    assert zero == [0, 2, 4, 6, 8] and one == [1, 3, 5, 7, 9]
+    assert job.sampling[0]["sequential"]["len"] == 3  # ceil(5 / batch_size 2)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_shuffled_loader_is_sharded_and_reshuffled_each_epoch(strategy, training_job):
+    job = training_job(strategy)
+    orders = []
+    for epoch in (0, 1):
+        zero, one = job.shards("shuffled", epoch)
+        assert len(zero) == len(one) == 10
+        assert not set(zero) & set(one), "the ranks' shards overlap"
+        assert sorted(zero + one) == list(range(20)), "the shards do not cover the dataset"
+        assert zero != sorted(zero) and one != sorted(one), "shuffle=True was not kept"
+        orders.append((zero, one))
+    assert orders[0] != orders[1], "the order did not change between epochs (set_epoch not called)"
+    assert job.batches("shuffled", 0)[0].__len__() == 5  # batch_size kept
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_drop_last_is_kept(strategy, training_job):
+    job = training_job(strategy)
+    for rank in (0, 1):
+        record = job.sampling[rank]["drop_last"]
+        assert record["drop_last"] is True
+        # 11 samples: 5 per rank after dropping the uneven tail, then the incomplete batch goes.
+        assert [len(b) for b in record["batches"][0]] == [2, 2]
+        assert record["len"] == 2
+    zero, one = job.shards("drop_last")
+    assert not set(zero) & set(one)
+    # Without drop_last, every sample is seen (padded so that both ranks get 6).
+    zero, one = job.shards("keep_last")
+    assert len(zero) == len(one) == 6
+    assert set(zero) | set(one) == set(range(11))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_custom_sampler_is_sharded(strategy, training_job):
+    job = training_job(strategy)
+    order = [(7 * i + 3) % 10 for i in range(10)]  # FixedPermutation(10) in train.py
+    zero, one = job.shards("custom_sampler")
+    assert zero == order[0::2] and one == order[1::2]
+    assert sorted(zero + one) == list(range(10))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_own_distributed_sampler_is_left_alone(strategy, training_job):
+    job = training_job(strategy)
+    for rank in (0, 1):
+        assert job.sampling[rank]["own_distributed_sampler"]["same_object"] is True
+    # The user's DistributedSampler already shards; sharding it again would halve each shard.
+    zero, one = job.shards("own_distributed_sampler")
+    assert zero == [0, 2, 4, 6, 8] and one == [1, 3, 5, 7, 9]
+
+
+# -- parity with plain PyTorch -------------------------------------------------------------------
+def plain_pytorch(x: torch.Tensor, y: torch.Tensor, initial: dict[str, Any], batch: int,
+                  accumulate: int) -> tuple[dict[str, torch.Tensor], int]:
+    """One process, no Lite: SGD over consecutive batches, `accumulate` batches per step."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    model.load_state_dict(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    batches = [(x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch)]
+    steps = 0
+    for start in range(0, len(batches), accumulate):
+        optimizer.zero_grad()
+        for xb, yb in batches[start:start + accumulate]:
+            nn.functional.mse_loss(model(xb), yb).backward()
+        optimizer.step()
+        steps += 1
+    return model.state_dict(), steps
+
+
+def assert_weights_match(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                         initial: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
+    moved = max((expected[n] - initial[n]).abs().max().item() for n in expected)
+    assert moved > 1e-2, "training barely changed the weights; the comparison would prove nothing"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_ddp_training_matches_plain_pytorch(strategy, training_job):
+    results = training_job(strategy).training
+    assert results["plain_ranks_agree"], "the ranks ended with different weights"
+    expected, steps = plain_pytorch(results["x"], results["y"], results["initial"], GLOBAL_BATCH, 1)
+    assert results["plain_steps"] == steps == 4
+    assert_weights_match(results["plain_final"], expected, results["initial"])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gradient_accumulation_with_no_backward_sync(strategy, training_job):
+    job = training_job(strategy)
+    for rank in (0, 1):
+        assert len(job.grads[rank]) == 4
+        for step in job.grads[rank]:
+            # Inside no_backward_sync the ranks keep their own gradients; the last micro-batch syncs.
+            assert step == {"differ_after_no_sync": True, "equal_after_sync": True}
+    results = job.training
+    assert results["accumulated_ranks_agree"]
+    expected, steps = plain_pytorch(results["x"], results["y"], results["initial_accumulating"],
+                                    2 * MICRO_BATCH, accumulate=2)
+    assert results["accumulated_steps"] == steps == 4
+    assert_weights_match(results["accumulated_final"], expected, results["initial_accumulating"])
