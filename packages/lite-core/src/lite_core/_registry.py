@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import difflib
 from functools import cache
-from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from lite_core.errors import (
     BackendImportError,
     BackendNotInstalledError,
-    IncompatibleBackendError,
     UnknownNameError,
 )
-
-_CORE = "lite-core"
 
 #: Names provided by backends that Lite knows of, with the extra that installs each.
 _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
@@ -54,7 +47,10 @@ class Registry:
         found = _entry_points(self.group).get(name)
         if found is None:
             raise self._missing(name)
-        _check_compatible(found)
+        if found.dist is not None and not _is_core(found.dist):
+            from lite_core._compat import check_compatible  # only backends pay for `packaging`
+
+            check_compatible(found.dist)
         try:
             return found.load()
         except Exception as err:
@@ -88,50 +84,14 @@ def _entry_points(group: str) -> dict[str, EntryPoint]:
 
 def clear_cache() -> None:
     """Forget the entry points read so far (after installing a backend in this process)."""
+    from lite_core._compat import core_version
+
     _entry_points.cache_clear()
-    _core_version.cache_clear()
+    core_version.cache_clear()
 
 
-@cache
-def _core_version() -> Version:
-    try:
-        return Version(version(_CORE))
-    except PackageNotFoundError:
-        from lite_core.__about__ import __version__
-
-        return Version(__version__)
-
-
-def _check_compatible(found: EntryPoint) -> None:
-    dist = found.dist
-    if dist is None or dist.metadata["Name"] == _CORE:
-        return
-    for line in dist.requires or []:
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(requirement.name) != _CORE:
-            continue
-        if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
-            continue
-        core = _core_version()
-        if not requirement.specifier.contains(core, prereleases=True):
-            raise _incompatible(dist.metadata["Name"], dist.version, str(requirement.specifier), core)
-
-
-def _incompatible(name: str, backend_version: str, spec: str, core: Version) -> IncompatibleBackendError:
-    core_is_too_old = any(Version(core_v) > core for core_v in _lower_bounds(spec))
-    fix = f"pip install --upgrade 'lite-core{spec}'" if core_is_too_old else f"pip install --upgrade {name}"
-    return IncompatibleBackendError(
-        f"{name} {backend_version} needs lite-core{spec} but lite-core {core} is installed: run `{fix}`."
-    )
-
-
-def _lower_bounds(spec: str) -> list[str]:
-    from packaging.specifiers import SpecifierSet
-
-    return [s.version for s in SpecifierSet(spec) if s.operator in (">=", ">", "==", "~=")]
+def _is_core(dist: Any) -> bool:
+    return str(dist.metadata["Name"]).lower().replace("_", "-") == "lite-core"
 
 
 def _first_line(err: Exception) -> str:

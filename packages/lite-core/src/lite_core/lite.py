@@ -58,6 +58,8 @@ class LightningLite:
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
         self._inside_run = False
+        # Neither the strategy nor the precision changes backward: call it directly.
+        self._plain_backward = _is_plain_backward(self._strategy)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -234,7 +236,10 @@ class LightningLite:
         if not self._models:
             raise MisuseError("backward() was called before any model was set up: call setup(model, optimizer) first.")
         module = model if model is not None else self._models[0]
-        self._strategy.backward(tensor, module, *args, **kwargs)
+        if self._plain_backward:
+            tensor.backward(*args, **kwargs)
+        else:
+            self._strategy.backward(tensor, module, *args, **kwargs)
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,
@@ -356,6 +361,13 @@ def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
         return self._launch(functools.partial(self._execute, self._user_run, args, kwargs))
 
     return wrapped
+
+
+def _is_plain_backward(strategy: Strategy) -> bool:
+    from lite_core.precision.precision import Precision
+
+    return (type(strategy).backward is Strategy.backward
+            and type(strategy.precision).backward is Precision.backward)
 
 
 def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | None) -> None:

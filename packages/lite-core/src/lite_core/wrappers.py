@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
+from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ class LiteModule(nn.Module):
         self._forward_module = forward_module
         self.__dict__["_original_module"] = original_module
         self.__dict__["_strategy"] = strategy
+        # Kept outside `_modules` so the per-step lookup skips `nn.Module.__getattr__`.
+        self.__dict__["_forward_call"] = forward_module
+        self.__dict__["_plain_forward"] = not strategy.precision.changes_forward
 
     @property
     def module(self) -> nn.Module:
@@ -42,6 +46,17 @@ class LiteModule(nn.Module):
         with precision.forward_context():
             output = self._forward_module(*args, **kwargs)
         return precision.convert_output(output)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The wrapper itself rarely has hooks: then skip nn.Module's call machinery for it (the
+        # user's module still runs its own), and with a precision that changes nothing, call
+        # the wrapped module directly. Both save Python calls on every step.
+        if (self._forward_hooks or self._forward_pre_hooks or _module_hooks._global_forward_hooks
+                or _module_hooks._global_forward_pre_hooks or _module_hooks._global_backward_hooks):
+            return super().__call__(*args, **kwargs)
+        if self._plain_forward:
+            return self._forward_call(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._original_module.state_dict(*args, **kwargs)
@@ -74,9 +89,6 @@ class _LiteOptimizerBase:
         kwargs = {} if closure is None else {"closure": closure}
         return self._strategy.optimizer_step(self._optimizer, **kwargs)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._optimizer.zero_grad(set_to_none=set_to_none)
-
     def state_dict(self) -> dict[str, Any]:
         return self._optimizer.state_dict()
 
@@ -90,6 +102,18 @@ class _LiteOptimizerBase:
         if name in ("_optimizer", "_strategy"):
             raise AttributeError(name)
         return getattr(self._optimizer, name)
+
+    def _bind_fast_paths(self) -> None:
+        # Instance attributes shadow the class's methods: when neither the strategy nor the
+        # precision changes the step, calling the user's `step` saves two calls per step.
+        from lite_core.precision.precision import Precision
+        from lite_core.strategies.strategy import Strategy
+
+        plain_step = (type(self._strategy).optimizer_step is Strategy.optimizer_step
+                      and type(self._strategy.precision).optimizer_step is Precision.optimizer_step)
+        if plain_step:
+            object.__setattr__(self, "step", self._optimizer.step)
+        object.__setattr__(self, "zero_grad", self._optimizer.zero_grad)
 
     def __repr__(self) -> str:
         return f"Lite{self._optimizer!r}"
@@ -105,6 +129,7 @@ def wrap_optimizer(optimizer: Optimizer, strategy: Strategy) -> Optimizer:
     wrapper = object.__new__(cls)
     object.__setattr__(wrapper, "_optimizer", optimizer)
     object.__setattr__(wrapper, "_strategy", strategy)
+    wrapper._bind_fast_paths()
     return wrapper  # type: ignore[return-value]
 
 

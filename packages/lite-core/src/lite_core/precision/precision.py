@@ -16,6 +16,9 @@ class Precision:
     """Full `32-true` precision: leaves everything as the user wrote it (bit-for-bit parity)."""
 
     name: str = "32-true"
+    #: Whether `convert_input`, `forward_context` or `convert_output` do anything; when not,
+    #: the wrapped model calls the user's forward directly (no per-step overhead).
+    changes_forward: bool = False
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast the module's parameters and buffers to this precision."""
@@ -59,6 +62,8 @@ class Precision:
 class TruePrecision(Precision):
     """`64-true`, `16-true` or `bf16-true`: parameters, inputs and computation in one dtype."""
 
+    changes_forward = True
+
     def __init__(self, name: str, dtype: torch.dtype) -> None:
         self.name = name
         self._dtype = dtype
@@ -81,6 +86,8 @@ class MixedPrecision(Precision):
 
     `16-mixed` scales the loss with a `torch.amp.GradScaler` whose state is checkpointed.
     """
+
+    changes_forward = True
 
     def __init__(self, name: str, device_type: str, scaler: torch.amp.GradScaler | None = None) -> None:
         self.name = name

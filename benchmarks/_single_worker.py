@@ -1,0 +1,72 @@
+"""Worker: per-step time of plain PyTorch vs Lite (single process, CPU), interleaved in one process.
+
+Started by `run.py`; writes a JSON file. Arms per model:
+
+* `plain`   - the user's model and optimizer, `loss.backward()`.
+* `lite`    - a copy with the same weights, set up by `LightningLite(accelerator="cpu", devices=1)`,
+              stepped through the wrapped optimizer and `lite.backward(loss)`.
+* `control` - (with `--control`) a second plain copy: its ratio to `plain` shows the noise floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+
+from _common import MODELS, Arm, count_calls, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="tiny,mlp2048", help="comma-separated names from _common.MODELS")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every arm")
+    parser.add_argument("--reps", default="20,6", help="interleaved rounds per model (comma-separated, per model)")
+    parser.add_argument("--steps", default="300,3", help="timed steps per block (per model)")
+    parser.add_argument("--warmup", default="200,2", help="untimed steps per arm before timing (per model)")
+    parser.add_argument("--control", action="store_true", help="add a second plain arm (A/A noise control)")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    return parser.parse_args()
+
+
+def build_arms(model_name: str, control: bool) -> list[Arm]:
+    """Plain, Lite and (optionally) control arms with identical initial weights."""
+    from lite_core import LightningLite
+
+    spec = MODELS[model_name]
+    plain_model = spec.build(seed=0)
+    lite_model = copy.deepcopy(plain_model)
+    arms = [Arm("plain", plain_model, make_optimizer(plain_model))]
+    lite = LightningLite(accelerator="cpu", devices=1)
+    wrapped_model, wrapped_optimizer = lite.setup(lite_model, make_optimizer(lite_model))
+    arms.append(Arm("lite", wrapped_model, wrapped_optimizer, lite.backward))
+    if control:
+        control_model = copy.deepcopy(plain_model)
+        arms.append(Arm("control", control_model, make_optimizer(control_model)))
+    return arms
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    names = [n for n in args.models.split(",") if n]
+    reps, steps, warmups = (per_model(v, len(names)) for v in (args.reps, args.steps, args.warmup))
+    result: dict[str, object] = {"threads": torch.get_num_threads(), "timer_floor_ns": timer_floor_ns(), "models": {}}
+    for name, rep_count, step_count, warmup in zip(names, reps, steps, warmups):
+        arms = build_arms(name, args.control)
+        batches = MODELS[name].batches()
+        run_interleaved(arms, batches, warmup=warmup, reps=rep_count, steps=step_count)
+        calls = {arm.name: count_calls(arm, batches) for arm in arms[:2]}
+        extra = calls["lite"][1] - calls["plain"][1]
+        result["models"][name] = {  # type: ignore[index]
+            "description": MODELS[name].description, "reps": rep_count, "steps_per_block": step_count,
+            "block_medians_ns": {arm.name: arm.block_medians_ns for arm in arms},
+            "calls_per_step": {arm_name: per_step for arm_name, (per_step, _) in calls.items()},
+            "extra_lite_calls_per_step": {k: v / 10 for k, v in extra.most_common()},
+        }
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,488 @@
+"""Benchmark Lite against plain PyTorch in the same run, interleaved, and report the ratios.
+
+    /work/venv/bin/python benchmarks/run.py            # full run (a few minutes)
+    /work/venv/bin/python benchmarks/run.py --quick    # short run (under 2 minutes)
+    /work/venv/bin/python benchmarks/run.py --only steps,import
+
+Every measurement alternates plain and Lite repetitions and compares medians. The Markdown table
+is printed and written to benchmarks/results/latest.md; the raw numbers go to latest.json.
+See benchmarks/README.md for what each row means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
+
+SECTIONS = ("steps", "ddp", "import", "launch", "memory")
+IMPORT_PLAIN = "import torch"
+IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark child failed or timed out."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Repetitions for one step-timing job: per model, rounds, timed steps per block, warm-up steps."""
+
+    models: tuple[str, ...]
+    reps: tuple[int, ...]
+    steps: tuple[int, ...]
+    warmup: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Config:
+    """How much of each measurement to run (`QUICK` or `FULL`)."""
+
+    name: str
+    single: StepPlan
+    ddp: StepPlan
+    import_reps: int
+    importtime_reps: int
+    launch_reps: int
+    launch_steps: int
+    memory_reps: int
+    memory_steps: int
+    memory_default_allocator: bool
+    step_timeout_s: float
+    child_timeout_s: float
+
+
+QUICK = Config(
+    name="quick",
+    single=StepPlan(("tiny", "mlp2048"), reps=(24, 5), steps=(250, 3), warmup=(200, 2)),
+    ddp=StepPlan(("tiny", "mlp1024"), reps=(12, 6), steps=(60, 3), warmup=(30, 1)),
+    import_reps=3, importtime_reps=1, launch_reps=2, launch_steps=10, memory_reps=2, memory_steps=3,
+    memory_default_allocator=False, step_timeout_s=180, child_timeout_s=90,
+)
+FULL = Config(
+    name="full",
+    single=StepPlan(("tiny", "mlp2048"), reps=(40, 15), steps=(500, 5), warmup=(300, 3)),
+    ddp=StepPlan(("tiny", "mlp1024"), reps=(20, 10), steps=(200, 6), warmup=(50, 2)),
+    import_reps=12, importtime_reps=4, launch_reps=6, launch_steps=10, memory_reps=4, memory_steps=5,
+    memory_default_allocator=True, step_timeout_s=420, child_timeout_s=120,
+)
+
+#: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
+TARGETS = {"steps:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
+           "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
+           "memory-default-malloc": None}
+
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    key: str
+    measurement: str
+    unit: str
+    plain: float | None = None
+    lite: float | None = None
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    control: float | None = None
+    target: float | None = None
+    reps: int = 0
+    note: str = ""
+    error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """`meets`, `misses` or `inconclusive` (the 95% interval straddles the target)."""
+        if self.error is not None:
+            return "error"
+        if self.target is None or self.ratio is None:
+            return "-"
+        low, high = self.ci if self.ci is not None else (self.ratio, self.ratio)
+        if high <= self.target:
+            return "meets"
+        if low > self.target:
+            return "misses"
+        return "inconclusive (meets at median)" if self.ratio <= self.target else "inconclusive (misses at median)"
+
+
+@dataclass
+class Context:
+    """Settings shared by every benchmark function."""
+
+    config: Config
+    threads: int
+    python: str = sys.executable
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lite-bench-")))
+    notes: list[str] = field(default_factory=list)
+    load_at_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+
+# -- child processes ----------------------------------------------------------------------------
+def run_child(command: Sequence[str], timeout: float, env: dict[str, str],
+              cwd: Path = HERE) -> tuple[float, str, str]:
+    """Run `command` in its own session; return (wall seconds, stdout, stderr).
+
+    On timeout the child's whole process group (it may have started ranks) is killed.
+    Raises:
+        BenchmarkError: the child timed out or exited with a non-zero code.
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise BenchmarkError(f"timed out after {timeout:.0f}s: {' '.join(command)}") from None
+    except BaseException:  # e.g. Ctrl-C: the child runs in its own session and would outlive us
+        _kill_group(proc)
+        raise
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        raise BenchmarkError(f"exit code {proc.returncode}: {' '.join(command)}\n{tail}")
+    return elapsed, stdout, stderr
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the process group this benchmark started for `proc` (and only that one)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """Environment for every child: no inherited launcher variables, fixed threads, short timeouts."""
+    return clean_env(LITE_COLLECTIVE_TIMEOUT="60", OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+
+
+def free_port() -> int:
+    """A TCP port that is free on the loopback interface right now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- per-step benchmarks ------------------------------------------------------------------------
+def _plan_args(plan: StepPlan) -> list[str]:
+    join = lambda values: ",".join(str(v) for v in values)  # noqa: E731
+    return ["--models", join(plan.models), "--reps", join(plan.reps), "--steps", join(plan.steps),
+            "--warmup", join(plan.warmup), "--control"]
+
+
+def step_rows(result: dict[str, Any], section: str, label: str) -> list[Row]:
+    """Rows (one per model) from a step worker's JSON: block medians in ns -> µs per step."""
+    rows = []
+    for name, data in result["models"].items():
+        blocks = data["block_medians_ns"]
+        plain = [v / 1e3 for v in blocks["plain"]]
+        lite = [v / 1e3 for v in blocks["lite"]]
+        row = Row(f"{section}:{name}", f"{label}: {data['description']}", "µs/step",
+                  plain=statistics.median(plain), lite=statistics.median(lite), ratio=ratio_of_medians(plain, lite),
+                  ci=bootstrap_ratio_ci(plain, lite), target=TARGETS.get(f"{section}:{name}"), reps=len(plain))
+        if "control" in blocks:
+            row.control = ratio_of_medians(plain, [v / 1e3 for v in blocks["control"]])
+        row.note = f"{row.lite - row.plain:+.1f} µs/step; {data['reps']}x{data['steps_per_block']} steps per arm"
+        rows.append(row)
+    return rows
+
+
+def bench_steps(ctx: Context) -> list[Row]:
+    """Measurement 1: per-step time, single process, plain vs Lite (plus A/A control)."""
+    out = ctx.workdir / "single.json"
+    command = [ctx.python, str(HERE / "_single_worker.py"), "--threads", str(ctx.threads), "--out", str(out),
+               *_plan_args(ctx.config.single)]
+    run_child(command, ctx.config.step_timeout_s, child_env(ctx.threads))
+    result = json.loads(out.read_text())
+    ctx.notes.append(f"Timer floor (back-to-back perf_counter_ns): {result['timer_floor_ns']:.0f} ns per reading.")
+    return step_rows(result, "steps", f"Step, 1 proc, {result['threads']} thread(s)") + call_rows(ctx, result)
+
+
+def call_rows(ctx: Context, result: dict[str, Any]) -> list[Row]:
+    """Deterministic rows: function calls per step, plain vs Lite (the wrappers' extra Python work)."""
+    rows = []
+    for name, data in result["models"].items():
+        calls = data.get("calls_per_step")
+        if not calls:
+            continue
+        extra = data["extra_lite_calls_per_step"]
+        rows.append(Row(f"calls:{name}", f"Calls per step (deterministic, sys.setprofile): {name}", "calls",
+                        plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+                        note=f"{calls['lite'] - calls['plain']:+.0f} calls/step", reps=10))
+        if len(rows) == 1:
+            listing = ", ".join(f"{fn} x{count:g}" if count != 1 else fn for fn, count in extra.items())
+            ctx.notes.append(f"Extra calls in one Lite step ({name}): {listing}.")
+    return rows
+
+
+def bench_ddp(ctx: Context) -> list[Row]:
+    """Measurement 2: per-step time on 2 processes, plain DDP vs Lite DDP (plus A/A control)."""
+    out = ctx.workdir / "ddp.json"
+    command = [ctx.python, str(HERE / "_ddp_worker.py"), "--threads", "1", "--out", str(out),
+               *_plan_args(ctx.config.ddp)]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    return step_rows(json.loads(out.read_text()), "ddp", "Step, 2-proc DDP (gloo), rank 0")
+
+
+# -- import time ----------------------------------------------------------------------------------
+def interleave(reps: int, plain: Callable[[], float], lite: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """Call `plain` and `lite` `reps` times each, alternating which goes first (ABBA...)."""
+    plain_values, lite_values = [], []
+    for rep in range(reps):
+        order = ((plain, plain_values), (lite, lite_values))
+        for fn, values in order if rep % 2 == 0 else reversed(order):
+            values.append(fn())
+    return plain_values, lite_values
+
+
+def paired_row(key: str, measurement: str, unit: str, plain: list[float], lite: list[float], note: str = "") -> Row:
+    """A row from paired repetitions: medians, ratio of medians and its bootstrap interval."""
+    return Row(key, measurement, unit, plain=statistics.median(plain), lite=statistics.median(lite),
+               ratio=ratio_of_medians(plain, lite), ci=bootstrap_ratio_ci(plain, lite) if len(plain) > 1 else None,
+               target=TARGETS.get(key),
+               reps=len(plain), note=note)
+
+
+def bench_import(ctx: Context) -> list[Row]:
+    """Measurement 3: wall time of fresh `python -c` imports, plus `-X importtime` attribution."""
+    env = child_env(ctx.threads)
+    timeout = ctx.config.child_timeout_s
+
+    def timed(code: str) -> Callable[[], float]:
+        return lambda: run_child([ctx.python, "-c", code], timeout, env, cwd=ctx.workdir)[0] * 1e3
+
+    run_child([ctx.python, "-c", IMPORT_LITE], timeout, env, cwd=ctx.workdir)  # warm the file cache
+    plain, lite = interleave(ctx.config.import_reps, timed(IMPORT_PLAIN), timed(IMPORT_LITE))
+    rows = [paired_row("import", "Import, fresh process: `import torch` vs + `from lite_core import LightningLite`",
+                       "ms", plain, lite, note=f"{statistics.median(lite) - statistics.median(plain):+.0f} ms "
+                       "(includes interpreter start-up in both)")]
+    torch_ms, lite_ms = [], []
+    for _ in range(ctx.config.importtime_reps):
+        torch_cost, extra = importtime_split(ctx)
+        torch_ms.append(torch_cost)
+        lite_ms.append(torch_cost + extra)
+    extra_median = statistics.median(b - a for a, b in zip(torch_ms, lite_ms))
+    rows.append(paired_row("import-attrib", "Import, `-X importtime` attribution (torch vs torch + what Lite adds)",
+                           "ms", torch_ms, lite_ms, note=f"Lite's own imports: {extra_median:.1f} ms"))
+    return rows
+
+
+def importtime_split(ctx: Context) -> tuple[float, float]:
+    """(ms to import torch, ms of everything imported after it) from one `-X importtime` run."""
+    _, _, stderr = run_child([ctx.python, "-X", "importtime", "-c", IMPORT_LITE], ctx.config.child_timeout_s,
+                             child_env(ctx.threads), cwd=ctx.workdir)
+    torch_us, after_us, seen_torch = 0, 0, False
+    for line in stderr.splitlines():
+        parts = line.split("|")
+        if not line.startswith("import time:") or len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name_field = parts[2]
+        top_level = len(name_field) - len(name_field.lstrip(" ")) == 1
+        if not top_level:
+            continue
+        cumulative = int(parts[1])
+        if name_field.strip() == "torch":
+            torch_us, seen_torch = cumulative, True
+        elif seen_torch:
+            after_us += cumulative
+    if not seen_torch:
+        raise BenchmarkError("`-X importtime` output had no top-level torch entry")
+    return torch_us / 1e3, after_us / 1e3
+
+
+# -- launch to exit -------------------------------------------------------------------------------
+def bench_launch(ctx: Context) -> list[Row]:
+    """Measurement 4: wall time from launch to exit of a 2-process DDP job, Lite vs torchrun."""
+    env = child_env(1)
+    timeout = ctx.config.child_timeout_s
+    steps = ["--steps", str(ctx.config.launch_steps)]
+
+    def lite() -> float:
+        return run_child([ctx.python, str(HERE / "_launch_lite.py"), *steps], timeout, env)[0]
+
+    def plain() -> float:
+        command = [ctx.python, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                   f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
+        return run_child(command, timeout, env)[0]
+
+    plain_s, lite_s = interleave(ctx.config.launch_reps, plain, lite)
+    return [paired_row("launch", "Launch-to-exit, 2-proc DDP: `python lite_script.py` vs `torchrun --nproc-per-node=2`",
+                       "s", plain_s, lite_s, note=f"{ctx.config.launch_steps} tiny steps per rank; "
+                       f"{statistics.median(lite_s) - statistics.median(plain_s):+.2f} s")]
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def bench_memory(ctx: Context) -> list[Row]:
+    """Measurement 5: peak RSS of the single-process compute-bound loop, plain vs Lite.
+
+    glibc's malloc moves its mmap threshold as large blocks are freed, which makes the peak RSS of
+    the same loop jump by ~10 MiB from run to run. The main row pins the threshold
+    (`MALLOC_MMAP_THRESHOLD_`), which makes the peak repeatable to ~0.2 MiB; the full run adds a
+    row with the default allocator, as a user's process would run.
+    """
+    rows = [_memory_row(ctx, "memory", pinned=True)]
+    if ctx.config.memory_default_allocator:
+        rows.append(_memory_row(ctx, "memory-default-malloc", pinned=False))
+    return rows
+
+
+def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
+    env = child_env(ctx.threads)
+    if pinned:
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    model = ctx.config.single.models[-1]
+    setup: dict[str, list[float]] = {"plain": [], "lite": []}
+
+    def measure(arm: str) -> Callable[[], float]:
+        def fn() -> float:
+            command = [ctx.python, str(HERE / "_memory_worker.py"), "--arm", arm, "--model", model,
+                       "--steps", str(ctx.config.memory_steps), "--threads", str(ctx.threads)]
+            report = json.loads(run_child(command, ctx.config.child_timeout_s, env)[1].strip().splitlines()[-1])
+            setup[arm].append(report["setup_rss_mib"])
+            return float(report["peak_rss_mib"])
+        return fn
+
+    plain, lite = interleave(ctx.config.memory_reps, measure("plain"), measure("lite"))
+    delta = statistics.median(lite) - statistics.median(plain)
+    setup_delta = statistics.median(setup["lite"]) - statistics.median(setup["plain"])
+    allocator = "mmap threshold pinned" if pinned else "default malloc"
+    return paired_row(key, f"Peak RSS, 1 proc, {model} loop, {ctx.config.memory_steps} steps ({allocator})", "MiB",
+                      plain, lite, note=f"{delta:+.1f} MiB peak; {setup_delta:+.1f} MiB after imports+setup")
+
+
+BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
+    "steps": bench_steps, "ddp": bench_ddp, "import": bench_import, "launch": bench_launch, "memory": bench_memory,
+}
+
+
+# -- report ----------------------------------------------------------------------------------------
+def _fmt(value: float | None) -> str:
+    """A number with about four significant digits."""
+    if value is None:
+        return "-"
+    for limit, digits in ((1000, 0), (100, 1), (10, 2), (1, 3)):
+        if abs(value) >= limit:
+            return f"{value:,.{digits}f}"
+    return f"{value:.4f}"
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """The Markdown results table."""
+    lines = ["| Measurement | Unit | Plain | Lite | Lite / plain | 95% CI | A/A control | Target | Verdict | Notes |",
+             "|---|---|---:|---:|---:|---|---:|---:|---|---|"]
+    for row in rows:
+        if row.error is not None:
+            lines.append(f"| {row.measurement} | {row.unit} | - | - | - | - | - | - | error | {row.error} |")
+            continue
+        ci = f"{row.ci[0]:.4f}-{row.ci[1]:.4f}" if row.ci else "-"
+        control = f"{row.control:.4f}" if row.control is not None else "-"
+        target = f"<= {row.target:.3f}" if row.target is not None else "-"
+        ratio = f"**{row.ratio:.4f}**" if row.ratio is not None else "-"
+        lines.append(f"| {row.measurement} | {row.unit} | {_fmt(row.plain)} | {_fmt(row.lite)} | {ratio} | {ci}"
+                     f" | {control} | {target} | {row.verdict} | {row.note}; n={row.reps} |")
+    return "\n".join(lines)
+
+
+def environment_info(ctx: Context) -> dict[str, Any]:
+    """Where and how the numbers were taken."""
+    import torch
+
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True,
+                            text=True, timeout=30).stdout
+    return {"date": _dt.datetime.now().isoformat(timespec="seconds"), "mode": ctx.config.name,
+            "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+            "threads": ctx.threads, "load_average_start": ctx.load_at_start, "load_average_end": os.getloadavg(),
+            "git_commit": commit.strip() or None,
+            "platform": platform.platform()}
+
+
+def render_report(rows: Sequence[Row], info: dict[str, Any], notes: Sequence[str], wall_s: float) -> str:
+    """The whole Markdown report: header, table, notes."""
+    start, end = (", ".join(f"{v:.2f}" for v in info[key]) for key in ("load_average_start", "load_average_end"))
+    header = (f"# Lite vs plain PyTorch ({info['mode']} run, {info['date']})\n\n"
+              f"torch {info['torch']}, Python {info['python']}, {info['cpus']} CPUs, torch threads {info['threads']},"
+              f" load average {start} at start / {end} at end, commit {info['git_commit']},"
+              f" benchmark wall time {wall_s:.0f} s.\n")
+    extra = "\n".join(f"- {note}" for note in notes)
+    legend = ("- Ratio = median(Lite) / median(plain) over interleaved repetitions; 95% CI = paired bootstrap."
+              "\n- A/A control = a second plain arm / plain: how far from 1.0 noise alone moves a ratio."
+              "\n- Verdict is `inconclusive` when the CI straddles the target.")
+    return f"{header}\n{render_table(rows)}\n\n{legend}\n{extra}\n"
+
+
+# -- main ------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short run (under 2 minutes) instead of the full one")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for single-process measurements (DDP ranks always use 1)")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results", help="where latest.md/json go")
+    args = parser.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    return args
+
+
+def run_sections(ctx: Context, sections: Sequence[str]) -> list[Row]:
+    """Run each selected benchmark; a failing one becomes an error row and the rest still run."""
+    rows: list[Row] = []
+    for section in sections:
+        started = time.perf_counter()
+        print(f"[bench] {section} ...", file=sys.stderr, flush=True)
+        try:
+            rows.extend(BENCHMARKS[section](ctx))
+        except Exception as err:  # one broken benchmark must not lose the others' numbers
+            message = str(err).replace("\n", " / ").replace("|", "/")[:400]
+            rows.append(Row(section, section, "-", error=message))
+        print(f"[bench] {section} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    ctx = Context(config=QUICK if args.quick else FULL, threads=args.threads)
+    sections = [s for s in SECTIONS if s in args.only.split(",")]
+    started = time.perf_counter()
+    try:
+        rows = run_sections(ctx, sections)
+    finally:
+        shutil.rmtree(ctx.workdir, ignore_errors=True)
+    wall_s = time.perf_counter() - started
+    info = environment_info(ctx)
+    report = render_report(rows, info, ctx.notes, wall_s)
+    print(report)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / "latest.md").write_text(report, encoding="utf-8")
+    payload = {"info": info, "wall_s": wall_s, "notes": ctx.notes,
+               "rows": [{**asdict(row), "verdict": row.verdict} for row in rows]}
+    (args.results_dir / "latest.json").write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    return 1 if any(row.error is not None for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
