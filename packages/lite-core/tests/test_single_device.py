@@ -207,3 +207,12 @@ def test_deepcopy_of_model_before_setup_is_unaffected() -> None:
     snapshot = copy.deepcopy(model.state_dict())
     LightningLite(accelerator="cpu").setup(model)
     assert all(torch.equal(snapshot[k], v) for k, v in model.state_dict().items())
+
+
+def test_hooks_on_the_wrapper_still_fire() -> None:
+    lite = LightningLite(accelerator="cpu")
+    wrapped = lite.setup(_model())
+    calls = []
+    wrapped.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    wrapped(torch.ones(2, 8))
+    assert calls == [torch.Size([2, 1])]
