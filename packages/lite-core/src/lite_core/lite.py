@@ -16,7 +16,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lite_core import _checkpoint, _data, _seed
+from lite_core import _data, _seed
 from lite_core._connector import connect
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
@@ -165,19 +165,30 @@ class LightningLite:
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
         """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`."""
-        module = self.setup_module(model, move_to_device=move_to_device)
+        self._require_environment("setup")
+        self._claim(model, "model")
+        for optimizer in optimizers:
+            self._claim(optimizer, "optimizer")
+        model = self._prepare_module(model, move_to_device)
+        forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
+        module = self._wrap_module(forward_module, model)
         if not optimizers:
             return module
-        return (module, *self._wrap_optimizers(optimizers))
+        return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy."""
         self._require_environment("setup_module")
         self._claim(model, "model")
+        model = self._prepare_module(model, move_to_device)
+        return self._wrap_module(self._strategy.setup_module(model), model)
+
+    def _prepare_module(self, model: nn.Module, move_to_device: bool) -> nn.Module:
         model = self._strategy.precision.convert_module(model)
-        if move_to_device:
-            model = self._strategy.module_to_device(model)
-        wrapped = LiteModule(self._strategy.setup_module(model), model, self._strategy)
+        return self._strategy.module_to_device(model) if move_to_device else model
+
+    def _wrap_module(self, forward_module: nn.Module, model: nn.Module) -> LiteModule:
+        wrapped = LiteModule(forward_module, model, self._strategy)
         self._models.append(wrapped)
         return wrapped
 
@@ -235,11 +246,12 @@ class LightningLite:
         """`tensor.backward()` through the strategy and precision (use it instead of `loss.backward()`)."""
         if not self._models:
             raise MisuseError("backward() was called before any model was set up: call setup(model, optimizer) first.")
-        module = model if model is not None else self._models[0]
         if self._plain_backward:
             tensor.backward(*args, **kwargs)
-        else:
-            self._strategy.backward(tensor, module, *args, **kwargs)
+            return
+        module = model if model is not None else self._models[0]
+        forward_module = module._forward_module if isinstance(module, LiteModule) else module
+        self._strategy.backward(tensor, forward_module, *args, **kwargs)
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,
@@ -318,15 +330,12 @@ class LightningLite:
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0."""
-        self._strategy.save_checkpoint(os.fspath(filepath), _checkpoint.to_state(content, self._strategy))
+        self._strategy.save_checkpoint(os.fspath(filepath), content)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True) -> dict[str, Any]:
         """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content."""
-        content = self._strategy.load_checkpoint(os.fspath(filepath), weights_only=weights_only)
-        if state is not None:
-            _checkpoint.restore(state, content, strict=strict, strategy=self._strategy)
-        return content
+        return self._strategy.load_checkpoint(os.fspath(filepath), state, strict=strict, weights_only=weights_only)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""

@@ -10,6 +10,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
+from lite_core._checkpoint import restore, to_state
 from lite_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -132,6 +133,12 @@ class Strategy:
         """Wrap `module` for this strategy (e.g. in DistributedDataParallel)."""
         return module
 
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
+                                    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Set up a module together with its optimizers (strategies such as DeepSpeed need both
+        at once); by default `setup_module`, then `setup_optimizer` for each."""
+        return self.setup_module(module), [self.setup_optimizer(o) for o in optimizers]
+
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare `optimizer` for this strategy."""
         return optimizer
@@ -142,7 +149,7 @@ class Strategy:
         return tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        """Backward pass through the precision plugin."""
+        """Backward pass through the precision plugin; `module` is what `setup_module` returned."""
         self.precision.backward(tensor, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
@@ -188,15 +195,22 @@ class Strategy:
         return None
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, state: dict[str, Any]) -> None:
-        """Write `state` (already turned into plain state dicts) to `path` on rank 0."""
+    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        """Write `content` to `path` on rank 0; modules and optimizers (wrapped or not) are saved
+        as their state dicts, with the user's keys."""
+        state = to_state(content, self)
         if self.global_rank == 0:
             self.checkpoint_io.save(state, path)
         self.barrier("save_checkpoint")
 
-    def load_checkpoint(self, path: str, weights_only: bool = True) -> dict[str, Any]:
-        """Read the checkpoint at `path` on every process."""
-        return self.checkpoint_io.load(path, weights_only=weights_only)
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        """Read the checkpoint at `path` on every process, restore `state`'s objects in place and
+        return the content."""
+        content = self.checkpoint_io.load(path, weights_only=weights_only)
+        if state is not None:
+            restore(state, content, strict=strict, strategy=self)
+        return content
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
