@@ -160,7 +160,7 @@ class LiteDataLoader:
         if self._strategy is None:
             yield from self._dataloader
             return
-        for batch in self._dataloader:
+        for batch in self._strategy.process_dataloader(self._dataloader):
             yield self._strategy.batch_to_device(batch)
 
     def __getattr__(self, name: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
 import torch
@@ -142,6 +143,10 @@ class Strategy:
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare `optimizer` for this strategy."""
         return optimizer
+
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        """What an epoch iterates: the dataloader, or a device loader around it (e.g. XLA's)."""
+        return dataloader
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor in `batch` to this process's device."""
