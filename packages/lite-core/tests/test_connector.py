@@ -17,7 +17,7 @@ from lite_core.environments import LocalEnvironment
 from lite_core.errors import BackendNotInstalledError, ConfigurationError
 from lite_core.io.checkpoint_io import CheckpointIO
 from lite_core.lite import LightningLite
-from lite_core.precision.precision import Precision, TruePrecision
+from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core.strategies.single_device import SingleDeviceStrategy
 
@@ -218,3 +218,54 @@ def test_auto_strategy_reads_the_accelerators_default() -> None:
     assert lite.strategy.name == "ddp_spawn"
     lite = LightningLite(accelerator=_SpawningCPU(), devices=1)
     assert lite.strategy.name == "single_device"
+
+
+# --- hooks a backend declares or overrides ---------------------------------------------------------
+
+class _OneProcessManyDevices(SingleDeviceStrategy):
+    name = "one_process_many_devices"
+    drives_devices_from_one_process = True
+
+
+def test_a_strategy_that_drives_several_devices_from_one_process_accepts_them() -> None:
+    lite = LightningLite(accelerator="cpu", strategy=_OneProcessManyDevices(), devices=3)
+
+    assert lite.strategy.device_indexes == [0, 1, 2]
+    assert lite.world_size == 1
+    assert lite.strategy.launcher is None
+
+
+def test_a_one_process_strategy_still_refuses_several_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("NODE_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    config_error(r"strategy='one_process_many_devices' runs one process but devices=2, num_nodes=2",
+                 accelerator="cpu", strategy=_OneProcessManyDevices(), devices=2, num_nodes=2)
+
+
+class _PickyCPU(CPUAccelerator):
+    def __init__(self) -> None:
+        self.validated: list[tuple[str, list[int]]] = []
+
+    def validate_precision(self, precision: str, device_indexes: list[int]) -> None:
+        self.validated.append((precision, device_indexes))
+        if precision == "bf16-mixed":
+            raise ConfigurationError("precision='bf16-mixed' is not supported by this device: use '16-mixed'.")
+
+
+def test_the_accelerator_validates_the_resolved_precision_at_construction() -> None:
+    accelerator = _PickyCPU()
+    LightningLite(accelerator=accelerator, precision=16, devices=2)
+    assert accelerator.validated == [("16-mixed", [0, 1])]
+
+    config_error(r"precision='bf16-mixed' is not supported by this device", accelerator=_PickyCPU(),
+                 precision="bf16")
+    config_error(r"precision='bf16-mixed' is not supported by this device", accelerator=_PickyCPU(),
+                 plugins=MixedPrecision("bf16-mixed", "cpu"))
+
+
+def test_an_unavailable_accelerator_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _registry.ACCELERATORS.load("fake")
+    monkeypatch.setattr(fake, "unavailable_reason", classmethod(lambda cls: "LITE_FAKE_AVAILABLE is not 1"))
+
+    config_error(r"^accelerator='fake' was requested but LITE_FAKE_AVAILABLE is not 1: use accelerator='auto'"
+                 r" or 'cpu'\.$", accelerator="fake")

@@ -85,3 +85,19 @@ def test_true_precision_casts_inputs() -> None:
     lite = LightningLite(accelerator="cpu", precision="64-true")
     model = lite.setup(nn.Linear(2, 1))
     assert model(torch.ones(3, 2, dtype=torch.float32)).dtype == torch.float64
+
+
+def test_the_grad_scaler_is_built_in_the_process_that_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Building a CUDA scaler asks torch.cuda.is_available(), which initialises CUDA: a parent that
+    # later forks its ranks (ddp_fork) must not do that while it only constructs Lite.
+    built = []
+    real = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda *args, **kwargs: built.append(args) or real(*args, **kwargs))
+
+    lite = LightningLite(accelerator="cpu", precision="16-mixed")
+    assert built == []
+
+    model, optimizer = lite.setup(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
+    lite.backward(model(torch.ones(1, 2)).sum())
+    assert built == [("cpu",)]
+    assert lite.strategy.precision.scaler is lite.strategy.precision.scaler

@@ -41,6 +41,7 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     _check_multi_node(environment, num_nodes)
     chosen.connect(accel, environment, indexes, num_nodes)
     chosen.precision = given.get(Precision) or _precision(chosen, accel, precision)
+    accel.validate_precision(chosen.precision.name, indexes)
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
     return chosen
@@ -91,7 +92,8 @@ def _accelerator(accelerator: Any, strategy_cls: type[Strategy] | None) -> Accel
     accel_cls = ACCELERATORS.load(accelerator)
     if not accel_cls.is_available():
         raise ConfigurationError(
-            f"accelerator={accelerator!r} was requested but this machine has no such device: use accelerator='auto' or 'cpu'."
+            f"accelerator={accelerator!r} was requested but {accel_cls.unavailable_reason()}: use"
+            " accelerator='auto' or 'cpu'."
         )
     return accel_cls()
 
@@ -124,7 +126,8 @@ def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, nu
             f"strategy={strategy.name!r} does not run on accelerator={accel.name!r}: choose one of"
             f" {sorted(supported)} or another strategy."
         )
-    if not strategy.is_distributed and num_devices * num_nodes > 1:
+    processes_per_node = 1 if strategy.drives_devices_from_one_process else num_devices
+    if not strategy.is_distributed and processes_per_node * num_nodes > 1:
         raise ConfigurationError(
             f"strategy={strategy.name!r} runs one process but devices={num_devices}, num_nodes={num_nodes}"
             " ask for more: use strategy='ddp' (or 'auto'), or devices=1."

@@ -44,6 +44,16 @@ class Accelerator(ABC):
     def get_device(self, index: int) -> torch.device:
         """The `torch.device` a process with this device index computes on."""
 
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """Why `is_available()` is false, as the middle of an error sentence (e.g. what the
+        machine has instead); named accelerators that are not available fail with it."""
+        return "this machine has no such device"
+
+    def validate_precision(self, precision: str, device_indexes: list[int]) -> None:
+        """Raise a `ConfigurationError` if `precision` cannot run on these devices (e.g. bf16 on
+        a GPU without it); called at construction, after the precision was resolved."""
+
     def setup_device(self, device: torch.device) -> None:
         """Prepare `device` for the current process (e.g. make it the current CUDA device)."""
 

@@ -84,7 +84,9 @@ class TruePrecision(Precision):
 class MixedPrecision(Precision):
     """`16-mixed` or `bf16-mixed`: float32 weights, forward under `torch.autocast`.
 
-    `16-mixed` scales the loss with a `torch.amp.GradScaler` whose state is checkpointed.
+    `16-mixed` scales the loss with a `torch.amp.GradScaler` whose state is checkpointed. The
+    scaler is built on first use, inside the process that trains: building a CUDA scaler asks
+    `torch.cuda.is_available()`, which would initialise CUDA in a parent that later forks.
     """
 
     changes_forward = True
@@ -93,9 +95,15 @@ class MixedPrecision(Precision):
         self.name = name
         self._device_type = device_type
         self._dtype = torch.float16 if name == "16-mixed" else torch.bfloat16
-        if scaler is None and name == "16-mixed":
-            scaler = torch.amp.GradScaler(device_type)
-        self.scaler = scaler
+        self._scaler = scaler
+        self._builds_scaler = scaler is None and name == "16-mixed"
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The gradient scaler (`16-mixed` only), built on first access."""
+        if self._builds_scaler and self._scaler is None:
+            self._scaler = torch.amp.GradScaler(self._device_type)
+        return self._scaler
 
     def forward_context(self) -> ContextManager[Any]:
         return torch.autocast(self._device_type, dtype=self._dtype)
@@ -104,17 +112,19 @@ class MixedPrecision(Precision):
         return _cast_floating(data, torch.get_default_dtype())
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        if self.scaler is not None:
-            tensor = self.scaler.scale(tensor)
+        scaler = self.scaler
+        if scaler is not None:
+            tensor = scaler.scale(tensor)
         tensor.backward(*args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        if self.scaler is None:
+        scaler = self.scaler
+        if scaler is None:
             return optimizer.step(**kwargs)
         if kwargs.get("closure") is not None:
             raise _closure_error()
-        result = self.scaler.step(optimizer, **kwargs)
-        self.scaler.update()
+        result = scaler.step(optimizer, **kwargs)
+        scaler.update()
         return result
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:

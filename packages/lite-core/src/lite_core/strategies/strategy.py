@@ -36,6 +36,8 @@ class Strategy:
     supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
     #: Whether the strategy drives more than one process.
     is_distributed: ClassVar[bool] = False
+    #: Whether one process drives every device of `devices` (e.g. `torch.nn.DataParallel`).
+    drives_devices_from_one_process: ClassVar[bool] = False
     #: Whether the user's `run()` must execute inside `module_init_context` (e.g. ZeRO-3).
     runs_inside_init_context: ClassVar[bool] = False
 
