@@ -1,0 +1,109 @@
+"""`accelerator="cuda"` (alias `"gpu"`): NVIDIA GPUs, one process per GPU over NCCL."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from lite_core.accelerators.accelerator import Accelerator
+from lite_core.errors import ConfigurationError
+from lite_cuda import _runtime
+from lite_cuda._devices import parse_devices
+
+_MATMUL_PRECISIONS = ("highest", "high", "medium")
+_BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
+#: bfloat16 arithmetic runs natively from compute capability 8.0 (Ampere) on.
+_BF16_CAPABILITY = (8, 0)
+
+
+class CUDAAccelerator(Accelerator):
+    """Runs on NVIDIA GPUs. `"auto"` picks it over the CPU whenever a GPU is visible.
+
+    The parent process never initialises CUDA: GPUs are counted and checked through NVML, and
+    each training process makes its own GPU current with `torch.cuda.set_device`.
+
+    Args:
+        matmul_precision: passed to `torch.set_float32_matmul_precision` in every process:
+            `"high"` or `"medium"` let float32 matrix multiplications use TF32 on GPUs that
+            have it, `"highest"` forbids it. `None` (default) leaves torch's setting alone.
+    """
+
+    name = "cuda"
+    priority = 10
+    distributed_backend = "nccl"
+    default_distributed_strategy = "ddp"
+    autocast_device_type = "cuda"
+
+    def __init__(self, matmul_precision: str | None = None) -> None:
+        if matmul_precision is not None and matmul_precision not in _MATMUL_PRECISIONS:
+            raise ConfigurationError(
+                f"matmul_precision={matmul_precision!r} is not valid: pass one of {list(_MATMUL_PRECISIONS)}"
+                " or None to keep torch's setting."
+            )
+        self.matmul_precision = matmul_precision
+        #: A bf16 precision that could not be checked without initialising CUDA; checked per process.
+        self._unchecked_bf16: str | None = None
+
+    @staticmethod
+    def is_available() -> bool:
+        return _runtime.device_count() > 0
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        if not _runtime.cuda_built():
+            return f"torch {torch.__version__} is built without CUDA (install a CUDA build of torch for GPUs)"
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if hidden is not None:
+            return f"no GPU is visible with CUDA_VISIBLE_DEVICES={hidden!r}"
+        return "no NVIDIA GPU is visible (torch.cuda.device_count() is 0: check the driver with nvidia-smi)"
+
+    @staticmethod
+    def parse_devices(devices: Any) -> list[int]:
+        visible = _runtime.device_count()
+        if visible == 0:
+            raise ConfigurationError(
+                f"accelerator='cuda' needs a GPU but {CUDAAccelerator.unavailable_reason()}: use"
+                " accelerator='auto' or 'cpu'."
+            )
+        return parse_devices(devices, visible)
+
+    def get_device(self, index: int) -> torch.device:
+        return torch.device("cuda", index)
+
+    def setup_device(self, device: torch.device) -> None:
+        _runtime.set_device(device)
+        if self.matmul_precision is not None:
+            torch.set_float32_matmul_precision(self.matmul_precision)
+        if self._unchecked_bf16 is not None and device.index is not None:
+            _require_bf16(self._unchecked_bf16, device.index, _runtime.initialized_gpu(device.index))
+
+    def validate_precision(self, precision: str, device_indexes: list[int]) -> None:
+        """Refuse bf16 on a GPU older than Ampere; GPUs NVML cannot describe are checked per process."""
+        self._unchecked_bf16 = None
+        if precision not in _BF16_PRECISIONS:
+            return
+        for index in device_indexes:
+            gpu = _runtime.gpu(index)
+            if gpu is None:
+                self._unchecked_bf16 = precision
+            else:
+                _require_bf16(precision, index, gpu)
+
+    def describe(self) -> str:
+        return f"cuda ({_runtime.device_count()} GPU(s) visible)"
+
+    def __repr__(self) -> str:
+        return f"CUDAAccelerator(matmul_precision={self.matmul_precision!r})"
+
+
+def _require_bf16(precision: str, index: int, gpu: _runtime.GPU) -> None:
+    if gpu.capability >= _BF16_CAPABILITY:
+        return
+    major, minor = gpu.capability
+    raise ConfigurationError(
+        f"precision={precision!r} needs a GPU with bfloat16 (compute capability 8.0 or newer, e.g. A100,"
+        f" H100, RTX 30xx) but GPU {index} is {gpu.name} ({major}.{minor}): use"
+        f" precision={precision.replace('bf16', '16')!r}."
+    )
