@@ -11,7 +11,6 @@ import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -71,15 +70,3 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeGPUs]:
         return fake
 
     return install
-
-
-def _visible_gpus() -> int:
-    # NVML-based: asking at collection time does not initialise CUDA in the pytest process.
-    return torch.cuda.device_count()
-
-
-def needs_gpus(count: int) -> Any:
-    """Mark a test as needing `count` real CUDA GPUs; skipped with the reason otherwise."""
-    found = _visible_gpus()
-    reason = f"needs {count} CUDA GPU(s), this machine has {found}"
-    return [pytest.mark.cuda, pytest.mark.skipif(found < count, reason=reason)]
