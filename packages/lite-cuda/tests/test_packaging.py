@@ -6,6 +6,9 @@ import subprocess
 import sys
 from importlib.metadata import distribution
 
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
 from lite_core._registry import ACCELERATORS, STRATEGIES
 from lite_cuda import CUDAAccelerator, DataParallelStrategy
 
@@ -17,8 +20,8 @@ def test_entry_points_register_cuda_gpu_and_dp() -> None:
 
 
 def test_the_distribution_declares_the_core_versions_it_supports() -> None:
-    requires = distribution("lite-cuda").requires or []
-    assert "lite-core<0.2,>=0.1" in [r.replace(" ", "") for r in requires]
+    requires = [Requirement(line) for line in distribution("lite-cuda").requires or []]
+    assert [r.specifier for r in requires if r.name == "lite-core"] == [SpecifierSet(">=0.1,<0.2")]
 
 
 def test_importing_lite_cuda_loads_neither_the_accelerator_nor_the_strategy() -> None:

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU check, prepared to run unattended on a machine with an NVIDIA GPU in under 5 minutes:
+#   1. lite-cuda's tests, GPU tests included (the CPU ones run too: they take seconds);
+#   2. the benchmark Lite vs plain PyTorch on a GPT-style model in bf16 (benchmarks/gpu_bench.py).
+#
+#   bash benchmarks/gpu_check.sh [RESULTS_DIR]
+#
+# RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
+# receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json and summary.txt.
+# Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
+# Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
+# (benchmarks/_dev_site.py registers their entry points in a temporary folder).
+# GPU_CHECK_DEVICE=cpu runs the same steps on a CPU (tiny benchmark), to test the script itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+RESULTS=${1:-${OUT:+$OUT/gpu_check}}
+RESULTS=${RESULTS:-benchmarks/results/gpu_check}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+
+if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda')" 2>/dev/null; then
+  SITE=$(mktemp -d)
+  trap 'rm -rf "$SITE"' EXIT
+  "$PY" benchmarks/_dev_site.py "$SITE" packages/lite-core packages/lite-cuda >/dev/null || exit 3
+  export PYTHONPATH="$SITE:$PWD/packages/lite-core/src:$PWD/packages/lite-cuda/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv 2>&1 || echo "nvidia-smi: not available"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+} > "$RESULTS/machine.txt" 2>&1
+cat "$RESULTS/machine.txt"
+
+PYTEST_ARGS=(packages/lite-cuda/tests -p no:cacheprovider -rs)
+if ! "$PY" -c "import pytest_timeout" 2>/dev/null; then
+  # pytest.ini asks for --strict-markers and per-test timeouts; without the plugin, drop both
+  # and bound the whole run with `timeout` instead.
+  PYTEST_ARGS+=(-o "addopts=--import-mode=importlib -ra")
+fi
+echo "== tests (at most 150 s)"
+timeout -k 5 150 "$PY" -m pytest "${PYTEST_ARGS[@]}" > "$RESULTS/tests.txt" 2>&1
+TESTS_RC=$?
+tail -n 25 "$RESULTS/tests.txt"
+
+BENCH_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_bench")
+[ "$DEVICE" = cpu ] && BENCH_ARGS+=(--quick)
+echo "== benchmark (at most 150 s)"
+timeout -k 5 150 "$PY" benchmarks/gpu_bench.py "${BENCH_ARGS[@]}" > "$RESULTS/bench.txt" 2>&1
+BENCH_RC=$?
+cat "$RESULTS/bench.txt"
+
+{
+  echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
+  echo "benchmark: exit $BENCH_RC"
+} > "$RESULTS/summary.txt"
+cat "$RESULTS/summary.txt"
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
