@@ -128,7 +128,7 @@ def plain_arm(model: nn.Module, device: torch.device) -> Step:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(ids: torch.Tensor, target: torch.Tensor) -> None:
-        ids, target = ids.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        ids, target = ids.to(device), target.to(device)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(ids)

@@ -219,3 +219,17 @@ def _forbidden(name: str) -> Any:
         raise AssertionError(f"torch.cuda.{name}() initialises CUDA in the parent process")
 
     return call
+
+
+def test_spawned_workers_receive_the_tf32_choice_and_the_pending_bf16_check(fake_gpus: Any) -> None:
+    # ddp_spawn pickles the strategy (with its accelerator) into every worker.
+    import pickle
+
+    fake_gpus(2, described=False)
+    lite = LightningLite(accelerator=CUDAAccelerator(matmul_precision="medium"), strategy="ddp_spawn", devices=2,
+                         precision="bf16-mixed")
+    copy = pickle.loads(pickle.dumps(lite.strategy))
+
+    assert copy.accelerator.matmul_precision == "medium"
+    assert copy.accelerator._unchecked_bf16 == "bf16-mixed"
+    assert copy.precision.name == "bf16-mixed"
