@@ -118,3 +118,44 @@ def test_nvml_that_cannot_start_answers_none(nvml: Any, monkeypatch: pytest.Monk
 def test_a_machine_without_nvml_answers_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_nvml, "_LIBRARY", "libnvidia-ml-that-does-not-exist.so.1")
     assert _nvml.visible_gpu(0) is None
+
+
+_FAKE_NVML_C = r"""
+#include <string.h>
+static const char *names[] = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"};
+static int sessions = 0;
+int nvmlInit_v2(void) { sessions++; return 0; }
+int nvmlShutdown(void) { sessions--; return 0; }
+int lite_test_sessions(void) { return sessions; }
+int nvmlDeviceGetCount_v2(unsigned int *count) { *count = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **handle) {
+    if (index >= 2) return 2;
+    *handle = (void *)(names + index);
+    return 0;
+}
+int nvmlDeviceGetCudaComputeCapability(void *handle, int *major, int *minor) {
+    *major = 8; *minor = handle == (void *)(names + 1) ? 6 : 0; return 0;
+}
+int nvmlDeviceGetName(void *handle, char *name, unsigned int length) {
+    strncpy(name, *(const char **)handle, length - 1); name[length - 1] = 0; return 0;
+}
+"""
+
+
+def test_the_ctypes_calls_match_nvmls_c_signatures(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A compiled stand-in with NVML's C signatures checks how arguments and results cross ctypes.
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build the stand-in NVML library")
+    source, library = tmp_path / "nvml.c", tmp_path / "libfakenvml.so"
+    source.write_text(_FAKE_NVML_C)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=60)
+    monkeypatch.setattr(_nvml, "_LIBRARY", str(library))
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+
+    assert _nvml.visible_gpu(0) == ("NVIDIA A100-SXM4-80GB", 8, 6)
+    assert ctypes.CDLL(str(library)).lite_test_sessions() == 0
