@@ -169,6 +169,24 @@ def test_16_mixed_has_a_cuda_grad_scaler(fake_gpus: Any, monkeypatch: pytest.Mon
     assert precision.scaler.is_enabled()
 
 
+def test_the_cuda_grad_scaler_state_travels_with_checkpoints(fake_gpus: Any, monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Any) -> None:
+    fake_gpus(1)
+    monkeypatch.setattr(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False)
+    lite = LightningLite(accelerator="cuda", precision="16-mixed")
+    scaler = lite.strategy.precision.scaler  # type: ignore[attr-defined]
+    scaler.load_state_dict({**scaler.state_dict(), "scale": 123.0, "_growth_tracker": 7})
+    lite.save({"step": 5}, tmp_path / "ckpt.pt")
+
+    other = LightningLite(accelerator="cuda", precision="16-mixed")
+    state = {"step": 0}
+    other.load(tmp_path / "ckpt.pt", state)
+
+    restored = other.strategy.precision.scaler  # type: ignore[attr-defined]
+    assert restored._device == "cuda"
+    assert (restored.get_scale(), restored.state_dict()["_growth_tracker"], state["step"]) == (123.0, 7, 5)
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_bf16_on_a_gpu_without_it_fails_at_construction(fake_gpus: Any, precision: str) -> None:
     fake_gpus(2, name="Tesla V100-SXM2-16GB", capability=(7, 0))
