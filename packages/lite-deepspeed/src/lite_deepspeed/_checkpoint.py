@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from lite_core._checkpoint import restore, to_state
 from lite_core.errors import CheckpointError, MisuseError
 from lite_core.wrappers import LiteModule, _LiteOptimizerBase
+from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 
 if TYPE_CHECKING:
     from lite_deepspeed.strategy import DeepSpeedStrategy
@@ -29,11 +30,11 @@ def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
     return found[0] if found else None
 
 
-def _optimizer_keys(content: dict[str, Any], engine: Any, strategy: DeepSpeedStrategy) -> list[str]:
+def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
     keys = []
     for key, value in content.items():
         inner = value.optimizer if isinstance(value, _LiteOptimizerBase) else value
-        if any(own is inner for eng, own in strategy._engines if eng is engine and own is not None):
+        if isinstance(inner, DeepSpeedEngineOptimizer) and inner.engine is engine:
             keys.append(key)
     return keys
 
@@ -41,7 +42,7 @@ def _optimizer_keys(content: dict[str, Any], engine: Any, strategy: DeepSpeedStr
 def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> None:
     """Every rank writes its shards of the model and optimizer; the rest goes into the client state."""
     key, engine = find_engine(content)  # type: ignore[misc]
-    optimizer_keys = _optimizer_keys(content, engine, strategy)
+    optimizer_keys = _optimizer_keys(content, engine)
     rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
     client_state = to_state(rest, strategy)
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
@@ -56,8 +57,9 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
             f"'{path}' is a DeepSpeed checkpoint, which loads into a set-up model: pass it in state,"
             " e.g. load(path, {'model': model, 'optimizer': optimizer})."
         )
+    _refuse_known_corruption(strategy)
     key, engine = found
-    optimizer_keys = _optimizer_keys(state, engine, strategy)
+    optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
         path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),
         load_lr_scheduler_states=False,
@@ -71,3 +73,14 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
     restore(rest, client_state, strict=strict, strategy=strategy)
     state.update(rest)
     return client_state
+
+
+def _refuse_known_corruption(strategy: DeepSpeedStrategy) -> None:
+    # Measured with DeepSpeed 0.19.8 on the CPU accelerator: ZeRO-3 in bf16 restores the fp32
+    # shards into the bf16 parameters byte for byte, i.e. garbage weights, without an error.
+    assert strategy.accelerator is not None
+    if strategy.stage == 3 and strategy.accelerator.name == "cpu" and strategy.precision.name.startswith("bf16"):
+        raise CheckpointError(
+            "DeepSpeed restores ZeRO-3 bf16 checkpoints on the CPU with corrupted weights: resume with"
+            " precision='32-true', or load the converted full state dict (convert_to_fp32_state_dict) instead."
+        )

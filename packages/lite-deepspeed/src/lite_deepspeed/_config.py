@@ -61,13 +61,17 @@ def zero_config(stage: int, offload_optimizer: bool, offload_parameters: bool, *
     return {"zero_optimization": zero}
 
 
-def with_user_optimizer(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` accepting the user's own torch optimizer, unless the config says otherwise.
+def with_lite_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` behaving like the user's plain loop, for every key the config leaves out.
 
-    Lite users pass an optimizer instance; DeepSpeed would refuse any but its tested ones under
-    ZeRO, and insist on its own (JIT-compiled) CPU Adam when offloading the optimizer.
+    Lite users pass their own optimizer instance, which DeepSpeed would refuse under ZeRO unless
+    it is one it tested, and would replace by its own JIT-compiled CPU Adam when offloading; and
+    DeepSpeed clips gradients to norm 1.0 unless told otherwise, while Lite clips only when the
+    user calls `clip_gradients`.
     """
-    return {"zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False, **config}
+    defaults = {"zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+                "gradient_clipping": 0.0}
+    return {**defaults, **config}
 
 
 def read_config(config: dict[str, Any] | str | Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from lite_core.precision.precision import Precision
 from lite_core.strategies.ddp import DDPStrategy
 from lite_deepspeed import _checkpoint, _config
 from lite_deepspeed._guard import BackwardGuard
+from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 from lite_deepspeed.precision import DeepSpeedPrecision
 
 #: Lite accelerator name -> the `DS_ACCELERATOR` DeepSpeed uses for it.
@@ -69,7 +70,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.stage = _config.stage_of(self._config)
         self._logging_level = logging_level
         self._guard = BackwardGuard()
-        self._engines: list[tuple[Any, Optimizer | None]] = []
+        self._engines: list[Any] = []
         self._micro_batch_size: int | None = None
 
     @property
@@ -130,7 +131,7 @@ class DeepSpeedStrategy(DDPStrategy):
         return deepspeed.zero.Init(config_dict_or_path=config, remote_device=remote)
 
     def _full_config(self) -> dict[str, Any]:
-        return _config.with_precision(_config.with_user_optimizer(self._config), self.precision.name)
+        return _config.with_precision(_config.with_lite_defaults(self._config), self.precision.name)
 
     # -- models and optimizers -------------------------------------------------------------------
     def module_to_device(self, module: nn.Module) -> nn.Module:
@@ -145,7 +146,7 @@ class DeepSpeedStrategy(DDPStrategy):
                 " or set up each model with its own optimizer."
             )
         engine = self._initialize(module, optimizers[0] if optimizers else None)
-        return engine, optimizers
+        return engine, [DeepSpeedEngineOptimizer(engine, o) for o in optimizers]
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         return self._initialize(module, None)
@@ -163,7 +164,7 @@ class DeepSpeedStrategy(DDPStrategy):
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config,
                                                dist_init_required=False)
         self._guard.attach(engine)
-        self._engines.append((engine, optimizer))
+        self._engines.append(engine)
         return engine
 
     def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
@@ -171,16 +172,18 @@ class DeepSpeedStrategy(DDPStrategy):
             size = _batch_size_of(dataloader)
             if size is not None:
                 self._micro_batch_size = size
-                for engine, _ in self._engines:
+                for engine in self._engines:
                     engine.set_train_micro_batch_size(size)
         return dataloader
 
     def engine_of(self, optimizer: Optimizer) -> Any:
-        """The DeepSpeed engine that steps `optimizer` (the user's own optimizer)."""
-        for engine, own in self._engines:
-            if own is optimizer:
-                return engine
-        raise MisuseError("This optimizer was not set up with a model by this Lite: call setup(model, optimizer).")
+        """The DeepSpeed engine that steps `optimizer` (as `setup` returned it)."""
+        inner = getattr(optimizer, "optimizer", optimizer)  # Lite's wrapper holds ours
+        if isinstance(optimizer, DeepSpeedEngineOptimizer):
+            return optimizer.engine
+        if isinstance(inner, DeepSpeedEngineOptimizer):
+            return inner.engine
+        raise MisuseError("This optimizer was not set up with its model by DeepSpeed: pass the one setup(model, optimizer) returned.")
 
     # -- training step -----------------------------------------------------------------------------
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
