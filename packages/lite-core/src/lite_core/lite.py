@@ -381,7 +381,8 @@ def _is_plain_backward(strategy: Strategy) -> bool:
     from lite_core.precision.precision import Precision
 
     return (type(strategy).backward is Strategy.backward
-            and type(strategy.precision).backward is Precision.backward)
+            and type(strategy.precision).backward is Precision.backward
+            and not strategy.backward_needs_model)
 
 
 def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | None) -> None:
