@@ -159,6 +159,24 @@ def test_misuse_is_one_sentence_error(job, case, expected):
     assert message.startswith(expected) and "\n" not in message, message
 
 
+def test_setup_optimizers_alone_is_refused(job):
+    assert job["misuse"]["optimizers_alone"].startswith("DeepSpeed sets up a model and its optimizer together")
+
+
+def test_setup_module_alone_needs_stage_3(job):
+    assert job["misuse"]["module_alone"].startswith("ZeRO stage 2 shards the optimizer, so it needs one")
+    assert job["nested_init"]["inference_shape"] == (2, 1)  # stage 3: an engine for inference
+
+
+def test_lr_scheduler_drives_the_optimizer_deepspeed_steps(job):
+    assert job["misuse"]["lr_after_schedule"] == pytest.approx(0.05)  # 0.1 halved once
+
+
+def test_zero3_init_module_inside_run_partitions(job):
+    partition = job["nested_init"]["partition"]
+    assert partition and all(held == 0 for held, _, _ in partition)
+
+
 def test_teardown_destroys_the_process_group(job):
     for rank in (0, 1):
         assert (job["out"] / f"teardown_rank{rank}.txt").read_text() == "destroyed"

@@ -149,6 +149,11 @@ class DeepSpeedStrategy(DDPStrategy):
         return engine, [DeepSpeedEngineOptimizer(engine, o) for o in optimizers]
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if self.stage in (1, 2):
+            raise MisuseError(
+                f"ZeRO stage {self.stage} shards the optimizer, so it needs one: call setup(model, optimizer),"
+                " or use stage 3 for a model without an optimizer (e.g. inference)."
+            )
         return self._initialize(module, None)
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:

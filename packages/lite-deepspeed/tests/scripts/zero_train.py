@@ -140,8 +140,28 @@ class Misuse(LightningLite):
         third = make_model()
         messages["two_optimizers"] = _message(lambda: self.setup(
             third, torch.optim.SGD(third[0].parameters(), lr=0.1), torch.optim.SGD(third[2].parameters(), lr=0.1)))
+        scheduler = torch.optim.lr_scheduler.StepLR(opt1, step_size=1, gamma=0.5)
+        self.backward(first(x).sum(), model=first)
+        opt1.step()
+        scheduler.step()
+        messages["lr_after_schedule"] = opt1.optimizer.optimizer.param_groups[0]["lr"]
+        messages["module_alone"] = _message(lambda: self.setup_module(make_model()))
+        messages["optimizers_alone"] = _message(lambda: self.setup_optimizers(torch.optim.SGD(make_model().parameters())))
         messages["direct_backward"] = _message(lambda: first(x).sum().backward())
         return messages
+
+
+class NestedInit(LightningLite):
+    """ZeRO-3: a model built under init_module() inside run() is partitioned too."""
+
+    def run(self) -> dict:
+        with self.init_module():
+            model = make_model()
+        partition = partition_of(model)
+        inference = self.setup_module(model)  # stage 3 without an optimizer: an engine for inference
+        with torch.no_grad():
+            shape = tuple(inference(torch.randn(2, FEATURES)).shape)
+        return {"partition": partition, "inference_shape": shape}
 
 
 def _message(action) -> str:
@@ -172,5 +192,6 @@ if __name__ == "__main__":
         runner.step_count = 0
         results["runs"][f"{preset}-{precision}"] = runner.run(f"{preset}-{precision}", copy_weights=copy)
     results["misuse"] = Misuse(accelerator="cpu", strategy="deepspeed_stage_2", devices=2).run()
+    results["nested_init"] = NestedInit(accelerator="cpu", strategy="deepspeed_stage_3", devices=2).run()
     if dist.get_rank() == 0:
         torch.save(results, OUT / "results.pt")
