@@ -187,7 +187,8 @@ if __name__ == "__main__":
         runner = ZeroRun(accelerator="cpu", strategy=preset, devices=2)
         runner.step_count = 0
         results["runs"][preset] = runner.run(preset)
-    for preset, precision, copy in (("deepspeed_stage_2", "bf16-true", False), ("deepspeed_stage_3", "bf16-mixed", True)):
+    for preset, precision, copy in (("deepspeed_stage_2", "bf16-true", False), ("deepspeed_stage_3", "bf16-mixed", True),
+                                   ("deepspeed_stage_2", "16-mixed", False)):
         runner = ZeroRun(accelerator="cpu", strategy=preset, devices=2, precision=precision)
         runner.step_count = 0
         results["runs"][f"{preset}-{precision}"] = runner.run(f"{preset}-{precision}", copy_weights=copy)
