@@ -129,6 +129,15 @@ def test_checkpoint_resumes_to_the_same_losses(job, preset):
     assert resumed["losses"] == run["losses"][6:]  # a fresh model with other weights, resumed exactly
 
 
+def test_resuming_with_another_number_of_processes_is_refused(job, run_script, output_of):
+    script = SCRIPT.with_name("resume_other_world.py")
+    proc = run_script(command=[sys.executable, str(script), str(job["out"] / "ckpt_deepspeed_stage_2")], timeout=120)
+    assert proc.returncode == 0, output_of(proc)
+    assert proc.stdout.strip().splitlines()[-1].endswith(
+        "was saved by 2 processes but 1 are loading it: resume with the same number of processes, or convert"
+        " it with convert_to_fp32_state_dict and load that.")
+
+
 def test_zero3_bf16_resume_on_cpu_is_refused_not_corrupted(job):
     message = job["runs"]["deepspeed_stage_3-bf16-mixed"]["resumed"]
     assert isinstance(message, str) and "corrupted weights" in message and "\n" not in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lite_core._checkpoint import restore, to_state
@@ -58,6 +59,7 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
             " e.g. load(path, {'model': model, 'optimizer': optimizer})."
         )
     _refuse_known_corruption(strategy)
+    _check_world_size(Path(path), strategy.world_size)
     key, engine = found
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
@@ -83,4 +85,17 @@ def _refuse_known_corruption(strategy: DeepSpeedStrategy) -> None:
         raise CheckpointError(
             "DeepSpeed restores ZeRO-3 bf16 checkpoints on the CPU with corrupted weights: resume with"
             " precision='32-true', or load the converted full state dict (convert_to_fp32_state_dict) instead."
+        )
+
+
+def _check_world_size(path: Path, world_size: int) -> None:
+    """Refuse, before DeepSpeed reads anything, a checkpoint sharded over another number of ranks."""
+    latest = path / "latest"
+    if not latest.is_file():
+        return
+    shards = list((path / latest.read_text().strip()).glob("*zero_pp_rank_*_optim_states.pt"))
+    if shards and len(shards) != world_size:
+        raise CheckpointError(
+            f"'{path}' was saved by {len(shards)} processes but {world_size} are loading it: resume with the"
+            " same number of processes, or convert it with convert_to_fp32_state_dict and load that."
         )
