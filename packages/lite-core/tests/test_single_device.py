@@ -216,3 +216,31 @@ def test_hooks_on_the_wrapper_still_fire() -> None:
     wrapped.register_forward_hook(lambda module, args, output: calls.append(output.shape))
     wrapped(torch.ones(2, 8))
     assert calls == [torch.Size([2, 1])]
+
+
+def test_backward_needs_model_when_the_strategy_says_so_and_several_are_set_up() -> None:
+    from lite_core.strategies.single_device import SingleDeviceStrategy
+
+    class PerModelBackward(SingleDeviceStrategy):
+        backward_needs_model = True
+
+    lite = LightningLite(accelerator="cpu", strategy=PerModelBackward())
+    first, second = lite.setup(_model()), lite.setup(_model())
+    x = torch.randn(2, 8)
+    loss = first(x).sum() + second(x).sum()
+    with pytest.raises(MisuseError, match=r"call backward\(loss, model=model\)"):
+        lite.backward(loss)
+    lite.backward(loss, model=first)  # naming the model works
+    assert next(first.parameters()).grad is not None
+    plain = LightningLite(accelerator="cpu")  # the default strategy needs no model
+    one, two = plain.setup(_model()), plain.setup(_model())
+    plain.backward(one(x).sum() + two(x).sum())
+
+
+def test_wrapper_attribute_lookup_before_init_raises_attribute_error() -> None:
+    # Context managers such as DeepSpeed's zero.Init wrap every module __init__ and probe
+    # attributes of the new object before its __init__ has run.
+    from lite_core.wrappers import LiteModule
+
+    bare = LiteModule.__new__(LiteModule)
+    assert not hasattr(bare, "_ds_child_entered")

@@ -249,6 +249,11 @@ class LightningLite:
         if self._plain_backward:
             tensor.backward(*args, **kwargs)
             return
+        if model is None and len(self._models) > 1 and self._strategy.backward_needs_model:
+            raise MisuseError(
+                f"{len(self._models)} models are set up and strategy={self._strategy.name!r} runs backward"
+                " through the model the loss belongs to: call backward(loss, model=model)."
+            )
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
@@ -376,7 +381,8 @@ def _is_plain_backward(strategy: Strategy) -> bool:
     from lite_core.precision.precision import Precision
 
     return (type(strategy).backward is Strategy.backward
-            and type(strategy.precision).backward is Precision.backward)
+            and type(strategy.precision).backward is Precision.backward
+            and not strategy.backward_needs_model)
 
 
 def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | None) -> None:

@@ -68,7 +68,10 @@ class LiteModule(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_original_module"], name)
+            original = self.__dict__.get("_original_module")
+            if original is None:  # asked before __init__ ran (e.g. by a patched __init__ wrapper)
+                raise
+            return getattr(original, name)
 
     def __repr__(self) -> str:
         return f"LiteModule({self._original_module!r})"

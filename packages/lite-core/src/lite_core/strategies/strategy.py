@@ -40,6 +40,9 @@ class Strategy:
     drives_devices_from_one_process: ClassVar[bool] = False
     #: Whether the user's `run()` must execute inside `module_init_context` (e.g. ZeRO-3).
     runs_inside_init_context: ClassVar[bool] = False
+    #: Whether `backward` must be told which model the loss belongs to when several are set up
+    #: (e.g. DeepSpeed, where each model has its own engine that runs the backward pass).
+    backward_needs_model: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.accelerator: Accelerator | None = None

@@ -1,0 +1,101 @@
+"""DeepSpeed checkpoint directories that also hold the user's other state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lite_core._checkpoint import restore, to_state
+from lite_core.errors import CheckpointError, MisuseError
+from lite_core.wrappers import LiteModule, _LiteOptimizerBase
+from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
+
+if TYPE_CHECKING:
+    from lite_deepspeed.strategy import DeepSpeedStrategy
+
+#: Key of the client state that records which entries DeepSpeed itself saved.
+_LAYOUT_KEY = "lite_deepspeed"
+
+
+def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
+    """The one `(key, engine)` of a DeepSpeed model set up by Lite in `content`, if any."""
+    from deepspeed import DeepSpeedEngine
+
+    found = [(key, value._forward_module) for key, value in content.items()
+             if isinstance(value, LiteModule) and isinstance(value._forward_module, DeepSpeedEngine)]
+    if len(found) > 1:
+        raise MisuseError(
+            f"A DeepSpeed checkpoint holds one model but {[k for k, _ in found]} are DeepSpeed models: save"
+            " each model to its own path."
+        )
+    return found[0] if found else None
+
+
+def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
+    keys = []
+    for key, value in content.items():
+        inner = value.optimizer if isinstance(value, _LiteOptimizerBase) else value
+        if isinstance(inner, DeepSpeedEngineOptimizer) and inner.engine is engine:
+            keys.append(key)
+    return keys
+
+
+def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> None:
+    """Every rank writes its shards of the model and optimizer; the rest goes into the client state."""
+    key, engine = find_engine(content)  # type: ignore[misc]
+    optimizer_keys = _optimizer_keys(content, engine)
+    rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
+    client_state = to_state(rest, strategy)
+    client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
+    engine.save_checkpoint(path, client_state=client_state)
+
+
+def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
+    """Restore the model (and optimizer, if `state` holds it) through DeepSpeed, then the rest."""
+    found = find_engine(state)
+    if found is None:
+        raise CheckpointError(
+            f"'{path}' is a DeepSpeed checkpoint, which loads into a set-up model: pass it in state,"
+            " e.g. load(path, {'model': model, 'optimizer': optimizer})."
+        )
+    _refuse_known_corruption(strategy)
+    _check_world_size(Path(path), strategy.world_size)
+    key, engine = found
+    optimizer_keys = _optimizer_keys(state, engine)
+    load_path, client_state = engine.load_checkpoint(
+        path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),
+        load_lr_scheduler_states=False,
+    )
+    if load_path is None:
+        raise CheckpointError(f"'{path}' holds no DeepSpeed checkpoint: point load() at a directory written by save().")
+    # DeepSpeed returns its own bookkeeping too: keep what Lite saved.
+    saved = (client_state or {}).get(_LAYOUT_KEY, {}).get("saved", [])
+    client_state = {k: client_state[k] for k in saved}
+    rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
+    restore(rest, client_state, strict=strict, strategy=strategy)
+    state.update(rest)
+    return client_state
+
+
+def _refuse_known_corruption(strategy: DeepSpeedStrategy) -> None:
+    # Measured with DeepSpeed 0.19.8 on the CPU accelerator: ZeRO-3 in bf16 restores the fp32
+    # shards into the bf16 parameters byte for byte, i.e. garbage weights, without an error.
+    assert strategy.accelerator is not None
+    if strategy.stage == 3 and strategy.accelerator.name == "cpu" and strategy.precision.name.startswith("bf16"):
+        raise CheckpointError(
+            "DeepSpeed restores ZeRO-3 bf16 checkpoints on the CPU with corrupted weights: resume with"
+            " precision='32-true', or load the converted full state dict (convert_to_fp32_state_dict) instead."
+        )
+
+
+def _check_world_size(path: Path, world_size: int) -> None:
+    """Refuse, before DeepSpeed reads anything, a checkpoint sharded over another number of ranks."""
+    latest = path / "latest"
+    if not latest.is_file():
+        return
+    shards = list((path / latest.read_text().strip()).glob("*zero_pp_rank_*_optim_states.pt"))
+    if shards and len(shards) != world_size:
+        raise CheckpointError(
+            f"'{path}' was saved by {len(shards)} processes but {world_size} are loading it: resume with the"
+            " same number of processes, or convert it with convert_to_fp32_state_dict and load that."
+        )
