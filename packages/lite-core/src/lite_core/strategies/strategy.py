@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core._checkpoint import restore, to_state
+from lite_core._checkpoint import read_checkpoint, restore, to_state
 from lite_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -116,10 +116,18 @@ class Strategy:
 
     # -- modules and optimizers ---------------------------------------------------------------
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
-        """Context in which the user builds modules: on the device, in the precision."""
+        """Context in which the user builds modules: on the device, in the precision.
+
+        With `empty_init=True` the parameters are allocated but not initialised (for weights that
+        are loaded right after); sharding strategies override this to build on the meta device.
+        """
         stack = ExitStack()
         stack.enter_context(self.root_device)
         stack.enter_context(self.precision.module_init_context())
+        if empty_init:
+            from lite_core._empty_init import SkipInitialisation
+
+            stack.enter_context(SkipInitialisation())
         return stack
 
     def run_context(self) -> ContextManager[Any]:
@@ -212,7 +220,7 @@ class Strategy:
                         weights_only: bool = True) -> dict[str, Any]:
         """Read the checkpoint at `path` on every process, restore `state`'s objects in place and
         return the content."""
-        content = self.checkpoint_io.load(path, weights_only=weights_only)
+        content = read_checkpoint(path, self.checkpoint_io, weights_only)
         if state is not None:
             restore(state, content, strict=strict, strategy=self)
         return content
