@@ -50,18 +50,20 @@ class Train(LightningLite):
         results.update(self.train(accumulate=True))
         if self.strategy.name == "fsdp":
             results.update(self.empty_init())
+        else:
+            results.update(self.checkpoint_round_trip(out_dir))
         if self.global_rank == 0:
             torch.save(results, Path(out_dir, "training.pt"))
 
-    def fresh(self):
+    def fresh(self, momentum: float = 0.0):
         torch.manual_seed(0)
         model = make_model()
         initial = {k: v.clone() for k, v in model.state_dict().items()}
         if self.strategy.name == "fsdp":
             model = self.setup_module(model)
-            optimizer = self.setup_optimizers(torch.optim.SGD(model.parameters(), lr=LR))
+            optimizer = self.setup_optimizers(torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))
         else:
-            model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+            model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))
         return model, optimizer, initial
 
     def train(self, accumulate: bool) -> dict:
@@ -94,6 +96,29 @@ class Train(LightningLite):
         grad = model.module[0].weight.grad.clone()
         gathered = self.all_gather(grad)
         return not torch.allclose(gathered[0], gathered[1])
+
+    def checkpoint_round_trip(self, out_dir: str) -> dict:
+        """Save after a step, load into a fresh model and optimizer; they must step identically."""
+        model, optimizer, _ = self.fresh(momentum=0.9)  # momentum: state that must travel
+        x, y = make_data()
+        steps = []
+        for _ in range(2):
+            optimizer.zero_grad()
+            self.backward(nn.functional.mse_loss(model(x[:4]), y[:4]))
+            optimizer.step()
+            steps.append(full_weights(model))
+        self.save({"model": model, "optimizer": optimizer}, Path(out_dir, "sharded_ddp.pt"))
+        optimizer.zero_grad()
+        self.backward(nn.functional.mse_loss(model(x[4:8]), y[4:8]))
+        optimizer.step()
+        expected = full_weights(model)
+        model, optimizer, _ = self.fresh(momentum=0.9)
+        self.load(Path(out_dir, "sharded_ddp.pt"), {"model": model, "optimizer": optimizer})
+        optimizer.zero_grad()
+        self.backward(nn.functional.mse_loss(model(x[4:8]), y[4:8]))
+        optimizer.step()
+        resumed = full_weights(model)
+        return {"round_trip_equal": all(torch.equal(expected[k], resumed[k]) for k in expected)}
 
     def empty_init(self) -> dict:
         torch.manual_seed(7)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.errors import BackendNotInstalledError, MisuseError
+from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
 from lite_core.strategies.ddp import DDPStrategy
 
 
@@ -37,13 +37,18 @@ class DDPShardedStrategy(DDPStrategy):
 
     def __init__(self, timeout: float | timedelta | None = None, process_group_backend: str | None = None,
                  **sharded_kwargs: Any) -> None:
-        if importlib.util.find_spec("fairscale") is None:
+        if not _fairscale_installed():
             raise BackendNotInstalledError(
                 f"strategy={self.name!r} needs fairscale, which is not installed: run"
                 " `pip install 'lite-core[fairscale]'`."
             )
+        if sharded_kwargs.get("reduce_buffer_size", 0) != 0:
+            raise ConfigurationError(
+                f"strategy={self.name!r} reduces gradients unbucketed because fairscale's buckets give"
+                " wrong weights when zero_grad() sets gradients to None: drop reduce_buffer_size."
+            )
         super().__init__(timeout=timeout, process_group_backend=process_group_backend)
-        self._sharded_kwargs = {"reduce_buffer_size": 0, **sharded_kwargs}
+        self._sharded_kwargs = {**sharded_kwargs, "reduce_buffer_size": 0}
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         raise MisuseError(
@@ -101,3 +106,10 @@ def _shard_optimizer(optimizer: Optimizer) -> Optimizer:
 
     groups = [dict(group) for group in optimizer.param_groups]
     return OSS(groups, optim=type(optimizer), **optimizer.defaults)
+
+
+def _fairscale_installed() -> bool:
+    try:
+        return importlib.util.find_spec("fairscale") is not None
+    except ValueError:  # `sys.modules["fairscale"] = None`: made unimportable on purpose
+        return False
