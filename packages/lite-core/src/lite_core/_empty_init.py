@@ -13,9 +13,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 #: In-place functions through which `torch.nn.init` and modules' `reset_parameters` fill tensors.
+#: (`torch.nn.init` functions dispatch to the mode themselves, under their own names.)
 _FILLING = frozenset({
     "uniform_", "normal_", "trunc_normal_", "fill_", "zero_", "random_", "exponential_",
-    "log_normal_", "cauchy_", "geometric_", "bernoulli_", "orthogonal_", "eye_", "dirac_",
+    "log_normal_", "cauchy_", "geometric_", "bernoulli_", "constant_", "ones_", "zeros_",
+    "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "orthogonal_",
+    "sparse_", "eye_", "dirac_",
 })
 
 
@@ -24,6 +27,10 @@ class SkipInitialisation(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        if getattr(func, "__name__", None) in _FILLING and args and isinstance(args[0], torch.Tensor):
-            return args[0]
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _FILLING:
+            # torch.nn.init passes the tensor by keyword, Tensor methods by position.
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor):
+                return target
+        return func(*args, **kwargs)
