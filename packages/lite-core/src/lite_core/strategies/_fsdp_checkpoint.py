@@ -94,7 +94,11 @@ def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> 
 
 def _staging_directory(target: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users
+    return staging
 
 
 def _replace(staging: Path, target: Path) -> None:
