@@ -35,12 +35,25 @@ def check_reinitialisable(module: nn.Module) -> None:
             )
 
 
-def materialise(module: nn.Module, device: torch.device, rng_state: torch.Tensor | None) -> None:
-    """Allocate the shards of a sharded meta-built `module` on `device` and initialise them."""
-    module.to_empty(device=device)
-    with torch.random.fork_rng(devices=[]):
+def capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The random state a normal build on `device` would start from (CPU, and the device's own)."""
+    if device.type == "cpu":
+        return torch.get_rng_state(), None
+    return torch.get_rng_state(), torch.get_device_module(device).get_rng_state(device)
+
+
+def materialise(module: nn.Module, shard_device: torch.device, device: torch.device,
+                rng_state: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
+    """Allocate the shards of a sharded meta-built `module` on `shard_device` and initialise them
+    as a normal build on `device` would, drawing from `rng_state` (from `capture_rng`) without
+    changing this process's random state."""
+    module.to_empty(device=shard_device)
+    on_device = device.type != "cpu"
+    with torch.random.fork_rng(devices=[device] if on_device else [], device_type=device.type):
         if rng_state is not None:
-            torch.set_rng_state(rng_state)
+            torch.set_rng_state(rng_state[0])
+            if on_device and rng_state[1] is not None:
+                torch.get_device_module(device).set_rng_state(rng_state[1], device)
         for submodule in module.modules():
             if _own_tensors(submodule):
                 _reset_one(submodule, device)

@@ -58,7 +58,7 @@ class FSDPStrategy(DDPStrategy):
         self.state_dict_type = state_dict_type
         self._reshard_after_forward = reshard_after_forward
         self._sharded_modules: list[nn.Module] = []
-        self._init_rng_state: torch.Tensor | None = None
+        self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def build_precision(self, name: str) -> Precision:
         if name in _MIXED_DTYPES:
@@ -71,7 +71,7 @@ class FSDPStrategy(DDPStrategy):
         if not empty_init:
             return super().module_init_context(empty_init)
         stack = ExitStack()
-        self._init_rng_state = torch.get_rng_state()
+        self._init_rng_state = _fsdp_init.capture_rng(self.root_device)
         stack.enter_context(torch.device("meta"))
         stack.enter_context(self.precision.module_init_context())
         return stack
@@ -93,7 +93,8 @@ class FSDPStrategy(DDPStrategy):
                 fully_shard(submodule, **options)
         fully_shard(module, **options)
         if on_meta:
-            _fsdp_init.materialise(module, self._materialise_device(), self._init_rng_state)
+            shard_device = torch.device("cpu") if self._cpu_offload else self.root_device
+            _fsdp_init.materialise(module, shard_device, self.root_device, self._init_rng_state)
         self._sharded_modules.append(module)
         return module
 
@@ -111,9 +112,6 @@ class FSDPStrategy(DDPStrategy):
             "mp_policy": _mp_policy(self.precision.name),
             "offload_policy": offload,
         }
-
-    def _materialise_device(self) -> torch.device:
-        return torch.device("cpu") if self._cpu_offload else self.root_device
 
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
                                     ) -> tuple[nn.Module, list[Optimizer]]:
