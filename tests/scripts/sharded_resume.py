@@ -3,7 +3,7 @@
     python sharded_resume.py save OUT_DIR
         fsdp, 2 processes: trains STEPS steps and writes the loss of each to
         OUT_DIR/uninterrupted.json; after RESUME_AT steps it saves a sharded checkpoint
-        (OUT_DIR/sharded) and a full one (OUT_DIR/full.pt).
+        (OUT_DIR/sharded, replacing the one saved a step earlier) and a full one (OUT_DIR/full.pt).
     python sharded_resume.py resume STRATEGY DEVICES CHECKPOINT OUT_JSON
         loads CHECKPOINT into a fresh model and optimizer and trains the remaining steps,
         writing their losses to OUT_JSON.
@@ -54,6 +54,8 @@ class Train(LightningLite):
         for step, (x, y) in enumerate(loader):
             if step < state["step"]:
                 continue
+            if mode == "save" and step == RESUME_AT - 1:
+                self.save(state, Path(checkpoint, "sharded"))  # an older checkpoint, replaced below
             if mode == "save" and step == RESUME_AT:
                 self.save(state, Path(checkpoint, "sharded"))
                 self.strategy.state_dict_type = "full"

@@ -50,6 +50,9 @@ def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved)
     sharded = out_dir / "sharded"
     assert is_sharded(sharded)
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # Saving again to the same path replaced the older checkpoint and left no staging directory.
+    assert sorted(p.name for p in out_dir.iterdir()) == ["full.pt", "sharded", "uninterrupted.json"]
+    assert torch.load(sharded / "lite_extra.pt", weights_only=True)["step"] == RESUME_AT
     full = torch.load(out_dir / "full.pt", weights_only=True)
     assert full["step"] == RESUME_AT
     assert full["model"]["0.weight"].shape == (16, 4)  # gathered, not a shard
