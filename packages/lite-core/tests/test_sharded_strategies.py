@@ -32,6 +32,13 @@ def test_fsdp_refuses_float16_mixed_precision_at_construction() -> None:
     assert "bf16-mixed" in str(info.value)
 
 
+def test_fsdp_declares_the_accelerators_it_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITE_FAKE_AVAILABLE", "1")  # the fake backend's device (tests/fake_backend)
+    with pytest.raises(ConfigurationError, match="strategy='fsdp' does not run on accelerator='fake'") as info:
+        LightningLite(accelerator="fake", strategy="fsdp", devices=2)
+    _one_sentence(str(info.value))
+
+
 def test_fsdp_refuses_an_unknown_state_dict_type() -> None:
     with pytest.raises(ConfigurationError, match="state_dict_type='everything'") as info:
         FSDPStrategy(state_dict_type="everything")
