@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,56 @@ def test_name_keyed_optimizer_state_needs_its_model_in_state(tmp_path: Path) -> 
     with pytest.raises(CheckpointError, match="pass the model in the same `state`") as info:
         lite.load(tmp_path / "ckpt.pt", {"optimizer": optimizer})
     _one_sentence(str(info.value))
+
+
+# -- sharded checkpoint directories, read in one process -----------------------------------------
+def _sharded_checkpoint(folder: Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A checkpoint directory in the format `fsdp` writes, made here without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer = _trained()
+    tensors = {"model": model.state_dict(), "optimizer": positions_to_names(optimizer.state_dict(), optimizer, model)}
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+    torch.save({"step": 4}, folder / "lite_extra.pt")
+    return model, optimizer
+
+
+def test_consolidate_turns_a_sharded_directory_into_one_file(tmp_path: Path) -> None:
+    from lite_core.checkpoint import consolidate, is_sharded
+
+    model, _ = _sharded_checkpoint(tmp_path / "ckpt")
+    assert is_sharded(tmp_path / "ckpt") and not is_sharded(tmp_path)
+    consolidate(tmp_path / "ckpt", tmp_path / "one.pt")
+    content = torch.load(tmp_path / "one.pt", weights_only=True)
+    assert content["step"] == 4
+    assert all(torch.equal(content["model"][k], v) for k, v in model.state_dict().items())
+    assert set(content["optimizer"]["state"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+
+
+def test_single_device_loads_a_sharded_directory(tmp_path: Path) -> None:
+    model, optimizer = _sharded_checkpoint(tmp_path / "ckpt")
+    lite = LightningLite(accelerator="cpu")
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+    fresh_opt = torch.optim.Adam([{"params": fresh[0].parameters()}, {"params": fresh[1].parameters(), "lr": 0.5}])
+    state = {"model": fresh, "optimizer": fresh_opt, "step": 0}
+    lite.load(tmp_path / "ckpt", state)
+    assert state["step"] == 4
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
+    assert torch.equal(fresh_opt.state_dict()["state"][2]["exp_avg"], optimizer.state_dict()["state"][2]["exp_avg"])
+
+
+def test_consolidate_refuses_what_is_not_a_complete_sharded_checkpoint(tmp_path: Path) -> None:
+    from lite_core.checkpoint import consolidate
+
+    with pytest.raises(CheckpointError, match="is not a sharded checkpoint directory") as info:
+        consolidate(tmp_path, tmp_path / "one.pt")
+    _one_sentence(str(info.value))
+    _sharded_checkpoint(tmp_path / "ckpt")
+    for shard in (tmp_path / "ckpt").glob("*.distcp"):
+        shard.unlink()
+    with pytest.raises(CheckpointError, match="is incomplete or damaged") as info:
+        consolidate(tmp_path / "ckpt", tmp_path / "one.pt")
+    _one_sentence(str(info.value))
+    assert not (tmp_path / "one.pt").exists()

@@ -57,6 +57,7 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
 def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = True) -> dict[str, Any]:
     """The whole content of a sharded checkpoint as full tensors, read in this process alone."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -66,7 +67,7 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
     try:
         _load_state_dict(tensors, storage_reader=FileSystemReader(os.fspath(path)),
                          planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    except Exception as err:  # DCP raises several types for damaged shards
+    except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
         raise CheckpointError(
             f"The sharded checkpoint '{path}' is incomplete or damaged ({type(err).__name__}): point"
             " load() at a complete checkpoint."
