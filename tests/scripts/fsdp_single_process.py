@@ -66,11 +66,10 @@ def bf16_mixed(lite: LightningLite) -> None:
 
 
 def cpu_offload(lite: LightningLite) -> None:
-    torch.manual_seed(0)
     reference = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
-    torch.manual_seed(0)
     model = lite.setup_module(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)))
     assert all(p.device.type == "cpu" for p in model.parameters())
+    model.load_state_dict(reference.state_dict())  # full weights into the sharded model
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     plain_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     x = torch.randn(8, 4)

@@ -60,7 +60,10 @@ class Train(LightningLite):
         model = make_model()
         initial = {k: v.clone() for k, v in model.state_dict().items()}
         if self.strategy.name == "fsdp":
-            model = self.setup_module(model)
+            # Set up differently initialised weights, then load the full initial ones into the shards.
+            torch.manual_seed(1)
+            model = self.setup_module(make_model())
+            model.load_state_dict(initial)
             optimizer = self.setup_optimizers(torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))
         else:
             model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))

@@ -115,6 +115,17 @@ class FSDPStrategy(DDPStrategy):
             "offload_policy": offload,
         }
 
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        if module not in self._sharded_modules or any(isinstance(v, DTensor) for v in state_dict.values()):
+            return super().load_module_state_dict(module, state_dict, strict=strict, assign=assign)
+        # Full (unsharded) weights: each process keeps its shard of them.
+        options = StateDictOptions(full_state_dict=True, strict=strict)
+        return set_model_state_dict(module, dict(state_dict), options=options)
+
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
                                     ) -> tuple[nn.Module, list[Optimizer]]:
         if optimizers:

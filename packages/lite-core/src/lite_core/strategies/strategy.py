@@ -148,6 +148,11 @@ class Strategy:
         at once); by default `setup_module`, then `setup_optimizer` for each."""
         return self.setup_module(module), [self.setup_optimizer(o) for o in optimizers]
 
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any:
+        """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""
+        return module.load_state_dict(state_dict, strict=strict, assign=assign)
+
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare `optimizer` for this strategy."""
         return optimizer
