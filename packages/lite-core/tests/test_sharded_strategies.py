@@ -222,3 +222,23 @@ def test_consolidate_refuses_what_is_not_a_complete_sharded_checkpoint(tmp_path:
         consolidate(tmp_path / "ckpt", tmp_path / "one.pt")
     _one_sentence(str(info.value))
     assert not (tmp_path / "one.pt").exists()
+
+
+# -- core hooks -----------------------------------------------------------------------------------
+def test_wrapped_model_load_state_dict_goes_through_the_strategy() -> None:
+    from lite_core.strategies import SingleDeviceStrategy
+
+    calls = []
+
+    class Recording(SingleDeviceStrategy):
+        def load_module_state_dict(self, module, state_dict, strict=True, assign=False):
+            calls.append((module, strict))
+            return super().load_module_state_dict(module, state_dict, strict=strict, assign=assign)
+
+    lite = LightningLite(accelerator="cpu", strategy=Recording())
+    user_model = nn.Linear(2, 2)
+    model = lite.setup(user_model)
+    source = nn.Linear(2, 2)
+    model.load_state_dict(source.state_dict(), strict=False)
+    assert calls == [(user_model, False)]
+    assert torch.equal(user_model.weight, source.weight)
