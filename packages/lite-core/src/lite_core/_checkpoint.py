@@ -8,8 +8,10 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.errors import CheckpointError
+from lite_core.wrappers import LiteModule
 
 if TYPE_CHECKING:
+    from lite_core.io.checkpoint_io import CheckpointIO
     from lite_core.strategies.strategy import Strategy
 
 #: Key under which the precision plugin's state (e.g. the gradient scaler) is stored.
@@ -31,6 +33,15 @@ def _state_of(value: Any) -> Any:
     return value
 
 
+def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str, Any]:
+    """The content of a full checkpoint file, or of a sharded checkpoint directory (read whole)."""
+    from lite_core.checkpoint import is_sharded, read_sharded
+
+    if is_sharded(path):
+        return read_sharded(path, io, weights_only=weights_only)
+    return io.load(path, weights_only=weights_only)
+
+
 def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strategy: Strategy) -> None:
     """Load `content` into the objects of `state` in place; plain values are replaced."""
     missing = [key for key in state if key not in content]
@@ -45,7 +56,68 @@ def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strate
             continue
         if isinstance(target, nn.Module):
             target.load_state_dict(content[key], strict=strict)
+        elif isinstance(target, Optimizer) and is_keyed_by_name(content[key]):
+            module = module_of(target, state)
+            target.load_state_dict(names_to_positions(content[key], target, module))
         elif isinstance(target, Optimizer) or hasattr(target, "load_state_dict"):
             target.load_state_dict(content[key])
         else:
             state[key] = content[key]
+
+
+def is_keyed_by_name(optimizer_state: Any) -> bool:
+    """Whether an optimizer state dict names its parameters (`"layer.weight"`), as the sharded
+    strategies save it, rather than numbering them as `Optimizer.state_dict()` does."""
+    if not isinstance(optimizer_state, dict):
+        return False
+    groups = optimizer_state.get("param_groups") or []
+    return any(isinstance(p, str) for group in groups for p in group.get("params", []))
+
+
+def module_of(optimizer: Optimizer, state: dict[str, Any]) -> nn.Module:
+    """The user's module in `state` that owns `optimizer`'s parameters."""
+    first = optimizer.param_groups[0]["params"][0]
+    for value in state.values():
+        if isinstance(value, nn.Module):
+            module = value.module if isinstance(value, LiteModule) else value
+            if any(p is first for p in module.parameters()):
+                return module
+    raise CheckpointError(
+        "The checkpoint names the optimizer's parameters, but `state` holds no model that owns them:"
+        " pass the model in the same `state` as its optimizer."
+    )
+
+
+def _parameter_names(module: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in module.named_parameters()}
+
+
+def names_to_positions(optimizer_state: dict[str, Any], optimizer: Optimizer, module: nn.Module) -> dict[str, Any]:
+    """A name-keyed optimizer state dict renumbered in `optimizer`'s parameter order."""
+    names = _parameter_names(module)
+    state: dict[int, Any] = {}
+    groups = []
+    position = 0
+    for saved, group in zip(optimizer_state["param_groups"], optimizer.param_groups):
+        positions = []
+        for param in group["params"]:
+            name = names[id(param)]
+            if name in optimizer_state["state"]:
+                state[position] = optimizer_state["state"][name]
+            positions.append(position)
+            position += 1
+        groups.append({**saved, "params": positions})
+    return {"state": state, "param_groups": groups}
+
+
+def positions_to_names(optimizer_state: dict[str, Any], optimizer: Optimizer, module: nn.Module) -> dict[str, Any]:
+    """A position-keyed optimizer state dict (`Optimizer.state_dict()`) keyed by parameter name."""
+    names = _parameter_names(module)
+    state: dict[str, Any] = {}
+    groups = []
+    for saved, group in zip(optimizer_state["param_groups"], optimizer.param_groups):
+        for position, param in zip(saved["params"], group["params"]):
+            if position in optimizer_state["state"]:
+                state[names[id(param)]] = optimizer_state["state"][position]
+        groups.append({**saved, "params": [names[id(p)] for p in group["params"]]})
+    return {"state": state, "param_groups": groups}

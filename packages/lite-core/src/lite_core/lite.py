@@ -35,7 +35,8 @@ class LightningLite:
     Args:
         accelerator: `"cpu"`, `"cuda"`/`"gpu"`, `"tpu"`/`"xla"`, `"auto"` or an `Accelerator`.
         strategy: `"auto"`, `"single_device"`, `"ddp"`, `"ddp_spawn"`, `"ddp_fork"`,
-            `"ddp_notebook"`, a backend's name (e.g. `"deepspeed_stage_3"`) or a `Strategy`.
+            `"ddp_notebook"`, `"fsdp"`, `"ddp_sharded"`, `"ddp_sharded_spawn"`, a backend's name
+            (e.g. `"deepspeed_stage_3"`) or a `Strategy`.
         devices: how many devices (processes) per node, a list of indexes, or `"auto"`.
         num_nodes: how many machines the job spans.
         precision: `"64-true"`, `"32-true"`, `"16-mixed"`, `"bf16-mixed"`, `"16-true"`,
@@ -283,7 +284,13 @@ class LightningLite:
         return self._strategy.precision.forward_context()
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """Context for building modules directly on the device and in the precision."""
+        """Context for building modules directly on the device and in the precision.
+
+        Args:
+            empty_init: `True` under a sharding strategy (`fsdp`) builds on the meta device and
+                initialises the parameters after sharding; under strategies that keep whole
+                models it skips initialisation (for weights loaded right after).
+        """
         return self._strategy.module_init_context(empty_init)
 
     def to_device(self, obj: Any) -> Any:
@@ -339,7 +346,11 @@ class LightningLite:
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True) -> dict[str, Any]:
-        """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content."""
+        """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content.
+
+        `filepath` may be a file or a sharded checkpoint directory (written under `fsdp`), saved
+        under any strategy and process count.
+        """
         return self._strategy.load_checkpoint(os.fspath(filepath), state, strict=strict, weights_only=weights_only)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:

@@ -62,7 +62,7 @@ class LiteModule(nn.Module):
         return self._original_module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        return self._strategy.load_module_state_dict(self._original_module, state_dict, strict=strict, assign=assign)
 
     def __getattr__(self, name: str) -> Any:
         try:

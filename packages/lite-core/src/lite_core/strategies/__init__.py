@@ -15,6 +15,9 @@ _LAZY = {
     "DDPStrategy": "lite_core.strategies.ddp",
     "DDPSpawnStrategy": "lite_core.strategies.ddp",
     "DDPForkStrategy": "lite_core.strategies.ddp",
+    "FSDPStrategy": "lite_core.strategies.fsdp",
+    "DDPShardedStrategy": "lite_core.strategies.ddp_sharded",
+    "DDPShardedSpawnStrategy": "lite_core.strategies.ddp_sharded",
 }
 
 __all__ = ["Strategy", *_LAZY]

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core._checkpoint import restore, to_state
+from lite_core._checkpoint import read_checkpoint, restore, to_state
 from lite_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -121,10 +121,18 @@ class Strategy:
 
     # -- modules and optimizers ---------------------------------------------------------------
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
-        """Context in which the user builds modules: on the device, in the precision."""
+        """Context in which the user builds modules: on the device, in the precision.
+
+        With `empty_init=True` the parameters are allocated but not initialised (for weights that
+        are loaded right after); sharding strategies override this to build on the meta device.
+        """
         stack = ExitStack()
         stack.enter_context(self.root_device)
         stack.enter_context(self.precision.module_init_context())
+        if empty_init:
+            from lite_core._empty_init import SkipInitialisation
+
+            stack.enter_context(SkipInitialisation())
         return stack
 
     def run_context(self) -> ContextManager[Any]:
@@ -144,6 +152,11 @@ class Strategy:
         """Set up a module together with its optimizers (strategies such as DeepSpeed need both
         at once); by default `setup_module`, then `setup_optimizer` for each."""
         return self.setup_module(module), [self.setup_optimizer(o) for o in optimizers]
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any:
+        """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""
+        return module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare `optimizer` for this strategy."""
@@ -217,7 +230,7 @@ class Strategy:
                         weights_only: bool = True) -> dict[str, Any]:
         """Read the checkpoint at `path` on every process, restore `state`'s objects in place and
         return the content."""
-        content = self.checkpoint_io.load(path, weights_only=weights_only)
+        content = read_checkpoint(path, self.checkpoint_io, weights_only)
         if state is not None:
             restore(state, content, strict=strict, strategy=self)
         return content

@@ -1,0 +1,75 @@
+"""Checkpoint formats, and turning a sharded checkpoint into one file.
+
+Lite writes two kinds of checkpoint, and `LightningLite.load` reads both under every strategy
+and process count:
+
+- **full**: one file written by `torch.save` (every strategy except `fsdp` by default, and
+  `FSDPStrategy(state_dict_type="full")`). Modules are stored as their `state_dict()`.
+- **sharded**: a directory written by `strategy="fsdp"`: the modules' and optimizers' tensors in
+  torch distributed checkpoint format (one file per process plus `.metadata`), and the other
+  values of the content in `lite_extra.pt`.
+
+Optimizer state saved by `fsdp` is keyed by parameter name (`"layer.weight"`) rather than by
+position, so that it can be matched to parameters under any strategy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lite_core.errors import CheckpointError
+
+#: The file inside a sharded checkpoint that holds everything except module and optimizer tensors.
+EXTRA_FILE = "lite_extra.pt"
+_METADATA_FILE = ".metadata"
+
+__all__ = ["EXTRA_FILE", "consolidate", "is_sharded"]
+
+
+def is_sharded(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a sharded (directory) checkpoint written by Lite."""
+    return (Path(path) / _METADATA_FILE).is_file()
+
+
+def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
+    """Turn the sharded checkpoint directory `source` into one file that `torch.load` reads.
+
+    Runs in one process, without a process group; it needs memory for the whole checkpoint.
+    The file is written atomically and holds the same keys the checkpoint was saved with
+    (modules as full state dicts, optimizers with state keyed by parameter name).
+
+    Args:
+        source: a directory written by `save` under `strategy="fsdp"`.
+        destination: the file to write.
+
+    Example:
+        >>> consolidate("checkpoints/step-100", "step-100.pt")  # doctest: +SKIP
+        >>> torch.load("step-100.pt")["model"]["layer.weight"]  # doctest: +SKIP
+    """
+    from lite_core.io.checkpoint_io import TorchCheckpointIO
+
+    io = TorchCheckpointIO()
+    io.save(read_sharded(source, io, weights_only=True), destination)
+
+
+def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = True) -> dict[str, Any]:
+    """The whole content of a sharded checkpoint as full tensors, read in this process alone."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if not is_sharded(path):
+        raise CheckpointError(f"'{path}' is not a sharded checkpoint directory: pass a directory saved under strategy='fsdp'.")
+    tensors: dict[str, Any] = {}
+    try:
+        _load_state_dict(tensors, storage_reader=FileSystemReader(os.fspath(path)),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
+        raise CheckpointError(
+            f"The sharded checkpoint '{path}' is incomplete or damaged ({type(err).__name__}): point"
+            " load() at a complete checkpoint."
+        ) from err
+    return {**io.load(Path(path) / EXTRA_FILE, weights_only=weights_only), **tensors}

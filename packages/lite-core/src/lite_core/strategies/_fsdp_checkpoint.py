@@ -1,0 +1,163 @@
+"""Saving and loading under `fsdp`: sharded directories (torch distributed checkpoint) or one
+full file, both read back at any process count. The formats are described in `lite_core.checkpoint`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from lite_core._checkpoint import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore
+from lite_core.checkpoint import EXTRA_FILE, is_sharded, read_sharded
+from lite_core.errors import CheckpointError
+from lite_core.wrappers import LiteModule, _LiteOptimizerBase
+
+if TYPE_CHECKING:
+    from lite_core.strategies.fsdp import FSDPStrategy
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, LiteModule):
+        return value._forward_module
+    if isinstance(value, _LiteOptimizerBase):
+        return value.optimizer
+    return value
+
+
+def _split(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the modules and optimizers, unwrapped; every other value)."""
+    objects = {k: _unwrap(v) for k, v in content.items() if isinstance(v, (nn.Module, Optimizer))}
+    return objects, {k: v for k, v in content.items() if k not in objects}
+
+
+def _options(full: bool, strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict)
+
+
+def _state_of(strategy: FSDPStrategy, obj: Any, full: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if isinstance(obj, Optimizer):
+        return get_optimizer_state_dict(strategy.module_of(obj), obj, options=_options(full))
+    return get_model_state_dict(obj, options=_options(full))
+
+
+def _load_into(strategy: FSDPStrategy, obj: Any, value: Any, full: bool, strict: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    if isinstance(obj, Optimizer):
+        module = strategy.module_of(obj)
+        if not is_keyed_by_name(value):  # a plain `Optimizer.state_dict()` saved by another strategy
+            value = positions_to_names(value, obj, module)
+        set_optimizer_state_dict(module, obj, value, options=_options(full))
+    else:
+        set_model_state_dict(obj, value, options=_options(full, strict))
+
+
+def _extra(strategy: FSDPStrategy, plain: dict[str, Any]) -> dict[str, Any]:
+    precision_state = strategy.precision.state_dict()
+    return {**plain, PRECISION_KEY: precision_state} if precision_state else dict(plain)
+
+
+# -- save ---------------------------------------------------------------------------------------
+def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> None:
+    """Gather everything to rank 0 and write one file there."""
+    objects, plain = _split(content)
+    state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
+    if strategy.global_rank == 0:
+        strategy.checkpoint_io.save({**state, **_extra(strategy, plain)}, path)
+    strategy.barrier("save_checkpoint")
+
+
+def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> None:
+    """Every process writes its shards into a fresh directory that then replaces `path`, so a
+    crash while writing leaves the previous checkpoint intact."""
+    import torch.distributed.checkpoint as dcp
+
+    objects, plain = _split(content)
+    state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
+    target = Path(path)
+    staging = strategy.broadcast(_staging_directory(target) if strategy.global_rank == 0 else None)
+    dcp.save(state, checkpoint_id=staging)
+    if strategy.global_rank == 0:
+        strategy.checkpoint_io.save(_extra(strategy, plain), os.path.join(staging, EXTRA_FILE))
+        _replace(Path(staging), target)
+    strategy.barrier("save_checkpoint")
+
+
+def _staging_directory(target: Path) -> str:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users
+    return staging
+
+
+def _replace(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, old / target.name)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -- load ---------------------------------------------------------------------------------------
+def load(strategy: FSDPStrategy, path: str, state: dict[str, Any] | None, strict: bool,
+         weights_only: bool) -> dict[str, Any]:
+    """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"No checkpoint at '{path}': check the path you passed to load().")
+    if state is None:
+        if is_sharded(path):
+            return read_sharded(path, strategy.checkpoint_io, weights_only)
+        return strategy.checkpoint_io.load(path, weights_only=weights_only)
+    objects, plain = _split(state)
+    if is_sharded(path):
+        content = _load_sharded(strategy, path, objects, strict, weights_only)
+    else:
+        content = strategy.checkpoint_io.load(path, weights_only=weights_only)
+        _check_keys(objects, content, strict)
+        for key, obj in objects.items():
+            if key in content:
+                _load_into(strategy, obj, content[key], full=True, strict=strict)
+    restore(plain, content, strict=strict, strategy=strategy)
+    state.update(plain)
+    return content
+
+
+def _load_sharded(strategy: FSDPStrategy, path: str, objects: dict[str, Any], strict: bool,
+                  weights_only: bool) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    content = strategy.checkpoint_io.load(os.path.join(path, EXTRA_FILE), weights_only=weights_only)
+    saved = _saved_keys(path)
+    _check_keys(objects, {**content, **dict.fromkeys(saved)}, strict)
+    targets = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items() if key in saved}
+    dcp.load(targets, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    for key, value in targets.items():
+        _load_into(strategy, objects[key], value, full=False, strict=strict)
+    return {**content, **targets}
+
+
+def _saved_keys(path: str) -> set[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(path).read_metadata()
+    return {fqn.split(".", 1)[0] for fqn in metadata.state_dict_metadata}
+
+
+def _check_keys(objects: dict[str, Any], content: dict[str, Any], strict: bool) -> None:
+    missing = [key for key in objects if key not in content]
+    if strict and missing:
+        raise CheckpointError(f"The checkpoint has no entry for {missing}: save them too, or load with strict=False.")

@@ -1,0 +1,213 @@
+"""Fully sharded data parallel on PyTorch's `fully_shard`: parameters, gradients and optimizer
+state are split across the processes and gathered only around each unit's forward and backward."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import timedelta
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.precision.precision import Precision
+from lite_core.strategies import _fsdp_checkpoint, _fsdp_init
+from lite_core.strategies.ddp import DDPStrategy
+
+_STATE_DICT_TYPES = ("sharded", "full")
+_MIXED_DTYPES = {"bf16-mixed": torch.bfloat16}
+
+
+class FSDPStrategy(DDPStrategy):
+    """`strategy="fsdp"`: shards each process's share of the model with `fully_shard`.
+
+    Processes are started and grouped exactly as for `ddp` (the script is re-run for the other
+    local ranks). Optimizers must be created from the model that `setup_module` returns.
+
+    Args:
+        auto_wrap_policy: module classes that become their own sharded unit (e.g. your
+            transformer block); the root module is always one. Each unit is gathered whole only
+            while it runs, so smaller units mean less memory.
+        cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory.
+        state_dict_type: `"sharded"` (default) makes `save` write a directory with one shard per
+            process (torch distributed checkpoint); `"full"` writes one `torch.load`-able file
+            from rank 0. `load` reads both kinds under any strategy and process count.
+        reshard_after_forward: free the gathered parameters after the forward pass and gather
+            them again for backward (less memory, more communication).
+        timeout: how long a collective waits for the other ranks (see `DDPStrategy`).
+        process_group_backend: overrides the accelerator's `torch.distributed` backend.
+    """
+
+    name = "fsdp"
+    # XLA devices have their own sharding strategy (`xla_fsdp`).
+    supported_accelerators = frozenset({"cpu", "cuda"})
+    # Float16 autocast needs a gradient scaler that understands sharded gradients.
+    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
+
+    def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
+                 state_dict_type: str = "sharded", reshard_after_forward: bool = True,
+                 timeout: float | timedelta | None = None, process_group_backend: str | None = None) -> None:
+        super().__init__(timeout=timeout, process_group_backend=process_group_backend)
+        if state_dict_type not in _STATE_DICT_TYPES:
+            raise ConfigurationError(
+                f"state_dict_type={state_dict_type!r} is not supported: pass 'sharded' or 'full'."
+            )
+        self._wrap_classes = tuple(auto_wrap_policy or ())
+        self._cpu_offload = cpu_offload
+        self.state_dict_type = state_dict_type
+        self._reshard_after_forward = reshard_after_forward
+        self._sharded_modules: list[nn.Module] = []
+        self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def build_precision(self, name: str) -> Precision:
+        if name in _MIXED_DTYPES:
+            # fully_shard casts the gathered parameters and the inputs itself (see _mp_policy).
+            return _ShardedMixedPrecision(name)
+        return super().build_precision(name)
+
+    # -- modules -------------------------------------------------------------------------------
+    def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
+        if not empty_init:
+            return super().module_init_context(empty_init)
+        stack = ExitStack()
+        self._init_rng_state = _fsdp_init.capture_rng(self.root_device)
+        stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        if self._cpu_offload or _fsdp_init.has_meta_tensors(module):
+            return module  # fully_shard places the shards; a meta module has nothing to move yet
+        return super().module_to_device(module)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        on_meta = _fsdp_init.has_meta_tensors(module)
+        if on_meta:
+            _fsdp_init.check_reinitialisable(module)
+        options = self._shard_options()
+        for submodule in reversed(list(module.modules())):
+            if submodule is not module and isinstance(submodule, self._wrap_classes):
+                fully_shard(submodule, **options)
+        fully_shard(module, **options)
+        if on_meta:
+            shard_device = torch.device("cpu") if self._cpu_offload else self.root_device
+            _fsdp_init.materialise(module, shard_device, self.root_device, self._init_rng_state)
+        self._sharded_modules.append(module)
+        return module
+
+    def _shard_options(self) -> dict[str, Any]:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        device_type = self.root_device.type
+        mesh = init_device_mesh(device_type, (self.world_size,))
+        # Pinned memory speeds up copies to an accelerator; with the CPU as the device there is none.
+        offload = CPUOffloadPolicy(pin_memory=device_type != "cpu") if self._cpu_offload else OffloadPolicy()
+        return {
+            "mesh": mesh,
+            "reshard_after_forward": self._reshard_after_forward,
+            "mp_policy": _mp_policy(self.precision.name),
+            "offload_policy": offload,
+        }
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        if module not in self._sharded_modules or any(isinstance(v, DTensor) for v in state_dict.values()):
+            return super().load_module_state_dict(module, state_dict, strict=strict, assign=assign)
+        # Full (unsharded) weights: each process keeps its shard of them.
+        options = StateDictOptions(full_state_dict=True, strict=strict)
+        return set_model_state_dict(module, dict(state_dict), options=options)
+
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
+                                    ) -> tuple[nn.Module, list[Optimizer]]:
+        if optimizers:
+            raise MisuseError(
+                "strategy='fsdp' replaces the parameters with shards, so an optimizer created before"
+                " setup would update nothing: call setup_module(model), create the optimizer from the"
+                " returned model's parameters, then call setup_optimizers(optimizer)."
+            )
+        return self.setup_module(module), []
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not all(isinstance(p, DTensor) for p in params):
+            raise MisuseError(
+                "This optimizer holds parameters that strategy='fsdp' did not shard: create it from"
+                " the parameters of the model returned by setup_module(), then call setup_optimizers()."
+            )
+        return optimizer
+
+    def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
+        return _no_gradient_sync(module)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        if self.state_dict_type == "full":
+            _fsdp_checkpoint.save_full(self, path, content)
+        else:
+            _fsdp_checkpoint.save_sharded(self, path, content)
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        return _fsdp_checkpoint.load(self, path, state, strict=strict, weights_only=weights_only)
+
+    def module_of(self, optimizer: Optimizer) -> nn.Module:
+        """The sharded module whose parameters `optimizer` updates."""
+        first = optimizer.param_groups[0]["params"][0]
+        for module in self._sharded_modules:
+            if any(p is first for p in module.parameters()):
+                return module
+        raise MisuseError(
+            "This optimizer updates no model set up by strategy='fsdp': create it from the parameters"
+            " of the model returned by setup_module()."
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(state_dict_type={self.state_dict_type!r}, timeout={self.timeout})"
+
+
+class _ShardedMixedPrecision(Precision):
+    """Mixed precision carried out by `fully_shard`'s policy: nothing to do around the forward."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _mp_policy(precision: str) -> Any:
+    """The `MixedPrecisionPolicy` for Lite's precision name: compute in the low dtype, reduce
+    gradients and return outputs in float32, keep the sharded (optimizer) weights in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = _MIXED_DTYPES.get(precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+
+@contextmanager
+def _no_gradient_sync(module: nn.Module) -> Iterator[None]:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)

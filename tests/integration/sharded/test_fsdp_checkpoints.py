@@ -1,0 +1,72 @@
+"""Checkpoints that move between strategies: save under `fsdp` on 2 processes (sharded and
+full), resume under `fsdp`, `ddp` and `single_device`, each continuing the uninterrupted loss curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lite_core.checkpoint import consolidate, is_sharded
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+RESUME_AT = 3
+
+
+@pytest.fixture(scope="module")
+def saved(run_script, output_of, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("fsdp-save")
+    proc = run_script("sharded_resume.py", "save", out_dir)
+    assert proc.returncode == 0, output_of(proc)
+    losses = json.loads((out_dir / "uninterrupted.json").read_text())
+    assert len(losses) == 6
+    return out_dir, losses
+
+
+def resumed_losses(run_script, output_of, strategy: str, devices: int, checkpoint, out_json) -> list[float]:
+    proc = run_script("sharded_resume.py", "resume", strategy, devices, checkpoint, out_json)
+    assert proc.returncode == 0, output_of(proc)
+    return json.loads(out_json.read_text())
+
+
+@pytest.mark.parametrize(("strategy", "devices", "kind"), [
+    ("fsdp", 2, "sharded"),
+    ("ddp", 2, "sharded"),
+    ("single_device", 1, "sharded"),
+    ("fsdp", 1, "sharded"),
+    ("fsdp", 2, "full.pt"),
+    ("single_device", 1, "full.pt"),
+])
+def test_resume_continues_the_uninterrupted_loss_curve(saved, run_script, output_of, tmp_path, strategy, devices, kind):
+    out_dir, uninterrupted = saved
+    losses = resumed_losses(run_script, output_of, strategy, devices, out_dir / kind, tmp_path / "losses.json")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted[RESUME_AT:]), atol=1e-6, rtol=0)
+
+
+def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved):
+    out_dir, _ = saved
+    sharded = out_dir / "sharded"
+    assert is_sharded(sharded)
+    assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # Saving again to the same path replaced the older checkpoint and left no staging directory.
+    assert sorted(p.name for p in out_dir.iterdir()) == ["full.pt", "sharded", "uninterrupted.json"]
+    assert torch.load(sharded / "lite_extra.pt", weights_only=True)["step"] == RESUME_AT
+    full = torch.load(out_dir / "full.pt", weights_only=True)
+    assert full["step"] == RESUME_AT
+    assert full["model"]["0.weight"].shape == (16, 4)  # gathered, not a shard
+    assert set(full["optimizer"]["state"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+def test_consolidate_writes_one_torch_loadable_file_that_resumes(saved, run_script, output_of, tmp_path):
+    out_dir, uninterrupted = saved
+    target = tmp_path / "consolidated.pt"
+    consolidate(out_dir / "sharded", target)
+    content = torch.load(target, weights_only=True)
+    full = torch.load(out_dir / "full.pt", weights_only=True)
+    assert content["step"] == RESUME_AT
+    for name, tensor in full["model"].items():
+        assert torch.equal(content["model"][name], tensor), name
+    losses = resumed_losses(run_script, output_of, "single_device", 1, target, tmp_path / "losses.json")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted[RESUME_AT:]), atol=1e-6, rtol=0)

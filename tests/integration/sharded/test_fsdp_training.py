@@ -1,0 +1,50 @@
+"""`fsdp` on 2 real processes over gloo: parity with one plain PyTorch process, gradient
+accumulation with `no_backward_sync`, clipping under sharding, and `empty_init` on meta."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+
+@pytest.fixture(scope="module")
+def fsdp_job(run_script, output_of, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    proc = run_script("sharded_train.py", "fsdp", out_dir)
+    assert proc.returncode == 0, output_of(proc)
+    return torch.load(out_dir / "training.pt", weights_only=True)
+
+
+def test_fsdp_with_clipping_matches_plain_pytorch(fsdp_job, reference):
+    expected, norms = reference.plain_pytorch(fsdp_job, "clipped", batch=4, accumulate=1, clip=True)
+    reference.assert_weights_match(fsdp_job["clipped_final"], expected, fsdp_job["clipped_initial"])
+    torch.testing.assert_close(torch.tensor(fsdp_job["clipped_norms"]), torch.tensor(norms), atol=1e-5, rtol=0)
+    assert all(n > 0.3 for n in norms), "clipping never happened; the comparison would prove nothing"
+
+
+def test_fsdp_accumulation_with_no_backward_sync_matches_plain_pytorch(fsdp_job, reference):
+    expected, _ = reference.plain_pytorch(fsdp_job, "accumulated", batch=2, accumulate=2, clip=False)
+    assert fsdp_job["accumulated_unreduced"] == [True] * 4, "a backward inside no_backward_sync reduced gradients"
+    reference.assert_weights_match(fsdp_job["accumulated_final"], expected, fsdp_job["accumulated_initial"])
+
+
+def test_empty_init_builds_on_meta_and_equals_a_normal_build(fsdp_job, reference):
+    assert fsdp_job["empty_on_meta"], "init_module(empty_init=True) allocated real parameters"
+    # Each process holds only its shard: half the rows of the first layer's weight (16 x 4).
+    assert fsdp_job["empty_local_numel"]["0.weight"] == 32
+    torch.manual_seed(7)
+    normal = reference.make_model().state_dict()
+    assert fsdp_job["empty_final"].keys() == normal.keys()
+    for name, tensor in normal.items():
+        assert torch.equal(fsdp_job["empty_final"][name], tensor), name
+
+
+def test_fsdp_misuse_errors_bf16_mixed_cpu_offload_and_position_keyed_loading(run_script, output_of):
+    proc = run_script("fsdp_single_process.py")
+    assert proc.returncode == 0, output_of(proc)
+    for check in ("optimizer before setup", "optimizer of unsharded parameters",
+                  "empty_init without reset_parameters", "bf16-mixed", "cpu_offload",
+                  "position-keyed checkpoint"):
+        assert f"OK {check}" in proc.stdout, output_of(proc)

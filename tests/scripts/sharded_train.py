@@ -1,0 +1,144 @@
+"""Training under a sharded strategy on 2 processes, for parity with one plain PyTorch process.
+
+    python sharded_train.py STRATEGY OUT_DIR
+
+Rank 0 writes `OUT_DIR/training.pt`: the data, the initial weights, the final full weights of
+training with gradient clipping and of training with `no_backward_sync` accumulation, and the
+clipping norms. Under `fsdp` it also builds a model with `init_module(empty_init=True)` and
+records where its parameters lived and its full weights after setup.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lite_core import LightningLite
+from lite_core.strategies import FSDPStrategy
+
+torch.set_num_threads(1)
+
+SAMPLES = 32
+GLOBAL_BATCH = 8
+MICRO_BATCH = 2
+LR = 0.1
+MAX_NORM = 0.3
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    return torch.randn(SAMPLES, 4, generator=generator), torch.randn(SAMPLES, 1, generator=generator)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
+class Train(LightningLite):
+    def run(self, out_dir: str) -> None:
+        results = {"x": make_data()[0], "y": make_data()[1]}
+        results.update(self.train(accumulate=False))
+        results.update(self.train(accumulate=True))
+        if self.strategy.name == "fsdp":
+            results.update(self.empty_init())
+        else:
+            results.update(self.checkpoint_round_trip(out_dir))
+        if self.global_rank == 0:
+            torch.save(results, Path(out_dir, "training.pt"))
+
+    def fresh(self, momentum: float = 0.0):
+        torch.manual_seed(0)
+        model = make_model()
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        if self.strategy.name == "fsdp":
+            # Set up differently initialised weights, then load the full initial ones into the shards.
+            torch.manual_seed(1)
+            model = self.setup_module(make_model())
+            model.load_state_dict(initial)
+            optimizer = self.setup_optimizers(torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))
+        else:
+            model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum))
+        return model, optimizer, initial
+
+    def train(self, accumulate: bool) -> dict:
+        model, optimizer, initial = self.fresh()
+        x, y = make_data()
+        batch = MICRO_BATCH if accumulate else GLOBAL_BATCH // 2
+        batches = iter(self.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=batch)))
+        norms, unreduced = [], []
+        for _ in range(SAMPLES // GLOBAL_BATCH):
+            optimizer.zero_grad()
+            if accumulate:
+                xb, yb = next(batches)
+                with self.no_backward_sync(model):
+                    self.backward(nn.functional.mse_loss(model(xb), yb))
+                unreduced.append(self.unreduced(model))
+            xb, yb = next(batches)
+            self.backward(nn.functional.mse_loss(model(xb), yb))
+            if not accumulate:
+                norms.append(self.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
+            optimizer.step()
+        name = "accumulated" if accumulate else "clipped"
+        return {f"{name}_initial": initial, f"{name}_final": full_weights(model), f"{name}_norms": norms,
+                f"{name}_unreduced": unreduced}
+
+    def unreduced(self, model: nn.Module) -> bool:
+        """Whether no gradient was communicated yet: `fsdp` hands out a parameter's (sharded)
+        gradient only once it was reduced; under sharded DDP the ranks' gradients still differ."""
+        if self.strategy.name == "fsdp":
+            return all(p.grad is None for p in model.parameters())
+        grad = model.module[0].weight.grad.clone()
+        gathered = self.all_gather(grad)
+        return not torch.allclose(gathered[0], gathered[1])
+
+    def checkpoint_round_trip(self, out_dir: str) -> dict:
+        """Save after a step, load into a fresh model and optimizer; they must step identically."""
+        model, optimizer, _ = self.fresh(momentum=0.9)  # momentum: state that must travel
+        x, y = make_data()
+        steps = []
+        for _ in range(2):
+            optimizer.zero_grad()
+            self.backward(nn.functional.mse_loss(model(x[:4]), y[:4]))
+            optimizer.step()
+            steps.append(full_weights(model))
+        self.save({"model": model, "optimizer": optimizer}, Path(out_dir, "sharded_ddp.pt"))
+        optimizer.zero_grad()
+        self.backward(nn.functional.mse_loss(model(x[4:8]), y[4:8]))
+        optimizer.step()
+        expected = full_weights(model)
+        model, optimizer, _ = self.fresh(momentum=0.9)
+        self.load(Path(out_dir, "sharded_ddp.pt"), {"model": model, "optimizer": optimizer})
+        optimizer.zero_grad()
+        self.backward(nn.functional.mse_loss(model(x[4:8]), y[4:8]))
+        optimizer.step()
+        resumed = full_weights(model)
+        return {"round_trip_equal": all(torch.equal(expected[k], resumed[k]) for k in expected)}
+
+    def empty_init(self) -> dict:
+        torch.manual_seed(7)
+        with self.init_module(empty_init=True):
+            model = make_model()
+        on_meta = all(p.is_meta for p in model.parameters())
+        model = self.setup_module(model)
+        local = {k: v.to_local().numel() for k, v in model.state_dict().items()}
+        return {"empty_on_meta": on_meta, "empty_local_numel": local, "empty_final": full_weights(model)}
+
+
+def main() -> None:
+    strategy, out_dir = sys.argv[1], sys.argv[2]
+    if strategy == "fsdp":
+        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+    Train(accelerator="cpu", strategy=strategy, devices=2).run(out_dir)
+
+
+if __name__ == "__main__":
+    main()
