@@ -63,7 +63,8 @@ def test_lite_run_equals_torchrun_of_the_same_script(run_script, free_tcp_port, 
 def test_lite_run_module_and_plain_python_give_the_same_job(run_script, tmp_path, output_of):
     by_module, by_python = tmp_path / "module", tmp_path / "python"
     by_module.mkdir(), by_python.mkdir()
-    proc = lite_run(run_script, by_module, "--accelerator", "cpu", "--devices", "2", script=("-m", "cli_job"))
+    # LITE_DEVICES exported around lite run counts like --devices 2.
+    proc = lite_run(run_script, by_module, "--accelerator", "cpu", script=("-m", "cli_job"), env={"LITE_DEVICES": "2"})
     assert proc.returncode == 0, output_of(proc)
     # The unmodified script under plain `python`: Lite's own ddp launcher re-runs it.
     proc = run_script("cli_job.py", by_python, "default",

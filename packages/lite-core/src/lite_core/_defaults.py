@@ -53,9 +53,9 @@ def resolve(arguments: dict[str, Any], stacklevel: int) -> dict[str, Any]:
         variable = VARIABLES[name]
         raw = os.environ.get(variable, "").strip()
         if isinstance(value, (_DefaultStr, _DefaultInt)):
-            resolved[name] = _parse(name, variable, raw) if raw else type(value).__mro__[1](value)
+            resolved[name] = parse(name, variable, raw) if raw else type(value).__mro__[1](value)
             continue
-        if raw and not _same(value, _parse(name, variable, raw)):
+        if raw and not _same(value, parse(name, variable, raw)):
             warnings.warn(
                 f"{variable}={raw!r} is ignored because the code passes {name}={value!r}: remove the"
                 f" argument from LightningLite(...) to let the command line or environment choose it.",
@@ -65,7 +65,8 @@ def resolve(arguments: dict[str, Any], stacklevel: int) -> dict[str, Any]:
     return resolved
 
 
-def _parse(name: str, variable: str, raw: str) -> Any:
+def parse(name: str, variable: str, raw: str) -> Any:
+    """The value of `variable` (holding `raw`) as the argument `name` takes it."""
     if name == "num_nodes":
         if not raw.isdigit():
             raise ConfigurationError(f"{variable}={raw!r} is not a number of nodes: set it to a positive integer.")

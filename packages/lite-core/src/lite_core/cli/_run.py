@@ -53,8 +53,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _choices(args: argparse.Namespace) -> dict[str, Any]:
-    given = {name: getattr(args, name) for name in VARIABLES}
-    return {name: value for name, value in given.items() if value is not None}
+    """The options given, else the `LITE_*` variables already exported, as LightningLite reads them."""
+    from lite_core._defaults import parse
+
+    choices: dict[str, Any] = {}
+    for name, variable in VARIABLES.items():
+        value = getattr(args, name)
+        if value is None and os.environ.get(variable, "").strip():
+            value = parse(name, variable, os.environ[variable].strip())
+        if value is not None:
+            choices[name] = value
+    return choices
 
 
 def _rendezvous(args: argparse.Namespace) -> dict[str, str]:
@@ -81,7 +90,7 @@ def _processes_per_node(choices: dict[str, Any]) -> int:
     from lite_core._connector import connect
 
     strategy = connect(choices.get("accelerator", "auto"), choices.get("strategy", "auto"),
-                       _devices(choices.get("devices", "auto")), choices.get("num_nodes", 1),
+                       _devices(str(choices.get("devices", "auto"))), choices.get("num_nodes", 1),
                        choices.get("precision", "32-true"), None)
     return len(strategy.device_indexes)
 
