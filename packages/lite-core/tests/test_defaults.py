@@ -132,3 +132,29 @@ def test_lite_run_processes_with_code_asking_for_other_devices_fail_at_construct
     with pytest.warns(UserWarning, match="LITE_DEVICES='2' is ignored"), \
             pytest.raises(ConfigurationError, match="leave devices and num_nodes out of the code"):
         LightningLite(accelerator="cpu", devices=3)
+
+
+def test_legacy_gpus_argument_decides_accelerator_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITE_DEVICES", "2")
+    monkeypatch.setenv("LITE_ACCELERATOR", "cpu")
+    # gpus=1 means accelerator="cuda", devices=1: the variables do not turn it into a conflict.
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigurationError) as info:
+        LightningLite(gpus=1)
+    assert "cannot be combined" not in str(info.value)
+
+
+def test_subclass_keeps_the_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Job(LightningLite):
+        def __init__(self, tag: str) -> None:
+            super().__init__(accelerator="cpu")
+            self.tag = tag
+
+    monkeypatch.setenv("LITE_DEVICES", "2")
+    job = Job("x")
+    assert job.strategy.name == "ddp" and job.strategy.device_indexes == [0, 1]
+
+
+def test_legacy_deprecation_warning_points_at_the_callers_line() -> None:
+    with pytest.warns(DeprecationWarning) as record, pytest.raises(ConfigurationError):
+        LightningLite(tpu_cores=8)
+    assert record[0].filename == __file__

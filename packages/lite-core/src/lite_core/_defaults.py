@@ -5,14 +5,16 @@ Precedence, for each of `accelerator`, `strategy`, `devices`, `num_nodes` and `p
 1. a value passed to `LightningLite(...)` in code wins; if the environment holds a different
    one, a warning names the variable that was ignored;
 2. otherwise the environment variable (`LITE_ACCELERATOR`, ...) is used;
-3. otherwise the documented default (`"auto"`, `1`, `"32-true"`).
+3. otherwise the default written in the signature (`"auto"`, `1`, `"32-true"`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from lite_core.errors import ConfigurationError
 
@@ -24,45 +26,40 @@ VARIABLES: dict[str, str] = {
     "num_nodes": "LITE_NUM_NODES",
     "precision": "LITE_PRECISION",
 }
+#: Legacy arguments that choose `accelerator` and `devices` themselves.
+_LEGACY = {"gpus": ("accelerator", "devices"), "tpu_cores": ("accelerator", "devices")}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _DefaultStr(str):
-    """A default string argument: equal to the documented value, but known not to be explicit."""
+def from_environment(init: F) -> F:
+    """Wrap `__init__` so that arguments the caller left out come from `VARIABLES` when set."""
+    signature = inspect.signature(init)
 
-    __slots__ = ()
+    @functools.wraps(init)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        _apply(bound.arguments)
+        return init(*bound.args, **bound.kwargs)
 
-
-class _DefaultInt(int):
-    """A default integer argument: equal to the documented value, but known not to be explicit."""
-
-    __slots__ = ()
-
-
-AUTO = _DefaultStr("auto")
-ONE_NODE = _DefaultInt(1)
-FULL_PRECISION = _DefaultStr("32-true")
+    return wrapper  # type: ignore[return-value]
 
 
-def resolve(arguments: dict[str, Any], stacklevel: int) -> dict[str, Any]:
-    """Return `arguments` with each default replaced by its environment variable, when set.
-
-    An explicit argument that disagrees with its variable is kept, with a warning.
-    """
-    resolved = {}
-    for name, value in arguments.items():
-        variable = VARIABLES[name]
+def _apply(given: dict[str, Any]) -> None:
+    decided = {name for legacy, names in _LEGACY.items() if given.get(legacy) is not None for name in names}
+    for name, variable in VARIABLES.items():
         raw = os.environ.get(variable, "").strip()
-        if isinstance(value, (_DefaultStr, _DefaultInt)):
-            resolved[name] = parse(name, variable, raw) if raw else type(value).__mro__[1](value)
+        if not raw or name in decided:
             continue
-        if raw and not _same(value, parse(name, variable, raw)):
+        value = parse(name, variable, raw)
+        if name not in given:
+            given[name] = value
+        elif not _same(given[name], value):
             warnings.warn(
-                f"{variable}={raw!r} is ignored because the code passes {name}={value!r}: remove the"
-                f" argument from LightningLite(...) to let the command line or environment choose it.",
-                UserWarning, stacklevel=stacklevel + 1,
+                f"{variable}={raw!r} is ignored because the code passes {name}={given[name]!r}: remove the"
+                " argument from LightningLite(...) to let the command line or environment choose it.",
+                UserWarning, stacklevel=3,  # _apply, wrapper, then the line that constructed LightningLite
             )
-        resolved[name] = value
-    return resolved
 
 
 def parse(name: str, variable: str, raw: str) -> Any:

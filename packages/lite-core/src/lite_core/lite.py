@@ -54,15 +54,13 @@ class LightningLite:
         tpu_cores: deprecated, means `accelerator="tpu", devices=tpu_cores`.
     """
 
-    def __init__(self, accelerator: Any = _defaults.AUTO, strategy: Any = _defaults.AUTO,
-                 devices: Any = _defaults.AUTO, num_nodes: int = _defaults.ONE_NODE,
-                 precision: Any = _defaults.FULL_PRECISION, plugins: Any = None,
+    @_defaults.from_environment
+    def __init__(self, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
+                 num_nodes: int = 1, precision: Any = "32-true", plugins: Any = None,
                  loggers: Any = None, callbacks: Any = None, *, gpus: Any = None,
                  tpu_cores: Any = None) -> None:
         accelerator, devices = _legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
-        chosen = _defaults.resolve({"accelerator": accelerator, "strategy": strategy, "devices": devices,
-                                    "num_nodes": num_nodes, "precision": precision}, stacklevel=2)
-        self._strategy: Strategy = connect(plugins=plugins, **chosen)
+        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._loggers = _as_list(loggers)
         self._callbacks = _as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -423,7 +421,7 @@ def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any
                 f" accelerator={name!r}, devices={value!r}."
             )
         warnings.warn(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=4)  # _legacy_devices, __init__, the environment wrapper, the caller
         return name, value
     return accelerator, devices
 
