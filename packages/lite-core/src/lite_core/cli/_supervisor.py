@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
 
@@ -54,21 +56,25 @@ class Job:
             self._ranks[local_rank] = subprocess.Popen(self._command, env=env, preexec_fn=_die_with_parent)
 
     def _supervise(self) -> int:
-        running = dict(self._ranks)
-        while running:
+        # One waiter thread per rank reports its exit the moment it happens, so the rank that
+        # failed first is blamed, not one that failed because of it a moment later.
+        exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        for local_rank, process in self._ranks.items():
+            threading.Thread(target=lambda r=local_rank, p=process: exits.put((r, p.wait())), daemon=True).start()
+        remaining = len(self._ranks)
+        while remaining:
             if self._signal is not None:
                 _say(f"received {signal.Signals(self._signal).name}; stopping every rank.")
                 return 128 + self._signal
-            for local_rank, process in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                del running[local_rank]
-                if code != 0:
-                    reason = f"signal {-code}" if code < 0 else f"exit code {code}"
-                    _say(f"local rank {local_rank} failed with {reason}; stopping every rank.")
-                    return code if code > 0 else 128 - code
-            time.sleep(_POLL_SECONDS)
+            try:
+                local_rank, code = exits.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            remaining -= 1
+            if code != 0:
+                reason = f"signal {-code}" if code < 0 else f"exit code {code}"
+                _say(f"local rank {local_rank} failed with {reason}; stopping every rank.")
+                return code if code > 0 else 128 - code
         return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
