@@ -147,3 +147,9 @@ def describe(proc: subprocess.CompletedProcess[str]) -> str:
 def output_of() -> Callable[[subprocess.CompletedProcess[str]], str]:
     """`output_of(proc)` -> a readable dump of a finished script for assertion messages."""
     return describe
+
+
+@pytest.fixture(scope="session")
+def scripts_env() -> Callable[..., dict[str, str]]:
+    """`scripts_env(**extra)` -> the environment `run_script` gives its scripts, for custom launches."""
+    return script_env

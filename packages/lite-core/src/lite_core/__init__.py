@@ -12,10 +12,20 @@ from lite_core.__about__ import __version__
 if TYPE_CHECKING:
     from lite_core._seed import seed_everything
     from lite_core.lite import LightningLite
+    from lite_core.loggers import CSVLogger, Logger, TensorBoardLogger
+    from lite_core.progress import progress_bar
 
-__all__ = ["LightningLite", "__version__", "seed_everything"]
+__all__ = ["CSVLogger", "LightningLite", "Logger", "TensorBoardLogger", "__version__", "progress_bar",
+           "seed_everything"]
 
-_LAZY = {"LightningLite": "lite_core.lite", "seed_everything": "lite_core._seed"}
+_LAZY = {
+    "LightningLite": "lite_core.lite",
+    "seed_everything": "lite_core._seed",
+    "CSVLogger": "lite_core.loggers",
+    "Logger": "lite_core.loggers",
+    "TensorBoardLogger": "lite_core.loggers",
+    "progress_bar": "lite_core.progress",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -107,7 +107,7 @@ def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
         try:
             accel_cls = ACCELERATORS.load(name)
         except (BackendImportError, IncompatibleBackendError) as err:
-            warnings.warn(f"Skipping an unusable backend while choosing accelerator='auto': {err}", stacklevel=5)
+            warnings.warn(f"Skipping an unusable backend while choosing accelerator='auto': {err}", stacklevel=6)  # up to the line constructing LightningLite
             continue
         if accel_cls.is_available():
             candidates.append(accel_cls)

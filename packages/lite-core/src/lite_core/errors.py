@@ -33,3 +33,7 @@ class MisuseError(LiteError, RuntimeError):
 
 class CheckpointError(LiteError, RuntimeError):
     """A checkpoint that is missing, truncated, foreign or refused by safe loading."""
+
+
+class MissingDependencyError(ConfigurationError, ImportError):
+    """An optional feature (e.g. TensorBoard logging) whose package is not installed."""

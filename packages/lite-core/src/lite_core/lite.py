@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -16,7 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lite_core import _data, _seed
+from lite_core import _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
@@ -32,6 +33,11 @@ class LightningLite:
     Put the loop in `run()` (or pass a function to `launch()`); Lite starts the processes, sets
     up each one once, and hands rank 0's return value back to the caller.
 
+    `accelerator`, `strategy`, `devices`, `num_nodes` and `precision` that the code does not pass
+    are read from `LITE_ACCELERATOR`, `LITE_STRATEGY`, `LITE_DEVICES`, `LITE_NUM_NODES` and
+    `LITE_PRECISION` (which `lite run` sets) before falling back to the defaults; an argument
+    passed in code wins, with a warning naming the variable it overrode.
+
     Args:
         accelerator: `"cpu"`, `"cuda"`/`"gpu"`, `"tpu"`/`"xla"`, `"auto"` or an `Accelerator`.
         strategy: `"auto"`, `"single_device"`, `"ddp"`, `"ddp_spawn"`, `"ddp_fork"`,
@@ -42,12 +48,14 @@ class LightningLite:
         precision: `"64-true"`, `"32-true"`, `"16-mixed"`, `"bf16-mixed"`, `"16-true"`,
             `"bf16-true"` (legacy `64`, `32`, `16`, `"bf16"` accepted) or a `Precision`.
         plugins: a `Precision`, `ClusterEnvironment` or `CheckpointIO` instance, or a list.
-        loggers: objects with `log_metrics(metrics, step)`; written by rank 0 only.
-        callbacks: objects whose methods `call(hook_name, ...)` invokes.
+        loggers: a `Logger` (e.g. `CSVLogger`, `TensorBoardLogger`) or a list of them: objects with
+            `log_metrics(metrics, step)` and optionally `finalize()`; only rank 0 logs.
+        callbacks: objects whose methods `call(hook_name, ...)` invokes, on every rank.
         gpus: deprecated, means `accelerator="cuda", devices=gpus`.
         tpu_cores: deprecated, means `accelerator="tpu", devices=tpu_cores`.
     """
 
+    @_defaults.from_environment
     def __init__(self, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = "32-true", plugins: Any = None,
                  loggers: Any = None, callbacks: Any = None, *, gpus: Any = None,
@@ -139,6 +147,7 @@ class LightningLite:
             launcher.start()
         self._strategy.setup_environment()
         _fail_fast_on_uncaught_exception(self._strategy, launcher)
+        atexit.register(self._finalize_loggers)
         return None
 
     def _launch(self, worker: Callable[[], T]) -> T:
@@ -162,6 +171,15 @@ class LightningLite:
             raise
         finally:
             self._inside_run = outer
+            if not outer:
+                self._finalize_loggers()
+
+    def _finalize_loggers(self) -> None:
+        """Flush and close every logger that can be (they reopen if the user logs again)."""
+        for logger in self._loggers:
+            finalize = getattr(logger, "finalize", None)
+            if callable(finalize):
+                finalize()
 
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
@@ -420,7 +438,7 @@ def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any
                 f" accelerator={name!r}, devices={value!r}."
             )
         warnings.warn(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=4)  # _legacy_devices, __init__, the environment wrapper, the caller
         return name, value
     return accelerator, devices
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -29,6 +30,9 @@ class CPUAccelerator(Accelerator):
 
     def get_device(self, index: int) -> torch.device:
         return torch.device("cpu")
+
+    def describe(self) -> str:
+        return f"cpu ({os.cpu_count() or 1} CPU cores; devices=N starts N processes)"
 
 
 def _cpu_process_count(devices: Any) -> int:

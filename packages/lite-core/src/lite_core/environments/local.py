@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import socket
 
+from lite_core.environments._envvars import env_int
 from lite_core.environments.environment import ClusterEnvironment
+from lite_core.errors import ConfigurationError
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -19,7 +21,9 @@ class LocalEnvironment(ClusterEnvironment):
     """Processes on one machine started by Lite's launchers, or several nodes set up by hand.
 
     Reads `MASTER_ADDR` (default loopback), `MASTER_PORT` (default: a free port, exported so that
-    the processes Lite starts share it), `NODE_RANK` and `LOCAL_RANK`.
+    the processes Lite starts share it), `NODE_RANK` and `LOCAL_RANK`. A launcher that started the
+    processes itself (`lite run`) also exports `LOCAL_WORLD_SIZE` and `WORLD_SIZE`, which must
+    agree with `devices` and `num_nodes`.
     """
 
     name = "local"
@@ -63,3 +67,21 @@ class LocalEnvironment(ClusterEnvironment):
 
     def node_rank(self) -> int:
         return int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check the process counts an external launcher exported against `devices` and `num_nodes`.
+
+        Raises:
+            ConfigurationError: The processes started per node, or in total, disagree.
+        """
+        if not self.creates_processes_externally or "LOCAL_WORLD_SIZE" not in os.environ:
+            return
+        per_node = env_int("LOCAL_WORLD_SIZE", "lite run")
+        world = env_int("WORLD_SIZE", "lite run", default=per_node * num_nodes)
+        if per_node != num_devices or world != num_devices * num_nodes:
+            raise ConfigurationError(
+                f"The launcher started {per_node} process(es) per node and {world} in total but"
+                f" LightningLite(devices={num_devices}, num_nodes={num_nodes}) expects {num_devices} and"
+                f" {num_devices * num_nodes}: make them agree, e.g. `lite run --devices {num_devices}"
+                f" --num-nodes {num_nodes}`, or leave devices and num_nodes out of the code."
+            )

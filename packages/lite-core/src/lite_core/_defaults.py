@@ -1,0 +1,77 @@
+"""Constructor defaults that `lite run` (or the user's shell) can set through the environment.
+
+Precedence, for each of `accelerator`, `strategy`, `devices`, `num_nodes` and `precision`:
+
+1. a value passed to `LightningLite(...)` in code wins; if the environment holds a different
+   one, a warning names the variable that was ignored;
+2. otherwise the environment variable (`LITE_ACCELERATOR`, ...) is used;
+3. otherwise the default written in the signature (`"auto"`, `1`, `"32-true"`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import warnings
+from typing import Any, Callable, TypeVar
+
+from lite_core.errors import ConfigurationError
+
+#: Constructor argument -> the environment variable that supplies its default.
+VARIABLES: dict[str, str] = {
+    "accelerator": "LITE_ACCELERATOR",
+    "strategy": "LITE_STRATEGY",
+    "devices": "LITE_DEVICES",
+    "num_nodes": "LITE_NUM_NODES",
+    "precision": "LITE_PRECISION",
+}
+#: Legacy arguments that choose `accelerator` and `devices` themselves.
+_LEGACY = {"gpus": ("accelerator", "devices"), "tpu_cores": ("accelerator", "devices")}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def from_environment(init: F) -> F:
+    """Wrap `__init__` so that arguments the caller left out come from `VARIABLES` when set."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        _apply(bound.arguments)
+        return init(*bound.args, **bound.kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _apply(given: dict[str, Any]) -> None:
+    decided = {name for legacy, names in _LEGACY.items() if given.get(legacy) is not None for name in names}
+    for name, variable in VARIABLES.items():
+        raw = os.environ.get(variable, "").strip()
+        if not raw or name in decided:
+            continue
+        value = parse(name, variable, raw)
+        if name not in given:
+            given[name] = value
+        elif not _same(given[name], value):
+            warnings.warn(
+                f"{variable}={raw!r} is ignored because the code passes {name}={given[name]!r}: remove the"
+                " argument from LightningLite(...) to let the command line or environment choose it.",
+                UserWarning, stacklevel=3,  # _apply, wrapper, then the line that constructed LightningLite
+            )
+
+
+def parse(name: str, variable: str, raw: str) -> Any:
+    """The value of `variable` (holding `raw`) as the argument `name` takes it."""
+    if name == "num_nodes":
+        if not raw.isdigit():
+            raise ConfigurationError(f"{variable}={raw!r} is not a number of nodes: set it to a positive integer.")
+        return int(raw)
+    if name == "devices" and raw.isdigit():
+        return int(raw)
+    return raw
+
+
+def _same(value: Any, parsed: Any) -> bool:
+    return value == parsed or str(value) == str(parsed)

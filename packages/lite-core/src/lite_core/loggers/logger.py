@@ -1,0 +1,60 @@
+"""The logger protocol, and the run folder the built-in loggers write into."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Logger(Protocol):
+    """What `LightningLite(loggers=...)` accepts: any object with these methods, no subclassing.
+
+    Lite calls `log_metrics` on global rank 0 only, and `finalize` (when the object has it) when
+    `run()` or `launch(fn)` returns or fails, and at exit after `launch()` without a function. A
+    logger must accept more `log_metrics` calls after `finalize` (a second `run()`).
+
+    Example, a Weights & Biases logger in a few lines:
+
+        class WandbLogger:
+            def __init__(self, **init_kwargs):
+                import wandb
+                self._run = wandb.init(**init_kwargs)
+
+            def log_metrics(self, metrics, step=None):
+                self._run.log(dict(metrics), step=step)
+
+            def finalize(self):
+                self._run.finish()
+    """
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Record `metrics` (name to number) at `step` (`None`: the logger counts steps itself)."""
+
+    def finalize(self) -> None:
+        """Flush what is buffered and release files; logging again afterwards reopens them."""
+
+
+def version_folder(root_dir: str | os.PathLike[str], name: str, version: int | str | None) -> Path:
+    """`root_dir/name/version_N`: `N` is `version`, or one more than the highest existing one."""
+    base = Path(root_dir) / name
+    if version is None:
+        existing = [int(m.group(1)) for p in base.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+        version = max(existing, default=-1) + 1
+    folder = f"version_{version}" if isinstance(version, int) else str(version)
+    return base / folder
+
+
+class StepCounter:
+    """The step to record: the one given, else one more than the last one recorded."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def step(self, given: int | None) -> int:
+        step = self._next if given is None else int(given)
+        self._next = step + 1
+        return step

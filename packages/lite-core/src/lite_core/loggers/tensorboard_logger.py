@@ -1,0 +1,79 @@
+"""`TensorBoardLogger`: metrics as TensorBoard scalars, through `torch.utils.tensorboard`."""
+
+from __future__ import annotations
+
+import importlib.util
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lite_core.errors import MisuseError, MissingDependencyError
+from lite_core.loggers.logger import StepCounter, version_folder
+
+
+class TensorBoardLogger:
+    """Writes TensorBoard event files into `root_dir/name/version_N/`; view them with
+    `tensorboard --logdir root_dir`.
+
+    Needs the `tensorboard` package (`pip install 'lite-core[tensorboard]'`). Nothing is created
+    until the first value is logged; Lite logs from rank 0 only.
+
+    Args:
+        root_dir: the folder that holds every run's logs.
+        name: a subfolder for this experiment.
+        version: `version_N` subfolder number, or a folder name; `None` picks the next free number.
+        **writer_kwargs: passed on to `torch.utils.tensorboard.SummaryWriter` (e.g. `flush_secs`).
+
+    Raises:
+        MissingDependencyError: `tensorboard` is not installed.
+    """
+
+    def __init__(self, root_dir: str | os.PathLike[str], name: str = "lite_logs", version: int | str | None = None,
+                 **writer_kwargs: Any) -> None:
+        if importlib.util.find_spec("tensorboard") is None:
+            raise MissingDependencyError(
+                "TensorBoardLogger needs the tensorboard package, which is not installed: run"
+                " `pip install 'lite-core[tensorboard]'`."
+            )
+        self._root_dir = root_dir
+        self._name = name
+        self._version = version
+        self._writer_kwargs = writer_kwargs
+        self._log_dir: Path | None = None
+        self._writer: Any = None
+        self._steps = StepCounter()
+
+    @property
+    def log_dir(self) -> Path:
+        """The folder this logger writes into (chosen on first use)."""
+        if self._log_dir is None:
+            self._log_dir = version_folder(self._root_dir, self._name, self._version)
+        return self._log_dir
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Add each metric as a scalar at `step`."""
+        step = self._steps.step(step)
+        writer = self._open()
+        for name, value in metrics.items():
+            if not isinstance(value, numbers.Real):
+                raise MisuseError(
+                    f"TensorBoardLogger logs numbers but {name!r} is a {type(value).__name__}: log a float or a"
+                    " one-element tensor."
+                )
+            writer.add_scalar(name, float(value), global_step=step)
+
+    def _open(self) -> Any:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.log_dir), **self._writer_kwargs)
+        return self._writer
+
+    def finalize(self) -> None:
+        """Flush and close the event file; logging again opens a new one in the same folder."""
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,52 @@
+"""The examples run: each Lite version as a 2-process ddp job, and on one process bit for bit equal
+to its plain PyTorch version (a small step count keeps each run to seconds)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SHORT = {"image_classifier": ("--epochs", "1", "--max-steps", "4"), "gpt": ("--steps", "4")}
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+
+def final_line(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("final loss ")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def final_loss(stdout: str) -> float:
+    return float(re.match(r"final loss (\S+)", final_line(stdout)).group(1))
+
+
+@pytest.mark.parametrize("example", sorted(SHORT))
+def test_lite_version_runs_with_ddp_on_two_processes(run_script, output_of, example):
+    proc = run_script(EXAMPLES / example / "train_lite.py", "--accelerator", "cpu", "--strategy", "ddp",
+                      "--devices", "2", *SHORT[example])
+    assert proc.returncode == 0, output_of(proc)
+    assert "training on 2 process(es), strategy ddp" in proc.stdout
+    assert proc.stdout.count("final loss ") == 1  # printed by rank 0 only
+    assert 0 < final_loss(proc.stdout) < 10
+
+
+@pytest.mark.parametrize("example", sorted(SHORT))
+def test_lite_version_on_one_process_equals_plain_pytorch(run_script, output_of, example):
+    plain = run_script(EXAMPLES / example / "train_plain.py", *SHORT[example])
+    lite = run_script(EXAMPLES / example / "train_lite.py", *SHORT[example])
+    assert plain.returncode == 0, output_of(plain)
+    assert lite.returncode == 0, output_of(lite)
+    assert final_line(lite.stdout) == final_line(plain.stdout)  # same digits: bit for bit
+
+
+def test_lite_version_under_lite_run(run_script, output_of):
+    proc = run_script(command=[sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu",
+                               "--devices", "2", str(EXAMPLES / "gpt" / "train_lite.py"), *SHORT["gpt"]])
+    assert proc.returncode == 0, output_of(proc)
+    assert "training on 2 process(es), strategy ddp" in proc.stdout
+    assert proc.stdout.count("final loss ") == 1
