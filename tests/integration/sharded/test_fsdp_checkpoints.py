@@ -4,6 +4,9 @@ full), resume under `fsdp`, `ddp` and `single_device`, each continuing the unint
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +73,20 @@ def test_consolidate_writes_one_torch_loadable_file_that_resumes(saved, run_scri
         assert torch.equal(content["model"][name], tensor), name
     losses = resumed_losses(run_script, output_of, "single_device", 1, target, tmp_path / "losses.json")
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted[RESUME_AT:]), atol=1e-6, rtol=0)
+
+
+def test_lite_consolidate_command_writes_the_same_file(saved, tmp_path):
+    out_dir, _ = saved
+    target = tmp_path / "by_cli.pt"
+    launcher = Path(sys.executable).with_name("lite")  # the installed console script
+    proc = subprocess.run([str(launcher), "consolidate", str(out_dir / "sharded"), str(target)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    full = torch.load(out_dir / "full.pt", weights_only=True)
+    content = torch.load(target, weights_only=True)
+    for name, tensor in full["model"].items():
+        assert torch.equal(content["model"][name], tensor), name
+    broken = subprocess.run([str(launcher), "consolidate", str(tmp_path), str(tmp_path / "x.pt")],
+                            capture_output=True, text=True, timeout=120)
+    assert broken.returncode == 2
+    assert broken.stderr.startswith("lite consolidate: error:") and broken.stderr.count("\n") == 1

@@ -1,4 +1,5 @@
-"""The `lite` command line: `lite run` launches a script on every rank, `lite env` describes the install.
+"""The `lite` command line: `lite run` launches a script on every rank, `lite env` describes the
+install, `lite consolidate` turns a sharded checkpoint into one file.
 
 Each subcommand lives in its own module with a `register(commands)` function that adds its parser
 and sets `handler` (a function taking the parsed arguments and returning the exit code). Adding a
@@ -19,6 +20,7 @@ from lite_core.__about__ import __version__
 _COMMANDS: tuple[str, ...] = (
     "lite_core.cli._run",
     "lite_core.cli._env",
+    "lite_core.cli._consolidate",
 )
 
 
