@@ -218,3 +218,14 @@ def test_auto_strategy_reads_the_accelerators_default() -> None:
     assert lite.strategy.name == "ddp_spawn"
     lite = LightningLite(accelerator=_SpawningCPU(), devices=1)
     assert lite.strategy.name == "single_device"
+
+
+class _OwnSingleDeviceCPU(CPUAccelerator):
+    default_single_device_strategy = "ddp_spawn"  # any registered name: the connector must read it
+
+
+def test_auto_strategy_reads_the_accelerators_single_device_default() -> None:
+    lite = LightningLite(accelerator=_OwnSingleDeviceCPU(), devices=1)
+    assert lite.strategy.name == "ddp_spawn"
+    lite = LightningLite(accelerator=_OwnSingleDeviceCPU(), devices=2)
+    assert lite.strategy.name == "ddp"
