@@ -24,9 +24,9 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def cut_graph() -> None:
     """Compile and run the operations recorded so far, so each step is one graph."""
-    import torch_xla.core.xla_model as xm
+    import torch_xla
 
-    xm.mark_step()
+    torch_xla.sync()
 
 
 def to_cpu(state: Any) -> Any:

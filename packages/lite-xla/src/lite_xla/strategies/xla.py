@@ -109,7 +109,10 @@ class XLAStrategy(XLAStrategyBase):
             return
         import torch_xla.core.xla_model as xm
 
-        xm.rendezvous(name or "lite_barrier")
+        # An all-reduce that every replica must join, waited for on the host.
+        token = xm.all_reduce(xm.REDUCE_SUM, torch.zeros(1).to(self.root_device), pin_layout=self.pin_layout)
+        _device.cut_graph()
+        token.cpu()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not self._environment_ready or self.world_size == 1:
@@ -132,7 +135,7 @@ class XLAStrategy(XLAStrategyBase):
         import torch_xla.core.xla_model as xm
 
         device = self.root_device
-        keep = torch.tensor(float(self.global_rank == src)).to(device)
+        keep = _as_device_data(torch.tensor(float(self.global_rank == src)), device).reshape(())
         moved = [t.to(device) for t in tensors]
         with torch.no_grad():
             masked = [t * keep.to(t.dtype) for t in moved]
@@ -150,12 +153,15 @@ class XLAStrategy(XLAStrategyBase):
             return tensor.unsqueeze(0)
         import torch_xla.core.xla_model as xm
 
-        tensor = tensor.to(self.root_device).unsqueeze(0)
+        tensor = _as_device_data(tensor, self.root_device).reshape(1, *tensor.shape)
         if sync_grads:
             import torch_xla.core.functions as xf
 
-            return xf.all_gather(tensor, dim=0)
-        return xm.all_gather(tensor, dim=0, pin_layout=self.pin_layout)
+            gathered = xf.all_gather(tensor, dim=0)
+        else:
+            gathered = xm.all_gather(tensor, dim=0, pin_layout=self.pin_layout)
+        _device.cut_graph()  # a collective is a step of its own: every replica runs it now
+        return gathered
 
     def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
         if reduce_op not in _REDUCE_OPS:
@@ -169,8 +175,12 @@ class XLAStrategy(XLAStrategyBase):
 
         ops = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX,
                "min": xm.REDUCE_MIN, "product": xm.REDUCE_MUL}
-        result = xm.all_reduce(ops[reduce_op], tensor.to(self.root_device), pin_layout=self.pin_layout)
-        return result / self.world_size if reduce_op == "mean" else result
+        data = _as_device_data(tensor, self.root_device)
+        result = xm.all_reduce(ops[reduce_op], data, pin_layout=self.pin_layout).reshape(tensor.shape)
+        if reduce_op == "mean":
+            result = result / self.world_size
+        _device.cut_graph()  # a collective is a step of its own: every replica runs it now
+        return result
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pin_layout={self.pin_layout})"
@@ -186,3 +196,15 @@ def _check_cpu_replicas(count: int) -> None:
             f"devices={count} asks for {count} XLA replicas but CPU_NUM_DEVICES={given} is set:"
             f" unset CPU_NUM_DEVICES or pass devices={given}."
         )
+
+
+def _as_device_data(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`, entering the graph as data.
+
+    torch-xla bakes a 0-dim CPU tensor moved to the device into the graph as a constant; when its
+    value differs between replicas (a rank, a per-replica metric) each replica compiles its own
+    graph. A 1-element tensor is transferred as data, so every replica runs the same graph.
+    """
+    if tensor.device.type != "xla" and tensor.dim() == 0:
+        return tensor.reshape(1).to(device)
+    return tensor.to(device)
