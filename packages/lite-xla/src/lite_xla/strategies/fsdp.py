@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core._checkpoint import restore, to_state
 from lite_core.errors import MisuseError
+from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 
 
@@ -62,6 +65,46 @@ class XLAFSDPStrategy(XLAStrategy):
 
     def reduce_gradients(self, optimizer: Optimizer) -> None:
         """Nothing to do: the sharded model reduce-scatters the gradients in backward."""
+
+    # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
+    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        """Every replica writes its shard to `path/shard-RANK-of-WORLD.pt`; models are saved as
+        their sharded state and metadata (join them with `lite_xla.consolidate_checkpoint`)."""
+        from lite_xla import _sharded_checkpoint as sharded
+
+        entries = {key: sharded.sharded_entry(value) if isinstance(value, nn.Module) else None
+                   for key, value in content.items()}
+        plain = {key: value for key, value in content.items() if entries[key] is None}
+        state = _device.to_cpu({**to_state(plain, self), **{k: v for k, v in entries.items() if v is not None}})
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.checkpoint_io.save(state, str(sharded.shard_file(path, self.global_rank, self.world_size)))
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        """Read this replica's shard from the folder `path` and restore `state` from it."""
+        from lite_xla import _sharded_checkpoint as sharded
+
+        shard = sharded.shard_file(path, self.global_rank, self.world_size)
+        content = self.checkpoint_io.load(str(shard), weights_only=weights_only)
+        if state is None:
+            return content
+        modules = {k for k, v in content.items() if isinstance(v, dict) and v.get(sharded.MARK)}
+        for key in modules & state.keys():
+            target = getattr(state[key], "_forward_module", state[key])
+            target.load_state_dict(content[key]["state_dict"], strict=strict)
+        rest = {k: v for k, v in state.items() if k not in modules}
+        restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)
+        state.update(rest)
+        return content
+        for key, target in list(state.items()):
+            entry = content.get(key)
+            if isinstance(target, nn.Module) and isinstance(entry, dict) and entry.get(sharded.MARK):
+                getattr(target, "_forward_module", target).load_state_dict(entry["state_dict"], strict=strict)
+        rest = {k: v for k, v in state.items() if not (isinstance(content.get(k), dict) and content[k].get(sharded.MARK))}
+        restore(rest, {k: v for k, v in content.items() if k in rest or k == PRECISION_KEY}, strict=strict, strategy=self)
+        state.update({k: v for k, v in rest.items() if not isinstance(v, (nn.Module, Optimizer))})
+        return content
 
 
 def _rebuild(optimizer: Optimizer, sharded: nn.Module) -> Optimizer:
