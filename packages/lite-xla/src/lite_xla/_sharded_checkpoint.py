@@ -53,7 +53,7 @@ def consolidate_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key, value in contents[0].items():
         if isinstance(value, dict) and value.get(MARK):
             states = [content[key]["state_dict"] for content in contents]
-            merged[key], _ = consolidate_sharded_state_dicts(states, value["shard_metadata"])
+            merged[key] = consolidate_sharded_state_dicts(states, value["shard_metadata"])
         elif not _is_optimizer_state(value):
             merged[key] = value
     return merged
