@@ -50,3 +50,18 @@ def test_using_the_device_before_launch_is_reported_in_one_sentence(
     assert ("MisuseError: The XLA device was used in this process before Lite started the replicas"
             in proc.stdout), output_of(proc)
     assert "move that code into run()" in proc.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(3 * _TIMEOUT + 30)
+def test_two_replicas_train_like_one_full_batch_process_and_like_ddp(
+        run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
+    full = _result(run_script, output_of, "parity.py", "full_batch", tmp_path / "full.json", {})
+    ddp = _result(run_script, output_of, "parity.py", "cpu_ddp", tmp_path / "ddp.json", {})
+    xla = _result(run_script, output_of, "parity.py", "xla", tmp_path / "xla.json", _XLA_ENV)
+    assert (xla["strategy"], xla["world_size"], xla["ranks"], xla["samples_per_step"]) == ("xla", 2, [0, 1], 8)
+    assert full["samples_per_step"] == 16 and len(xla["losses"]) == len(full["losses"]) == 4
+    for other in (full, ddp):
+        assert xla["losses"] == pytest.approx(other["losses"], abs=1e-5)
+        for got, want in zip(xla["weights"], other["weights"]):
+            assert got == pytest.approx(want, abs=1e-5)

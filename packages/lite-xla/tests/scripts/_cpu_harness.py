@@ -12,6 +12,9 @@ replica after the first finds the first one's executable in the compilation cach
   found there) or its step marker returned (nothing to run). A plain lock around the step marker is not
   enough: on CPU the step marker also runs the graph, so replica 0 would hold the lock while
   its collective waits for the others;
+- `XLA_ENABLE_PARAM_ALIASING=0`: with the step graph's parameters aliased to its outputs
+  (donated buffers), the second replica never reached the gradient all-reduce of the first
+  training step (measured with 2 replicas on torch-xla 2.9.0);
 - `XLA_THREAD_POOL_SIZE` >= N, so that no replica's execution waits for a free thread;
 - the scripts pass `pin_layout=False` to the strategies (pinned layouts fail on CPU), and any
   rank-dependent value reaches the graph as tensor data, never as a Python constant (Lite's
@@ -33,6 +36,7 @@ _SETTLE_SECONDS = 0.05
 def install() -> None:
     """Patch `torch_xla.sync` in this process (call at import time of the script)."""
     os.environ.setdefault("XLA_THREAD_POOL_SIZE", str(max(8, 2 * REPLICAS)))
+    os.environ.setdefault("XLA_ENABLE_PARAM_ALIASING", "0")
     import torch_xla
     import torch_xla.debug.metrics as met
     import torch_xla.runtime as xr
