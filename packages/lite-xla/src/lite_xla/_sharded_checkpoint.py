@@ -48,7 +48,7 @@ def consolidate_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not shards:
         raise CheckpointError(f"{path} holds no xla_fsdp shards: pass the folder that save() wrote under xla_fsdp.")
     io = TorchCheckpointIO()
-    contents = [io.load(str(shard), weights_only=False) for shard in shards]
+    contents = [io.load(str(shard), weights_only=True) for shard in shards]
     merged: dict[str, Any] = {}
     for key, value in contents[0].items():
         if isinstance(value, dict) and value.get(MARK):

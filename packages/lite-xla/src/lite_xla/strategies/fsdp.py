@@ -97,14 +97,6 @@ class XLAFSDPStrategy(XLAStrategy):
         restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)
         state.update(rest)
         return content
-        for key, target in list(state.items()):
-            entry = content.get(key)
-            if isinstance(target, nn.Module) and isinstance(entry, dict) and entry.get(sharded.MARK):
-                getattr(target, "_forward_module", target).load_state_dict(entry["state_dict"], strict=strict)
-        rest = {k: v for k, v in state.items() if not (isinstance(content.get(k), dict) and content[k].get(sharded.MARK))}
-        restore(rest, {k: v for k, v in content.items() if k in rest or k == PRECISION_KEY}, strict=strict, strategy=self)
-        state.update({k: v for k, v in rest.items() if not isinstance(v, (nn.Module, Optimizer))})
-        return content
 
 
 def _rebuild(optimizer: Optimizer, sharded: nn.Module) -> Optimizer:
