@@ -269,3 +269,14 @@ def test_an_unavailable_accelerator_says_why(monkeypatch: pytest.MonkeyPatch) ->
 
     config_error(r"^accelerator='fake' was requested but LITE_FAKE_AVAILABLE is not 1: use accelerator='auto'"
                  r" or 'cpu'\.$", accelerator="fake")
+
+
+class _OwnSingleDeviceCPU(CPUAccelerator):
+    default_single_device_strategy = "ddp_spawn"  # any registered name: the connector must read it
+
+
+def test_auto_strategy_reads_the_accelerators_single_device_default() -> None:
+    lite = LightningLite(accelerator=_OwnSingleDeviceCPU(), devices=1)
+    assert lite.strategy.name == "ddp_spawn"
+    lite = LightningLite(accelerator=_OwnSingleDeviceCPU(), devices=2)
+    assert lite.strategy.name == "ddp"

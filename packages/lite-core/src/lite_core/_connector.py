@@ -1,7 +1,7 @@
 """Joins the user's accelerator, strategy, devices and precision into one connected strategy.
 
 Every decision reads what the classes declare (`Accelerator.priority`, `.supported_precisions`,
-`.default_distributed_strategy`, `Strategy.supported_accelerators`, `.supported_precisions`,
+`.default_distributed_strategy`, `.default_single_device_strategy`, `Strategy.supported_accelerators`, `.supported_precisions`,
 `.is_distributed`); no branch here names a particular backend.
 """
 
@@ -34,7 +34,8 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     environment = given.get(ClusterEnvironment) or detect_environment()
     if strategy_cls is None:
         multi = len(indexes) * num_nodes > 1
-        strategy_cls = STRATEGIES.load(accel.default_distributed_strategy if multi else "single_device")
+        strategy_cls = STRATEGIES.load(accel.default_distributed_strategy if multi
+                                       else accel.default_single_device_strategy)
     chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
     _check_strategy(chosen, accel, len(indexes), num_nodes)
     environment.validate_settings(len(indexes), num_nodes)

@@ -25,6 +25,9 @@ class Accelerator(ABC):
     distributed_backend: ClassVar[str] = "gloo"
     #: Strategy chosen for `strategy="auto"` when the job has more than one process.
     default_distributed_strategy: ClassVar[str] = "ddp"
+    #: Strategy chosen for `strategy="auto"` when the job has one process (a device such as
+    #: XLA's needs its own, which cuts the graph at each step).
+    default_single_device_strategy: ClassVar[str] = "single_device"
     #: Precisions this device can run.
     supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
     #: Device type passed to `torch.autocast`.

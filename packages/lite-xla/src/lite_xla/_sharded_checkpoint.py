@@ -1,0 +1,63 @@
+"""`xla_fsdp` checkpoints: one file of sharded state per replica, and their consolidation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from lite_core.errors import CheckpointError
+from lite_core.io.checkpoint_io import TorchCheckpointIO
+
+#: Marks a sharded module's entry: `{"state_dict": ..., "shard_metadata": ..., MARK: True}`.
+MARK = "lite_xla_sharded_module"
+
+
+def shard_file(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:
+    """The file replica `rank` of `world_size` writes inside the checkpoint folder `path`."""
+    return Path(path) / f"shard-{rank:05d}-of-{world_size:05d}.pt"
+
+
+def sharded_entry(module: nn.Module) -> dict[str, Any] | None:
+    """The entry saved for a model set up by `xla_fsdp`, or `None` for anything else."""
+    from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
+
+    inner = getattr(module, "_forward_module", module)
+    if not isinstance(inner, XlaFullyShardedDataParallel):
+        return None
+    return {"state_dict": inner.state_dict(), "shard_metadata": inner.get_shard_metadata(), MARK: True}
+
+
+def consolidate_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Join the shards that `save` wrote under `xla_fsdp` into one checkpoint.
+
+    Each sharded model becomes its full `state_dict` (the keys of the user's module); other
+    entries are taken from replica 0's shard. Optimizer state stays sharded and is left out.
+
+    Args:
+        path: the folder passed to `LightningLite.save`.
+
+    Returns:
+        The consolidated content, ready for `torch.save` and for plain `load_state_dict`.
+    """
+    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
+
+    shards = sorted(Path(path).glob("shard-*-of-*.pt"))
+    if not shards:
+        raise CheckpointError(f"{path} holds no xla_fsdp shards: pass the folder that save() wrote under xla_fsdp.")
+    io = TorchCheckpointIO()
+    contents = [io.load(str(shard), weights_only=True) for shard in shards]
+    merged: dict[str, Any] = {}
+    for key, value in contents[0].items():
+        if isinstance(value, dict) and value.get(MARK):
+            states = [content[key]["state_dict"] for content in contents]
+            merged[key] = consolidate_sharded_state_dicts(states, value["shard_metadata"])
+        elif not _is_optimizer_state(value):
+            merged[key] = value
+    return merged
+
+
+def _is_optimizer_state(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"state", "param_groups"}

@@ -1,0 +1,80 @@
+"""`accelerator="tpu"` (alias `"xla"`): TPU cores, or any device torch-xla drives through PJRT.
+
+Nothing here imports torch-xla at module level, and nothing touches the XLA runtime: asking a
+runtime how many devices it has would start it in the launching process, after which torch-xla
+can no longer start the replicas ("Runtime is already initialized"). Availability and device
+counts therefore come from the environment and the device files.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
+
+from lite_core.accelerators.accelerator import Accelerator
+from lite_core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Precisions XLA devices run: full, bfloat16 autocast, and bfloat16 weights.
+XLA_PRECISIONS = frozenset({"32-true", "bf16-mixed", "bf16-true"})
+
+
+class XLAAccelerator(Accelerator):
+    """TPU cores (or the device `PJRT_DEVICE` names); `devices=N` runs N replicas.
+
+    XLA runs on one device or on every device of the host: `devices=1` or `devices=[i]` runs one
+    process on one device, `devices=N` (or `"auto"`) starts one replica per device.
+    """
+
+    name = "tpu"
+    priority = 20
+    default_distributed_strategy = "xla"
+    default_single_device_strategy = "single_xla"
+    supported_precisions = XLA_PRECISIONS
+    autocast_device_type = "xla"
+
+    @staticmethod
+    def is_available() -> bool:
+        """torch-xla is installed and a TPU is visible, or `PJRT_DEVICE` names another device."""
+        if find_spec("torch_xla") is None:
+            return False
+        return bool(os.environ.get("PJRT_DEVICE")) or _tpu_chip_count() > 0
+
+    @staticmethod
+    def parse_devices(devices: Any) -> list[int]:
+        if devices == "auto" or devices is None:
+            return list(range(device_count()))
+        if isinstance(devices, str) and devices.strip().isdigit():
+            devices = int(devices)
+        if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+            return list(range(devices))
+        if isinstance(devices, (list, tuple)) and len(devices) == 1 and _is_index(devices[0]):
+            return [int(devices[0])]
+        raise ConfigurationError(
+            f"devices={devices!r} is not valid for accelerator='tpu', which runs on one device or on"
+            " all of them: pass devices=1, devices=[index] or devices=N (e.g. 8)."
+        )
+
+    def get_device(self, index: int) -> torch.device:
+        import torch_xla
+
+        return torch_xla.device(index)
+
+
+def device_count() -> int:
+    """How many XLA devices this host has, read without starting the runtime (at least 1)."""
+    if os.environ.get("PJRT_DEVICE", "TPU").upper() == "CPU":
+        return max(1, int(os.environ.get("CPU_NUM_DEVICES", "1")))
+    return max(1, _tpu_chip_count())
+
+
+def _tpu_chip_count() -> int:
+    return len(glob.glob("/dev/accel*")) or len(glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,70 @@
+"""What every XLA strategy does: device loader, batches, optimizers, graph cuts, CPU checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from lite_core._checkpoint import to_state
+from lite_core.strategies.strategy import Strategy
+from lite_xla.accelerator import XLA_PRECISIONS
+from lite_xla.strategies import _device
+
+
+class XLAStrategyBase(Strategy):
+    """Shared by the XLA strategies; the loop needs no XLA-specific call.
+
+    Batches come through torch-xla's parallel loader, each optimizer step ends the graph, and
+    optimizers created before `setup()` are pointed at the parameters on the device (moving a
+    module to an XLA device replaces its `Parameter` objects, unlike a move between CUDA/CPU).
+    """
+
+    supported_accelerators: ClassVar[frozenset[str] | None] = frozenset({"tpu"})
+    supported_precisions: ClassVar[frozenset[str]] = XLA_PRECISIONS
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: id(parameter before the move) -> (that parameter, its replacement on the device)
+        self._moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_moved"] = {}
+        return state
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        before = list(module.parameters())
+        module = module.to(self.root_device)
+        for old, new in zip(before, module.parameters()):
+            if old is not new:
+                self._moved[id(old)] = (old, new)
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        _device.relink(optimizer, self._moved)
+        return optimizer
+
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        return _device.device_loader(dataloader, self.root_device)
+
+    def batch_to_device(self, batch: Any) -> Any:
+        return _device.to_device(batch, self.root_device)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        self.reduce_gradients(optimizer)
+        result = self.precision.optimizer_step(optimizer, **kwargs)
+        _device.cut_graph()
+        return result
+
+    def reduce_gradients(self, optimizer: Optimizer) -> None:
+        """Combine the replicas' gradients before the step (nothing to do on one device)."""
+
+    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        state = _device.to_cpu(to_state(content, self))
+        if self.global_rank == 0:
+            self.checkpoint_io.save(state, path)
+        self.barrier("save_checkpoint")

@@ -1,0 +1,49 @@
+"""What every XLA strategy does with the device: loaders, batches, graph cuts, CPU copies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+
+def device_loader(dataloader: Iterable[Any], device: torch.device) -> Iterable[Any]:
+    """torch-xla's parallel loader: batches are moved to `device` in the background, and the
+    graph is cut between batches."""
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    return MpDeviceLoader(dataloader, device)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of `batch` that are not yet on an XLA device (the loader moved the rest)."""
+    return tree_map_only(torch.Tensor, lambda t: t if t.device.type == "xla" else t.to(device), batch)
+
+
+def cut_graph() -> None:
+    """Compile and run the operations recorded so far, so each step is one graph."""
+    import torch_xla
+
+    torch_xla.sync()
+
+
+def to_cpu(state: Any) -> Any:
+    """`state` with every tensor copied to the CPU (what `save` writes)."""
+    return tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), state)
+
+
+def relink(optimizer: Any, moved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Point `optimizer` (its groups and its state) at the moved parameters, in place."""
+    if not moved:
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [moved[id(p)][1] if id(p) in moved else p for p in group["params"]]
+    for key in [k for k in optimizer.state if id(k) in moved]:
+        optimizer.state[moved[id(key)][1]] = _device_state(optimizer.state.pop(key), moved[id(key)][1])
+
+
+def _device_state(state: Any, param: torch.Tensor) -> Any:
+    # Scalars such as Adam's `step` stay where the optimizer keeps them (on the CPU).
+    return tree_map_only(torch.Tensor, lambda t: t.to(param.device) if t.dim() > 0 else t, state)

@@ -1,0 +1,42 @@
+"""Fixtures for lite-xla's tests, which run for real on XLA's CPU device (`PJRT_DEVICE=CPU`).
+
+The subprocess fixtures (`run_script`, `output_of`) are the repository's shared ones from
+`tests/integration/conftest.py`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+_SHARED = Path(__file__).resolve().parents[3] / "tests" / "integration" / "conftest.py"
+_spec = importlib.util.spec_from_file_location("_lite_shared_conftest", _SHARED)
+assert _spec is not None and _spec.loader is not None
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+
+run_script = _shared.run_script
+output_of = _shared.output_of
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def _xla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs XLA on the CPU, one device unless the test asks for more."""
+    monkeypatch.setenv("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _xla_runtime_first() -> None:
+    """Start the XLA runtime before any backward pass in this process: PyTorch's autograd engine
+    sizes its per-device queues at the first backward, and an XLA device it did not count then
+    fails later (a torch/torch-xla limitation; tests that must start with no runtime run in a
+    subprocess)."""
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    import torch_xla
+
+    torch_xla.device()

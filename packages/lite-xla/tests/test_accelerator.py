@@ -1,0 +1,92 @@
+"""The `tpu`/`xla` accelerator: registration, device parsing, availability, resolution."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from lite_core import LightningLite
+from lite_core._registry import ACCELERATORS, STRATEGIES
+from lite_core.errors import ConfigurationError
+from lite_xla.accelerator import XLAAccelerator
+
+
+def test_tpu_and_xla_name_the_same_accelerator_class() -> None:
+    assert ACCELERATORS.load("tpu") is XLAAccelerator
+    assert ACCELERATORS.load("xla") is XLAAccelerator
+    assert {"single_xla", "xla", "xla_fsdp"} <= set(STRATEGIES.names())
+
+
+@pytest.mark.parametrize(("devices", "indexes"), [
+    (1, [0]), (8, list(range(8))), ("8", list(range(8))), ([5], [5]), ((2,), [2]),
+])
+def test_devices_parse_to_indexes(devices: Any, indexes: list[int]) -> None:
+    assert XLAAccelerator.parse_devices(devices) == indexes
+
+
+def test_auto_devices_count_the_cpu_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert XLAAccelerator.parse_devices("auto") == [0]
+    monkeypatch.setenv("CPU_NUM_DEVICES", "3")
+    assert XLAAccelerator.parse_devices("auto") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("devices", [0, -1, [0, 1], [], True, "two", 1.5])
+def test_invalid_devices_fail_in_one_sentence(devices: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"devices=1, devices=\[index\] or devices=N"):
+        XLAAccelerator.parse_devices(devices)
+
+
+def test_available_only_with_a_tpu_or_a_pjrt_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert XLAAccelerator.is_available()
+    monkeypatch.delenv("PJRT_DEVICE")
+    assert not XLAAccelerator.is_available()  # this machine has no TPU
+
+
+def test_auto_prefers_xla_when_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert LightningLite(devices=1).strategy.accelerator.name == "tpu"
+    monkeypatch.delenv("PJRT_DEVICE")
+    assert LightningLite(devices=1).strategy.accelerator.name == "cpu"
+
+
+@pytest.mark.parametrize(("accelerator", "devices", "strategy"), [
+    ("tpu", 1, "single_xla"), ("xla", [3], "single_xla"), ("tpu", 2, "xla"), ("tpu", 8, "xla"),
+])
+def test_auto_strategy_for_xla(accelerator: str, devices: Any, strategy: str) -> None:
+    lite = LightningLite(accelerator=accelerator, devices=devices)
+    assert lite.strategy.name == strategy
+    assert lite.strategy.device_indexes == XLAAccelerator.parse_devices(devices)
+
+
+def test_xla_strategies_refuse_other_accelerators() -> None:
+    with pytest.raises(ConfigurationError, match=r"does not run on accelerator='cpu'.*\['tpu'\]"):
+        LightningLite(accelerator="cpu", strategy="xla", devices=2)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "64-true", "16-true"])
+def test_unsupported_precision_names_the_supported_ones(precision: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"\['32-true', 'bf16-mixed', 'bf16-true'\]"):
+        LightningLite(accelerator="tpu", devices=1, precision=precision)
+
+
+def test_cpu_replica_count_must_agree_with_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CPU_NUM_DEVICES", "4")
+    with pytest.raises(ConfigurationError, match="CPU_NUM_DEVICES=4 is set: unset CPU_NUM_DEVICES or pass devices=4"):
+        LightningLite(accelerator="tpu", devices=2)
+
+
+def test_neither_import_nor_construction_starts_the_xla_runtime() -> None:
+    code = (
+        "import sys\n"
+        "import lite_xla.accelerator, lite_xla\n"
+        "assert 'torch_xla' not in sys.modules, 'importing lite_xla imported torch_xla'\n"
+        "from lite_core import LightningLite\n"
+        "lite = LightningLite(accelerator='tpu', devices=2)\n"
+        "assert lite.world_size == 2 and lite.global_rank == 0\n"
+        "assert 'torch_xla' not in sys.modules, 'construction imported torch_xla'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr

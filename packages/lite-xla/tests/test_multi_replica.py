@@ -1,0 +1,67 @@
+"""Several XLA replicas, for real on XLA's CPU device, each job in its own process.
+
+torch-xla runs the replicas of a CPU host as threads of one process; the CPU-only workarounds
+they need live in `scripts/_cpu_harness.py` (never in lite-xla), enabled here with
+`LITE_XLA_CPU_HARNESS=1`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+_XLA_ENV = {"PJRT_DEVICE": "CPU", "LITE_XLA_CPU_HARNESS": "1"}
+_TIMEOUT = 150
+
+
+def _result(run_script: Callable[..., Any], output_of: Callable[..., str], script: str, mode: str,
+            out: Path, env: dict[str, str]) -> dict[str, Any]:
+    proc = run_script(SCRIPTS / script, mode, out, env=env, timeout=_TIMEOUT)
+    assert proc.returncode == 0, output_of(proc)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(2 * _TIMEOUT + 30)
+def test_a_ddp_script_moves_to_xla_by_changing_the_constructor_only(
+        run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
+    # The same run() body: accelerator="cpu", strategy="ddp", devices=2 vs accelerator="tpu", devices=2.
+    ddp = _result(run_script, output_of, "collectives.py", "cpu_ddp", tmp_path / "ddp.json", {})
+    xla = _result(run_script, output_of, "collectives.py", "xla", tmp_path / "xla.json", _XLA_ENV)
+    assert ddp.pop("strategy") == "ddp" and xla.pop("strategy") == "xla"
+    assert xla == ddp
+    assert xla == {
+        "world_size": 2, "sum": 4.5, "mean": [2.25, 1.0], "max": 1.0, "gathered": [[0, 0], [1, 10]],
+        "message": {"from": 0, "text": "hello"}, "seen": [[0, 2, 4, 6], [1, 3, 5, 7]],
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(_TIMEOUT + 30)
+def test_using_the_device_before_launch_is_reported_in_one_sentence(
+        run_script: Callable[..., Any], output_of: Callable[..., str]) -> None:
+    proc = run_script(SCRIPTS / "touch_device_first.py", env={"PJRT_DEVICE": "CPU"}, timeout=_TIMEOUT)
+    assert proc.returncode == 0, output_of(proc)
+    assert ("MisuseError: The XLA device was used in this process before Lite started the replicas"
+            in proc.stdout), output_of(proc)
+    assert "move that code into run()" in proc.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(3 * _TIMEOUT + 30)
+def test_two_replicas_train_like_one_full_batch_process_and_like_ddp(
+        run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
+    full = _result(run_script, output_of, "parity.py", "full_batch", tmp_path / "full.json", {})
+    ddp = _result(run_script, output_of, "parity.py", "cpu_ddp", tmp_path / "ddp.json", {})
+    xla = _result(run_script, output_of, "parity.py", "xla", tmp_path / "xla.json", _XLA_ENV)
+    assert (xla["strategy"], xla["world_size"], xla["ranks"], xla["samples_per_step"]) == ("xla", 2, [0, 1], 8)
+    assert full["samples_per_step"] == 16 and len(xla["losses"]) == len(full["losses"]) == 4
+    for other in (full, ddp):
+        assert xla["losses"] == pytest.approx(other["losses"], abs=1e-5)
+        for got, want in zip(xla["weights"], other["weights"]):
+            assert got == pytest.approx(want, abs=1e-5)
