@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from types import FrameType
 
-from lite_core.launchers.script import _die_with_parent
+from lite_core.launchers._processes import die_with_parent, stop_processes
 
 _POLL_SECONDS = 0.05
-_GRACE_SECONDS = 5.0
 
 
 class Job:
@@ -53,7 +51,7 @@ class Job:
                 "LOCAL_WORLD_SIZE": str(self._per_node),
                 "WORLD_SIZE": str(self._per_node * self._num_nodes),
             }
-            self._ranks[local_rank] = subprocess.Popen(self._command, env=env, preexec_fn=_die_with_parent)
+            self._ranks[local_rank] = subprocess.Popen(self._command, env=env, preexec_fn=die_with_parent)
 
     def _supervise(self) -> int:
         # One waiter thread per rank reports its exit the moment it happens, so the rank that
@@ -81,16 +79,7 @@ class Job:
         self._signal = signum
 
     def _stop(self) -> None:
-        running = [p for p in self._ranks.values() if p.poll() is None]
-        for process in running:
-            process.terminate()
-        deadline = time.monotonic() + _GRACE_SECONDS
-        for process in running:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self._ranks.values())
 
 
 def _say(message: str) -> None:

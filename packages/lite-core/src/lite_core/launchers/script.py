@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
+from lite_core.launchers._processes import die_with_parent, stop_processes
 from lite_core.launchers.launcher import Launcher
 
 _POLL_SECONDS = 0.1
-_GRACE_SECONDS = 5.0
 
 
 class ScriptLauncher(Launcher):
@@ -53,7 +53,7 @@ class ScriptLauncher(Launcher):
         os.environ["WORLD_SIZE"] = str(self._num_processes * self._num_nodes)
         for local_rank in range(1, self._num_processes):
             env = {**os.environ, "LOCAL_RANK": str(local_rank)}
-            self._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            self._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
         os.environ["LOCAL_RANK"] = "0"
         threading.Thread(target=self._watch, name="lite-watchdog", daemon=True).start()
         atexit.register(self._wait_for_children)
@@ -83,16 +83,7 @@ class ScriptLauncher(Launcher):
     def stop(self) -> None:
         running = {r: c for r, c in list(self._children.items()) if c.poll() is None}
         self._stopped.update(running)
-        children = list(running.values())
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + _GRACE_SECONDS
-        for child in children:
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_processes(running.values())
 
     def _wait_for_children(self) -> None:
         for child in list(self._children.values()):
@@ -114,15 +105,3 @@ def _script_command() -> list[str]:
             " interactive session or notebook cannot do: use strategy='ddp_notebook' there."
         )
     return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to kill it when the launching process dies."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass

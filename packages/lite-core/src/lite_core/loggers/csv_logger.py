@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lite_core.loggers.logger import StepCounter, version_folder
+from lite_core.loggers.logger import FolderLogger
 
 
-class CSVLogger:
+class CSVLogger(FolderLogger):
     """Writes `root_dir/name/version_N/metrics.csv`, one row per `log_metrics` call.
 
     The first column is `step`; the other columns are the metric names in the order they first
@@ -28,22 +28,11 @@ class CSVLogger:
 
     def __init__(self, root_dir: str | os.PathLike[str], name: str = "lite_logs", version: int | str | None = None,
                  flush_every: int = 100) -> None:
-        self._root_dir = root_dir
-        self._name = name
-        self._version = version
+        super().__init__(root_dir, name, version)
         self._flush_every = flush_every
-        self._log_dir: Path | None = None
         self._columns: list[str] = []
         self._written_columns: list[str] = []
         self._pending: list[dict[str, Any]] = []
-        self._steps = StepCounter()
-
-    @property
-    def log_dir(self) -> Path:
-        """The folder this logger writes into (chosen on first use)."""
-        if self._log_dir is None:
-            self._log_dir = version_folder(self._root_dir, self._name, self._version)
-        return self._log_dir
 
     @property
     def path(self) -> Path:

@@ -58,3 +58,21 @@ class StepCounter:
         step = self._next if given is None else int(given)
         self._next = step + 1
         return step
+
+
+class FolderLogger:
+    """Shared base of the built-in loggers: a run folder chosen on first use, and a step counter."""
+
+    def __init__(self, root_dir: str | os.PathLike[str], name: str, version: int | str | None) -> None:
+        self._root_dir = root_dir
+        self._name = name
+        self._version = version
+        self._log_dir: Path | None = None
+        self._steps = StepCounter()
+
+    @property
+    def log_dir(self) -> Path:
+        """The folder this logger writes into (chosen on first use)."""
+        if self._log_dir is None:
+            self._log_dir = version_folder(self._root_dir, self._name, self._version)
+        return self._log_dir

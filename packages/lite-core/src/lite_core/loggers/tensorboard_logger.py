@@ -6,14 +6,13 @@ import importlib.util
 import numbers
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from lite_core.errors import MisuseError, MissingDependencyError
-from lite_core.loggers.logger import StepCounter, version_folder
+from lite_core.loggers.logger import FolderLogger
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(FolderLogger):
     """Writes TensorBoard event files into `root_dir/name/version_N/`; view them with
     `tensorboard --logdir root_dir`.
 
@@ -37,20 +36,9 @@ class TensorBoardLogger:
                 "TensorBoardLogger needs the tensorboard package, which is not installed: run"
                 " `pip install 'lite-core[tensorboard]'`."
             )
-        self._root_dir = root_dir
-        self._name = name
-        self._version = version
+        super().__init__(root_dir, name, version)
         self._writer_kwargs = writer_kwargs
-        self._log_dir: Path | None = None
         self._writer: Any = None
-        self._steps = StepCounter()
-
-    @property
-    def log_dir(self) -> Path:
-        """The folder this logger writes into (chosen on first use)."""
-        if self._log_dir is None:
-            self._log_dir = version_folder(self._root_dir, self._name, self._version)
-        return self._log_dir
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Add each metric as a scalar at `step`."""
