@@ -15,6 +15,14 @@ replica after the first finds the first one's executable in the compilation cach
 - `XLA_ENABLE_PARAM_ALIASING=0`: with the step graph's parameters aliased to its outputs
   (donated buffers), the second replica never reached the gradient all-reduce of the first
   training step (measured with 2 replicas on torch-xla 2.9.0);
+- the replicas start one at a time: replica k runs its host code (`run()` up to its first step
+  marker) only once replica k-1 has reached its own first step marker. The threads share torch's
+  one global CPU random generator, so two `seed_everything(1)` + model constructions running at
+  once interleave their draws, and rank 0's weights (which every replica starts from) come out
+  different from a process's. Measured: about 1 run in 3 of the 2-replica parity test then
+  started from other weights (step-0 loss 1.1674 instead of 1.0952; reproduced exactly by
+  drawing W1(rank 0), W1(rank 1), b1, W2, b2 (rank 0), ... from one seeded generator). Separate
+  processes, one per chip, each have their own generator;
 - `XLA_THREAD_POOL_SIZE` >= N, so that no replica's execution waits for a free thread;
 - the scripts pass `pin_layout=False` to the strategies (pinned layouts fail on CPU), and any
   rank-dependent value reaches the graph as tensor data, never as a Python constant (Lite's
@@ -44,6 +52,24 @@ def install() -> None:
     original = torch_xla.sync
     everyone = threading.Barrier(REPLICAS, timeout=60)
     shared: dict[str, Any] = {}
+    # started[k]: replica k reached its first step marker.
+    started = [threading.Event() for _ in range(REPLICAS)]
+    this_thread = threading.local()
+
+    # torch-xla's thread runner calls `_init_world_size_ordinal()` at the start of each replica
+    # thread, before the user's function: the one place to hold replica k back.
+    original_init = xr._init_world_size_ordinal
+
+    def init_in_turn() -> None:
+        original_init()
+        if getattr(this_thread, "gated", False):
+            return
+        this_thread.gated = True
+        ordinal = xr.global_ordinal()
+        if ordinal > 0 and not started[ordinal - 1].wait(timeout=60):
+            raise RuntimeError(f"_cpu_harness: replica {ordinal - 1} never reached a step marker")
+
+    xr._init_world_size_ordinal = init_in_turn
 
     def cached() -> tuple[int, Any]:
         # The compilation cache grows as soon as replica 0's graph is compiled, and the
@@ -54,7 +80,12 @@ def install() -> None:
                 met.counter_value("CachedCompile"))
 
     def serialised_sync(*args: Any, **kwargs: Any) -> None:
-        first = xr.global_ordinal() == 0
+        if REPLICAS > 1 and not getattr(this_thread, "gated", False):
+            raise RuntimeError("_cpu_harness: this replica thread did not start through"
+                               " torch-xla's thread runner, so replicas may start together")
+        ordinal = xr.global_ordinal()
+        first = ordinal == 0
+        started[ordinal].set()
         everyone.wait()
         if first:
             shared["done"], shared["before"] = threading.Event(), cached()
