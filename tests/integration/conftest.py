@@ -153,3 +153,20 @@ def output_of() -> Callable[[subprocess.CompletedProcess[str]], str]:
 def scripts_env() -> Callable[..., dict[str, str]]:
     """`scripts_env(**extra)` -> the environment `run_script` gives its scripts, for custom launches."""
     return script_env
+
+
+def _assert_weights_match(actual: dict[str, Any], expected: dict[str, Any], initial: dict[str, Any]) -> None:
+    import torch
+
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
+    moved = max((expected[n] - initial[n]).abs().max().item() for n in expected)
+    assert moved > 1e-2, "training barely changed the weights; the comparison would prove nothing"
+
+
+@pytest.fixture(scope="session")
+def assert_weights_match() -> Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], None]:
+    """`assert_weights_match(actual, expected, initial)`: state dicts equal within 1e-6, and training
+    really moved the weights (otherwise the comparison would prove nothing)."""
+    return _assert_weights_match

@@ -129,17 +129,8 @@ def plain_pytorch(x: torch.Tensor, y: torch.Tensor, initial: dict[str, Any], bat
     return model.state_dict(), steps
 
 
-def assert_weights_match(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-                         initial: dict[str, torch.Tensor]) -> None:
-    assert actual.keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
-    moved = max((expected[n] - initial[n]).abs().max().item() for n in expected)
-    assert moved > 1e-2, "training barely changed the weights; the comparison would prove nothing"
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_ddp_training_matches_plain_pytorch(strategy, training_job):
+def test_ddp_training_matches_plain_pytorch(strategy, training_job, assert_weights_match):
     results = training_job(strategy).training
     assert results["plain_ranks_agree"], "the ranks ended with different weights"
     expected, steps = plain_pytorch(results["x"], results["y"], results["initial"], GLOBAL_BATCH, 1)
@@ -148,7 +139,7 @@ def test_ddp_training_matches_plain_pytorch(strategy, training_job):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_gradient_accumulation_with_no_backward_sync(strategy, training_job):
+def test_gradient_accumulation_with_no_backward_sync(strategy, training_job, assert_weights_match):
     job = training_job(strategy)
     for rank in (0, 1):
         assert len(job.grads[rank]) == 4

@@ -39,17 +39,8 @@ def plain_pytorch(job: dict[str, Any], name: str, batch: int, accumulate: int,
     return model.state_dict(), norms
 
 
-def assert_weights_match(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-                         initial: dict[str, torch.Tensor]) -> None:
-    assert actual.keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
-    moved = max((expected[n] - initial[n]).abs().max().item() for n in expected)
-    assert moved > 1e-2, "training barely changed the weights; the comparison would prove nothing"
-
-
 @pytest.fixture(scope="session")
-def reference() -> types.SimpleNamespace:
+def reference(assert_weights_match: Any) -> types.SimpleNamespace:
     """`reference.make_model()`, `reference.plain_pytorch(...)`, `reference.assert_weights_match(...)`."""
     return types.SimpleNamespace(make_model=make_model, plain_pytorch=plain_pytorch,
                                  assert_weights_match=assert_weights_match)
