@@ -1,9 +1,11 @@
 """One `run()` body for `accelerator="cpu", strategy="ddp"` and for `accelerator="tpu"`.
 
-    python parity.py MODE OUT_JSON      MODE: cpu_ddp | full_batch | xla | xla_fsdp
+    python parity.py MODE OUT_JSON [CHECKPOINT]      MODE: cpu_ddp | full_batch | xla | xla_fsdp
 
 Each mode trains the same MLP on the same data for one epoch with a global batch of 16 and
-writes rank 0's result (per-step losses averaged over the ranks, final weights) to OUT_JSON.
+writes rank 0's result (per-step losses averaged over the ranks, final weights) to OUT_JSON;
+with CHECKPOINT it also saves the trained model there with `save` (under xla_fsdp the
+weights in OUT_JSON are rank 0's shards, the checkpoint holds them all).
 `full_batch` is one process on the CPU with the whole global batch: the reference.
 """
 
@@ -32,7 +34,7 @@ def dataset() -> TensorDataset:
 
 
 class Train(LightningLite):
-    def run(self, batch_size: int) -> dict:
+    def run(self, batch_size: int, checkpoint: str | None = None) -> dict:
         self.seed_everything(1)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -45,6 +47,8 @@ class Train(LightningLite):
             self.backward(loss)
             optimizer.step()
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
+        if checkpoint:
+            self.save({"model": model}, checkpoint)
         self.barrier()
         ranks = self.all_gather(torch.tensor(self.global_rank)).cpu().tolist()
         weights = self.broadcast([p.detach().cpu().flatten().tolist() for p in model.parameters()])
@@ -67,8 +71,9 @@ def make(mode: str) -> Train:
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
+    checkpoint = sys.argv[3] if len(sys.argv) > 3 else None
     lite = make(mode)
-    result = lite.run(GLOBAL_BATCH if mode == "full_batch" else GLOBAL_BATCH // 2)
+    result = lite.run(GLOBAL_BATCH if mode == "full_batch" else GLOBAL_BATCH // 2, checkpoint)
     if lite.is_global_zero:
         with open(out, "w") as handle:
             json.dump(result, handle)

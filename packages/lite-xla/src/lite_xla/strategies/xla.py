@@ -140,9 +140,11 @@ class XLAStrategy(XLAStrategyBase):
         with torch.no_grad():
             masked = [t * keep.to(t.dtype) for t in moved]
             summed = xm.all_reduce(xm.REDUCE_SUM, masked, pin_layout=self.pin_layout)
-            for target, value in zip(moved, summed):
-                target.copy_(value)
         _device.cut_graph()
+        for target, value in zip(moved, summed):
+            # Swap the storage instead of `copy_`: parameters written in place before
+            # torch-xla's FSDP wraps them train wrongly from the second step (torch-xla 2.9.0).
+            target.data = value
         return moved
 
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
