@@ -14,8 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ROOT / "packages"
@@ -32,7 +37,7 @@ def workspace_packages() -> dict[str, Path]:
     return found
 
 
-def read_pyproject(package_dir: Path) -> dict:
+def read_pyproject(package_dir: Path) -> dict[str, Any]:
     """The parsed `pyproject.toml` of one package."""
     return tomllib.loads((package_dir / "pyproject.toml").read_text(encoding="utf-8"))
 
@@ -57,10 +62,11 @@ def package_for_tag(tag: str, packages: dict[str, Path]) -> str:
         if tag.startswith(f"{name}-v"):
             declared = package_version(package_dir)
             if tag != release_tag(name, declared):
-                raise SystemExit(f"tag {tag} does not match {name}'s version {declared}: bump"
-                                 f" {package_dir.relative_to(ROOT)}'s __about__.py or tag {release_tag(name, declared)}.")
+                raise SystemExit(f"tag {tag} does not match {name}'s version {declared}: bump the version in"
+                                 f" {package_dir.relative_to(ROOT)} or tag {release_tag(name, declared)}.")
             return name
-    raise SystemExit(f"tag {tag} names no workspace package: use <package>-v<version> with one of {', '.join(packages)}.")
+    raise SystemExit(f"tag {tag} names no workspace package: use <package>-v<version> with one of"
+                     f" {', '.join(packages)}.")
 
 
 def remove_old_artifacts(name: str, out: Path) -> None:
@@ -81,6 +87,7 @@ def build(package_dir: Path, out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Build the chosen packages (all by default); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help="distributions to build (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output folder (default: dist/)")

@@ -97,7 +97,7 @@ def test_lite_env_lists_the_installed_backends(deepspeed_extra: dict[str, Any], 
 
 def test_cuda_extra_brings_lite_cuda_from_its_wheel(cuda_extra: dict[str, Any], fresh_venv: Any,
                                                      wheel_of: Callable[[str], Path]) -> None:
-    assert "lite-cuda" in _installed_by(cuda_extra["report"])
+    assert _installed_by(cuda_extra["report"]) == {"lite-cuda": wheel_of("lite-cuda").as_uri()}
     _assert_from_local_wheel(cuda_extra["installed"], cuda_extra["report"], "lite-cuda", wheel_of("lite-cuda"),
                              fresh_venv.root)
     assert "lite-xla" not in cuda_extra["installed"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -24,7 +25,7 @@ def _changelog(package_dir: Path) -> str:
     return (package_dir / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
-def _requirements(pyproject: dict) -> list[Requirement]:
+def _requirements(pyproject: dict[str, Any]) -> list[Requirement]:
     return [Requirement(line) for line in pyproject["project"].get("dependencies", [])]
 
 
