@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv as venv_module
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -157,14 +158,15 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A new venv (no system site-packages) holding only pip and the pinned torch."""
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
+    """A new venv (no system site-packages) holding only pip and the pinned torch; deleted afterwards."""
     root = tmp_path_factory.mktemp("venv")
     venv_module.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(root)
     env = Venv(root)
     # Lite's own non-Lite requirements come from the index; every Lite package comes from dist.
     env.pip("install", TORCH, "packaging>=23", "setuptools", "wheel")
-    return env
+    yield env
+    shutil.rmtree(root, ignore_errors=True)  # about 1 GB, and pytest keeps its last three temp dirs
 
 
 @pytest.fixture(scope="session")
