@@ -9,7 +9,7 @@ import sys
 import threading
 from types import FrameType
 
-from lite_core.launchers._processes import die_with_parent, stop_processes
+from lite_core.launchers._processes import describe_exit, die_with_parent, stop_processes
 
 _POLL_SECONDS = 0.05
 
@@ -70,8 +70,7 @@ class Job:
                 continue
             remaining -= 1
             if code != 0:
-                reason = f"signal {-code}" if code < 0 else f"exit code {code}"
-                _say(f"local rank {local_rank} failed with {reason}; stopping every rank.")
+                _say(f"local rank {local_rank} failed with {describe_exit(code)}; stopping every rank.")
                 return code if code > 0 else 128 - code
         return 0
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
+from typing import Callable
 
 #: Seconds a child gets to exit after SIGTERM before it is killed.
 GRACE_SECONDS = 5.0
@@ -26,7 +29,9 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = 
 
 
 def die_with_parent() -> None:
-    """In the child before exec: ask Linux to kill it when the launching process dies."""
+    """In the child (before exec, or first thing in a worker): ask Linux to kill it with SIGKILL
+    when the launching process dies. SIGKILL, because a rank blocked in a collective runs no
+    Python signal handler until the collective returns."""
     try:
         import ctypes
 
@@ -35,3 +40,40 @@ def die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 3`, or `signal 9 (SIGKILL)` for a process ended by a signal (negative code)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def on_interrupt(callback: Callable[[], None]) -> None:
+    """Call `callback` from a helper thread as soon as this process receives SIGINT (Ctrl-C).
+
+    Python runs its own SIGINT handler (the `KeyboardInterrupt`) only when the main thread is back
+    in Python code, which a rank blocked in a collective is not until the collective times out.
+    Python's C-level handler also writes the signal number to the wakeup file descriptor, which
+    a thread can read at once. Does nothing outside the main thread or when another wakeup file
+    descriptor is already set (e.g. by a running asyncio loop).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end), os.close(write_end)
+        return
+
+    def watch() -> None:
+        while data := os.read(read_end, 64):
+            if signal.SIGINT in data:
+                callback()
+
+    threading.Thread(target=watch, name="lite-interrupt", daemon=True).start()
