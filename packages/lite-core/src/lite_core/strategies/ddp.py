@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core.errors import ConfigurationError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
-from lite_core.strategies.strategy import Strategy
+from lite_core.strategies.strategy import Strategy, check_reduce_op
 
 T = TypeVar("T")
 
@@ -199,10 +199,7 @@ class DDPStrategy(Strategy):
         return torch.stack(gathered)
 
     def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
-        if reduce_op not in _REDUCE_OPS:
-            from lite_core.errors import MisuseError
-
-            raise MisuseError(f"reduce_op={reduce_op!r} is not supported: use one of {sorted(_REDUCE_OPS)}.")
+        check_reduce_op(reduce_op)
         return self._collective("all_reduce", tree_map_only, torch.Tensor,
                                 lambda t: self._all_reduce_one(t, group, reduce_op), tensor)
 
@@ -249,8 +246,17 @@ def _is_port_in_use(err: RuntimeError) -> bool:
 
 
 def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
-    if isinstance(timeout, timedelta):
-        return timeout
     if timeout is None:
-        timeout = float(os.environ.get(_TIMEOUT_VARIABLE, _DEFAULT_TIMEOUT_SECONDS))
-    return timedelta(seconds=float(timeout))
+        raw = os.environ.get(_TIMEOUT_VARIABLE, "").strip() or str(_DEFAULT_TIMEOUT_SECONDS)
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{_TIMEOUT_VARIABLE}={raw!r} is not a number of seconds: set it to a number of seconds, e.g. 1800."
+            ) from None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigurationError(
+            f"timeout={timeout!r} is not valid: pass a positive number of seconds (or a timedelta), e.g. timeout=1800."
+        )
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
