@@ -37,7 +37,9 @@ ROWS = [
     ("ddp_fork", "raise", 1, 1, r"RuntimeError: boom on rank 1"),
     ("ddp_fork", "exit", 1, 1, r"process 1 terminated with exit code 3"),
     ("ddp_fork", "kill", 1, 1, r"process 1 terminated with signal SIGKILL"),
-    ("lite-run", "raise", 1, 1, r"RuntimeError: boom on rank 1"),
+    # Rank 0 fails too (its all_reduce loses its peer) and may exit first: rank 1 is still blamed.
+    ("lite-run", "raise", 1, 1, r"lite run: local rank 1 failed (with exit code 1|first \(its error is above\) and"
+                                r" local rank 0 then ended with exit code 1); stopping every rank\."),
     ("lite-run", "exit", 1, 3, r"lite run: local rank 1 failed with exit code 3; stopping every rank\."),
     ("lite-run", "kill", 1, _SIGKILLED, r"lite run: local rank 1 failed with signal 9 \(SIGKILL\); stopping every rank\."),
 ]
@@ -55,6 +57,8 @@ def test_failing_rank_ends_the_job(launcher, action, rank, code, message, run_jo
     assert proc.returncode == code, output_of(proc)
     if message is not None:
         assert re.search(message, proc.stderr), output_of(proc)
+    if action == "raise":
+        assert f"RuntimeError: boom on rank {rank}" in proc.stderr, output_of(proc)
     assert "UNEXPECTED" not in proc.stdout, output_of(proc)
     other = 1 - rank  # stopped because of the failure: never reported as the one that failed
     assert f"local rank {other} failed" not in proc.stderr and f"process {other} terminated" not in proc.stderr

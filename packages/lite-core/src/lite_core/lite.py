@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from lite_core import _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.launchers._processes import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
 from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer
@@ -166,8 +167,10 @@ class LightningLite:
         try:
             with self._strategy.run_context():
                 return fn(*args, **kwargs)
-        except BaseException:
+        except BaseException as err:
             self._strategy.mark_failed()
+            if not _is_clean_exit(err):
+                record_failure(self.local_rank)
             raise
         finally:
             self._inside_run = outer
@@ -429,11 +432,16 @@ def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | No
 
     def hook(*exc_info: Any) -> None:
         strategy.mark_failed()
+        record_failure(strategy.local_rank)
         if launcher is not None:
             launcher.stop()
         previous(*exc_info)
 
     sys.excepthook = hook
+
+
+def _is_clean_exit(err: BaseException) -> bool:
+    return isinstance(err, SystemExit) and err.code in (0, None)
 
 
 def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:

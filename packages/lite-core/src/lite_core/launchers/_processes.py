@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,6 +41,37 @@ def die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+#: A folder a supervising launcher (`lite run`) exports; each rank that fails notes it there.
+FAILURE_DIR_VARIABLE = "LITE_FAILURE_DIR"
+
+
+def record_failure(local_rank: int) -> None:
+    """Note the time this rank failed in `$LITE_FAILURE_DIR`, if a launcher set it.
+
+    A rank that fails often makes the others fail a moment later (their collectives lose their
+    peer), and which process exits first is a matter of interpreter shutdown time; the notes let
+    the launcher blame the rank that failed first.
+    """
+    folder = os.environ.get(FAILURE_DIR_VARIABLE)
+    if folder:
+        with contextlib.suppress(OSError):
+            with open(os.path.join(folder, f"rank{local_rank}"), "w") as handle:
+                handle.write(repr(time.time()))
+
+
+def rank_to_blame(folder: str, exited: int) -> int:
+    """The local rank to blame when `exited` ended with an error: `exited` itself if it noted no
+    failure (it died abruptly: `os._exit`, a signal), else the rank that noted one first."""
+    noted: dict[int, float] = {}
+    for name in os.listdir(folder):
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(folder, name)) as handle:
+                noted[int(name.removeprefix("rank"))] = float(handle.read())
+    if exited not in noted:
+        return exited
+    return min(noted, key=lambda rank: noted[rank])
 
 
 def describe_exit(code: int) -> str:
