@@ -479,7 +479,7 @@ def _check_optimizers(optimizers: tuple[Any, ...], method: str) -> None:
         if not isinstance(optimizer, Optimizer):
             raise MisuseError(
                 f"{method}() got {type(optimizer).__name__} where an optimizer belongs: pass torch.optim.Optimizer"
-                " objects (or the ones setup() returned are already set up)."
+                " objects built from the model's parameters."
             )
 
 
