@@ -76,8 +76,10 @@ class ScriptLauncher(Launcher):
         return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
 
     def _fail(self, local_rank: int, code: int) -> None:
-        sys.stderr.write(f"lite: local rank {local_rank} failed with {describe_exit(code)}; stopping every rank.\n")
-        sys.stderr.flush()
+        # Straight to file descriptor 2: `sys.stderr` is not thread-safe, and the main thread may be
+        # printing its own error (its collective lost the failed rank) at this very moment.
+        line = f"lite: local rank {local_rank} failed with {describe_exit(code)}; stopping every rank.\n"
+        os.write(2, line.encode(errors="replace"))
         self.stop()
         os._exit(code if code > 0 else 128 - code)
 
