@@ -24,7 +24,7 @@ _EXPECTED_DTYPES = {
 def test_each_precision_trains(precision: str) -> None:
     torch.manual_seed(0)
     lite = LightningLite(accelerator="cpu", precision=precision)
-    model, optimizer = lite.setup(nn.Linear(4, 1), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    model = lite.setup(nn.Linear(4, 1))
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     param_dtype, output_dtype = _EXPECTED_DTYPES[precision]
     assert model.weight.dtype == param_dtype
@@ -60,7 +60,7 @@ def test_16_mixed_uses_a_grad_scaler_saved_in_checkpoints(tmp_path) -> None:
     lite = LightningLite(accelerator="cpu", precision="16-mixed")
     precision = lite.strategy.precision
     assert isinstance(precision, MixedPrecision) and precision.scaler is not None
-    model, optimizer = lite.setup(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    model = lite.setup(nn.Linear(2, 1))
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     lite.backward(model(torch.ones(2, 2)).sum())
     optimizer.step()
@@ -97,7 +97,8 @@ def test_the_grad_scaler_is_built_in_the_process_that_trains(monkeypatch: pytest
     lite = LightningLite(accelerator="cpu", precision="16-mixed")
     assert built == []
 
-    model, optimizer = lite.setup(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
+    module = nn.Linear(2, 1)
+    model, optimizer = lite.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     lite.backward(model(torch.ones(1, 2)).sum())
     assert built == [("cpu",)]
     assert lite.strategy.precision.scaler is lite.strategy.precision.scaler

@@ -147,7 +147,7 @@ def test_setup_dataloaders_rejects_other_iterables() -> None:
 
 def test_clip_gradients_by_norm_and_value() -> None:
     lite = LightningLite(accelerator="cpu")
-    model, optimizer = lite.setup(_model(), torch.optim.SGD(_model().parameters(), lr=0.1))
+    model = lite.setup(_model())
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     lite.backward(model(torch.randn(4, 8)).sum() * 1000)
     norm = lite.clip_gradients(model, optimizer, max_norm=1.0)

@@ -23,7 +23,7 @@ def seed_everything(seed: int | None = None, workers: bool = True) -> int:
             seed, the worker's index and the process's rank, so no two workers share a stream.
     """
     if seed is None:
-        seed = int(os.environ.get(_SEED_VARIABLE, random.randint(0, _MAX_SEED)))
+        seed = _seed_from_environment()
         if _SEED_VARIABLE not in os.environ:
             warnings.warn(f"seed_everything() chose the random seed {seed}; pass seed= to repeat this run.",
                           stacklevel=2)
@@ -33,6 +33,20 @@ def seed_everything(seed: int | None = None, workers: bool = True) -> int:
     os.environ[_WORKERS_VARIABLE] = "1" if workers else "0"
     _seed_generators(seed)
     return seed
+
+
+def _seed_from_environment() -> int:
+    raw = os.environ.get(_SEED_VARIABLE)
+    if raw is None:
+        return random.randint(0, _MAX_SEED)
+    try:
+        return int(raw)
+    except ValueError:
+        from lite_core.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{_SEED_VARIABLE}={raw!r} is not a seed: set LITE_GLOBAL_SEED to an integer or unset it."
+        ) from None
 
 
 def worker_seeding_enabled() -> bool:

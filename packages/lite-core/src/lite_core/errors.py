@@ -31,6 +31,10 @@ class MisuseError(LiteError, RuntimeError):
     """A Lite method called in a way or at a moment where it cannot work."""
 
 
+class CollectiveTimeoutError(LiteError, RuntimeError):
+    """A collective that some rank did not reach within the strategy's timeout; names that rank."""
+
+
 class CheckpointError(LiteError, RuntimeError):
     """A checkpoint that is missing, truncated, foreign or refused by safe loading."""
 

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from lite_core import _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.launchers._processes import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
 from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer
@@ -62,7 +63,7 @@ class LightningLite:
                  tpu_cores: Any = None) -> None:
         accelerator, devices = _legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
         self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
-        self._loggers = _as_list(loggers)
+        self._loggers = _checked_loggers(_as_list(loggers))
         self._callbacks = _as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
@@ -166,8 +167,10 @@ class LightningLite:
         try:
             with self._strategy.run_context():
                 return fn(*args, **kwargs)
-        except BaseException:
+        except BaseException as err:
             self._strategy.mark_failed()
+            if not _is_clean_exit(err):
+                record_failure(self.local_rank)
             raise
         finally:
             self._inside_run = outer
@@ -184,6 +187,10 @@ class LightningLite:
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
         """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`."""
+        _check_module(model, "setup")
+        if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
+            _check_optimizers(optimizers, "setup")
+            _check_optimizers_belong(model, optimizers)
         self._require_environment("setup")
         self._claim(model, "model")
         for optimizer in optimizers:
@@ -197,6 +204,7 @@ class LightningLite:
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy."""
+        _check_module(model, "setup_module")
         self._require_environment("setup_module")
         self._claim(model, "model")
         model = self._prepare_module(model, move_to_device)
@@ -217,6 +225,8 @@ class LightningLite:
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def _wrap_optimizers(self, optimizers: tuple[Optimizer, ...]) -> list[Optimizer]:
+        if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
+            _check_optimizers(optimizers, "setup_optimizers")
         self._require_environment("setup_optimizers")
         wrapped = []
         for optimizer in optimizers:
@@ -360,6 +370,7 @@ class LightningLite:
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0."""
+        self._require_collectives("save")
         self._strategy.save_checkpoint(os.fspath(filepath), content)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
@@ -421,11 +432,16 @@ def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | No
 
     def hook(*exc_info: Any) -> None:
         strategy.mark_failed()
+        record_failure(strategy.local_rank)
         if launcher is not None:
             launcher.stop()
         previous(*exc_info)
 
     sys.excepthook = hook
+
+
+def _is_clean_exit(err: BaseException) -> bool:
+    return isinstance(err, SystemExit) and err.code in (0, None)
 
 
 def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:
@@ -441,6 +457,41 @@ def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any
                       DeprecationWarning, stacklevel=4)  # _legacy_devices, __init__, the environment wrapper, the caller
         return name, value
     return accelerator, devices
+
+
+def _checked_loggers(loggers: list[Any]) -> list[Any]:
+    for logger in loggers:
+        if not callable(getattr(logger, "log_metrics", None)):
+            raise ConfigurationError(
+                f"loggers got {logger!r}, which has no log_metrics(metrics, step) method: pass a Logger such as"
+                " CSVLogger('logs') or TensorBoardLogger('logs')."
+            )
+    return loggers
+
+
+def _check_module(model: Any, method: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise MisuseError(f"{method}() takes the model first but got {type(model).__name__}: pass your torch.nn.Module.")
+
+
+def _check_optimizers(optimizers: tuple[Any, ...], method: str) -> None:
+    for optimizer in optimizers:
+        if not isinstance(optimizer, Optimizer):
+            raise MisuseError(
+                f"{method}() got {type(optimizer).__name__} where an optimizer belongs: pass torch.optim.Optimizer"
+                " objects built from the model's parameters."
+            )
+
+
+def _check_optimizers_belong(model: nn.Module, optimizers: tuple[Optimizer, ...]) -> None:
+    owned = {id(p) for p in model.parameters()}
+    for optimizer in optimizers:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if owned and params and not any(id(p) in owned for p in params):
+            raise MisuseError(
+                f"An optimizer passed to setup() with {type(model).__name__} holds none of its parameters: build it"
+                " from model.parameters(), or set it up together with the model it belongs to."
+            )
 
 
 def _as_list(value: Any) -> list[Any]:

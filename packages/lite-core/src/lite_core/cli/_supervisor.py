@@ -6,10 +6,17 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from types import FrameType
 
-from lite_core.launchers._processes import die_with_parent, stop_processes
+from lite_core.launchers._processes import (
+    FAILURE_DIR_VARIABLE,
+    describe_exit,
+    die_with_parent,
+    rank_to_blame,
+    stop_processes,
+)
 
 _POLL_SECONDS = 0.05
 
@@ -31,14 +38,18 @@ class Job:
         self._node_rank = node_rank
         self._ranks: dict[int, subprocess.Popen[bytes]] = {}
         self._signal: int | None = None
+        self._failures = ""
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        folder = tempfile.TemporaryDirectory(prefix="lite-run-failures-")
+        self._failures = folder.name
         try:
             self._start()
             return self._supervise()
         finally:
             self._stop()
+            folder.cleanup()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -50,6 +61,7 @@ class Job:
                 "RANK": str(self._node_rank * self._per_node + local_rank),
                 "LOCAL_WORLD_SIZE": str(self._per_node),
                 "WORLD_SIZE": str(self._per_node * self._num_nodes),
+                FAILURE_DIR_VARIABLE: self._failures,
             }
             self._ranks[local_rank] = subprocess.Popen(self._command, env=env, preexec_fn=die_with_parent)
 
@@ -70,10 +82,17 @@ class Job:
                 continue
             remaining -= 1
             if code != 0:
-                reason = f"signal {-code}" if code < 0 else f"exit code {code}"
-                _say(f"local rank {local_rank} failed with {reason}; stopping every rank.")
+                _say(self._blame(local_rank, code))
                 return code if code > 0 else 128 - code
         return 0
+
+    def _blame(self, local_rank: int, code: int) -> str:
+        """The line that names the failing rank: the first to record a failure, if another one."""
+        first = rank_to_blame(self._failures, local_rank)
+        if first == local_rank:
+            return f"local rank {local_rank} failed with {describe_exit(code)}; stopping every rank."
+        return (f"local rank {first} failed first (its error is above) and local rank {local_rank} then ended with"
+                f" {describe_exit(code)}; stopping every rank.")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum

@@ -17,6 +17,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _check_port(raw: str | None) -> None:
+    if raw is None or (raw.strip().isdigit() and 0 < int(raw) < 65536):
+        return
+    raise ConfigurationError(
+        f"MASTER_PORT={raw!r} is not a port number: set it to a free port from 1024 to 65535, or unset it to let"
+        " Lite choose one."
+    )
+
+
 class LocalEnvironment(ClusterEnvironment):
     """Processes on one machine started by Lite's launchers, or several nodes set up by hand.
 
@@ -74,6 +83,8 @@ class LocalEnvironment(ClusterEnvironment):
         Raises:
             ConfigurationError: The processes started per node, or in total, disagree.
         """
+        if num_devices * num_nodes > 1:
+            _check_port(os.environ.get("MASTER_PORT"))
         if not self.creates_processes_externally or "LOCAL_WORLD_SIZE" not in os.environ:
             return
         per_node = env_int("LOCAL_WORLD_SIZE", "lite run")

@@ -54,7 +54,7 @@ class TorchCheckpointIO(CheckpointIO):
         try:
             return torch.load(source, map_location="cpu", weights_only=weights_only)
         except pickle.UnpicklingError as err:
-            if weights_only and "Weights only load failed" in str(err):
+            if weights_only and "Unsupported global" in str(err):
                 raise CheckpointError(
                     f"The checkpoint '{source}' holds pickled Python objects that safe loading refuses:"
                     " if you trust the file, call load(..., weights_only=False)."

@@ -6,11 +6,13 @@ import multiprocessing
 import os
 import pickle
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from lite_core.errors import ConfigurationError
+from lite_core.launchers._processes import GRACE_SECONDS, die_with_parent
 from lite_core.launchers.launcher import Launcher
 
 if TYPE_CHECKING:
@@ -23,8 +25,10 @@ _FIRST_FAILURE = "first_failure.pkl"
 class MultiprocessingLauncher(Launcher):
     """Runs `fn` in N child processes through `torch.multiprocessing.start_processes`.
 
-    If any child fails, the others are stopped and its traceback is raised here. Rank 0's return
-    value is handed back through a temporary file (so a large result cannot block a pipe).
+    If any child fails, the others are stopped and its traceback is raised here. If this process
+    is interrupted (Ctrl-C) the children are stopped before the `KeyboardInterrupt` goes on; if it
+    dies, Linux kills them (parent-death signal). Rank 0's return value is handed back through a
+    temporary file (so a large result cannot block a pipe).
     """
 
     def __init__(self, strategy: Strategy, start_method: str) -> None:
@@ -46,12 +50,14 @@ class MultiprocessingLauncher(Launcher):
         with tempfile.TemporaryDirectory(prefix="lite-result-") as folder:
             result_file = Path(folder) / "rank0.pkl"
             try:
-                mp.start_processes(
+                context = mp.start_processes(
                     _worker,
-                    args=(self._strategy, fn, args, kwargs, str(result_file)),
+                    args=(self._strategy, fn, args, kwargs, str(result_file), os.getpid()),
                     nprocs=len(self._strategy.device_indexes),
                     start_method=self._start_method,
+                    join=False,
                 )
+                _join(context)
             except mp.ProcessRaisedException as err:
                 _raise_first_failure(result_file.with_name(_FIRST_FAILURE), err)
                 raise
@@ -59,8 +65,34 @@ class MultiprocessingLauncher(Launcher):
                 return pickle.load(handle)
 
 
+def _join(context: Any) -> None:
+    """Wait for every child; if this process is interrupted meanwhile, stop them first."""
+    try:
+        while not context.join():
+            pass
+    except BaseException:
+        _stop(context.processes)
+        raise
+
+
+def _stop(processes: list[Any]) -> None:
+    """SIGTERM every child still running, then SIGKILL those not gone after the grace period."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + GRACE_SECONDS
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
-            kwargs: dict[str, Any], result_file: str) -> None:
+            kwargs: dict[str, Any], result_file: str, parent_pid: int) -> None:
+    die_with_parent()  # replaces torch's SIGINT, which a rank blocked in a collective would ignore
+    if os.getppid() != parent_pid:  # the launching process died before the line above
+        os._exit(1)
     os.environ["LOCAL_RANK"] = str(local_rank)
     try:
         result = fn(*args, **kwargs)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
-from lite_core.launchers._processes import die_with_parent, stop_processes
+from lite_core.launchers._processes import describe_exit, die_with_parent, on_interrupt, stop_processes
 from lite_core.launchers.launcher import Launcher
 
 _POLL_SECONDS = 0.1
@@ -23,7 +23,8 @@ class ScriptLauncher(Launcher):
     """This process becomes local rank 0; local ranks 1..N-1 re-run `sys.argv` with `LOCAL_RANK` set.
 
     A watchdog thread ends the whole job, with the failing rank's exit code, as soon as any rank
-    fails; the other ranks die with this process (Linux parent-death signal).
+    fails; the other ranks die with this process (Linux parent-death signal). Ctrl-C (SIGINT)
+    stops the other ranks at once, even while this process waits in a collective.
     """
 
     needs_function = False
@@ -56,6 +57,7 @@ class ScriptLauncher(Launcher):
             self._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
         os.environ["LOCAL_RANK"] = "0"
         threading.Thread(target=self._watch, name="lite-watchdog", daemon=True).start()
+        on_interrupt(self.stop)
         atexit.register(self._wait_for_children)
 
     def _watch(self) -> None:
@@ -74,9 +76,10 @@ class ScriptLauncher(Launcher):
         return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
 
     def _fail(self, local_rank: int, code: int) -> None:
-        reason = f"signal {-code}" if code < 0 else f"exit code {code}"
-        sys.stderr.write(f"lite: local rank {local_rank} failed with {reason}; stopping every rank.\n")
-        sys.stderr.flush()
+        # Straight to file descriptor 2: `sys.stderr` is not thread-safe, and the main thread may be
+        # printing its own error (its collective lost the failed rank) at this very moment.
+        line = f"lite: local rank {local_rank} failed with {describe_exit(code)}; stopping every rank.\n"
+        os.write(2, line.encode(errors="replace"))
         self.stop()
         os._exit(code if code > 0 else 128 - code)
 

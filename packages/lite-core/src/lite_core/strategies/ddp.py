@@ -6,7 +6,7 @@ import atexit
 import os
 from contextlib import nullcontext
 from datetime import timedelta
-from typing import Any, ClassVar, ContextManager
+from typing import Any, Callable, ClassVar, ContextManager, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -14,8 +14,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map_only
 
+from lite_core.errors import ConfigurationError
 from lite_core.launchers.launcher import Launcher
-from lite_core.strategies.strategy import Strategy
+from lite_core.strategies._progress import CollectiveProgress
+from lite_core.strategies.strategy import Strategy, check_reduce_op
+
+T = TypeVar("T")
 
 _DEFAULT_TIMEOUT_SECONDS = 1800.0
 _TIMEOUT_VARIABLE = "LITE_COLLECTIVE_TIMEOUT"
@@ -46,6 +50,7 @@ class DDPStrategy(Strategy):
         self._ddp_kwargs = ddp_kwargs
         self._launcher: Launcher | None = None
         self._teardown_registered = False
+        self._progress: CollectiveProgress | None = None
 
     @property
     def timeout(self) -> timedelta:
@@ -74,6 +79,7 @@ class DDPStrategy(Strategy):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_launcher"] = None  # holds processes and threads; never sent to a worker
+        state["_progress"] = None
         return state
 
     # -- ranks -----------------------------------------------------------------------------------
@@ -112,6 +118,7 @@ class DDPStrategy(Strategy):
         super().setup_environment()
         if not dist.is_initialized():
             self._init_process_group()
+        self._progress = _progress_of(self.global_rank, self.world_size, self._timeout)
         if not self._teardown_registered:
             atexit.register(self.teardown)
             self._teardown_registered = True
@@ -121,15 +128,27 @@ class DDPStrategy(Strategy):
         assert self.accelerator is not None
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
-        dist.init_process_group(
-            backend=self._backend or self.accelerator.distributed_backend,
-            init_method=f"tcp://{env.main_address}:{env.main_port}",
-            rank=self.global_rank,
-            world_size=self.world_size,
-            timeout=self._timeout,
-        )
+        try:
+            dist.init_process_group(
+                backend=self._backend or self.accelerator.distributed_backend,
+                init_method=f"tcp://{env.main_address}:{env.main_port}",
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=self._timeout,
+            )
+        except RuntimeError as err:
+            if self.global_rank == 0 and _is_port_in_use(err):
+                raise ConfigurationError(
+                    f"MASTER_PORT={env.main_port} is already in use on {env.main_address}, so rank 0 cannot"
+                    " host the job there: stop the process that holds it, pick another free port, or unset"
+                    " MASTER_PORT to let Lite choose one."
+                ) from err
+            raise
 
     def teardown(self, failed: bool = False) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
         if dist.is_initialized():
             if not (failed or self._failed):
                 dist.barrier()
@@ -148,19 +167,26 @@ class DDPStrategy(Strategy):
         return nullcontext()
 
     # -- collectives -------------------------------------------------------------------------------
+    def _collective(self, name: str, collective: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a collective; one that times out says which rank did not arrive."""
+        if self._progress is None:
+            return collective(*args, **kwargs)
+        return self._progress.run(name, collective, *args, **kwargs)
+
     def barrier(self, name: str | None = None) -> None:
         if dist.is_initialized():
-            dist.barrier()
+            self._collective("barrier", dist.barrier)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        dist.broadcast_object_list(holder, src=src)
+        self._collective("broadcast", dist.broadcast_object_list, holder, src=src)
         return holder[0]
 
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
-        return tree_map_only(torch.Tensor, lambda t: self._all_gather_one(t, group, sync_grads), tensor)
+        return self._collective("all_gather", tree_map_only, torch.Tensor,
+                                lambda t: self._all_gather_one(t, group, sync_grads), tensor)
 
     def _all_gather_one(self, tensor: torch.Tensor, group: Any, sync_grads: bool) -> torch.Tensor:
         tensor = tensor.contiguous()
@@ -173,11 +199,9 @@ class DDPStrategy(Strategy):
         return torch.stack(gathered)
 
     def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
-        if reduce_op not in _REDUCE_OPS:
-            from lite_core.errors import MisuseError
-
-            raise MisuseError(f"reduce_op={reduce_op!r} is not supported: use one of {sorted(_REDUCE_OPS)}.")
-        return tree_map_only(torch.Tensor, lambda t: self._all_reduce_one(t, group, reduce_op), tensor)
+        check_reduce_op(reduce_op)
+        return self._collective("all_reduce", tree_map_only, torch.Tensor,
+                                lambda t: self._all_reduce_one(t, group, reduce_op), tensor)
 
     def _all_reduce_one(self, tensor: torch.Tensor, group: Any, reduce_op: str) -> torch.Tensor:
         result = tensor.clone()
@@ -207,9 +231,32 @@ class DDPForkStrategy(DDPStrategy):
     start_method = "fork"
 
 
+def _progress_of(rank: int, world_size: int, timeout: timedelta) -> CollectiveProgress | None:
+    """Progress sharing through the default process group's store, if torch exposes it."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return CollectiveProgress(store, rank, world_size, timeout)
+    except Exception:  # a private torch helper: without it, timeouts keep torch's own message
+        return None
+
+
+def _is_port_in_use(err: RuntimeError) -> bool:
+    text = str(err)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
 def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
-    if isinstance(timeout, timedelta):
-        return timeout
     if timeout is None:
-        timeout = float(os.environ.get(_TIMEOUT_VARIABLE, _DEFAULT_TIMEOUT_SECONDS))
-    return timedelta(seconds=float(timeout))
+        raw = os.environ.get(_TIMEOUT_VARIABLE, "").strip() or str(_DEFAULT_TIMEOUT_SECONDS)
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{_TIMEOUT_VARIABLE}={raw!r} is not a number of seconds: set it to a number of seconds, e.g. 1800."
+            ) from None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigurationError(
+            f"timeout={timeout!r} is not valid: pass a positive number of seconds (or a timedelta), e.g. timeout=1800."
+        )
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))

@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from lite_core.launchers.launcher import Launcher
 
 
+#: The `reduce_op` names `all_reduce` accepts.
+REDUCE_OPS = ("sum", "mean", "max", "min", "product")
+
+
+def check_reduce_op(reduce_op: str) -> None:
+    """Raise a `MisuseError` for a `reduce_op` that is not one of `REDUCE_OPS`."""
+    if reduce_op not in REDUCE_OPS:
+        from lite_core.errors import MisuseError
+
+        raise MisuseError(f"reduce_op={reduce_op!r} is not supported: use one of {sorted(REDUCE_OPS)}.")
+
+
 class Strategy:
     """Declares what it supports; the connector checks the user's choice against it.
 
@@ -211,6 +223,7 @@ class Strategy:
 
     def all_reduce(self, tensor: torch.Tensor, group: Any = None, reduce_op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over every process."""
+        check_reduce_op(reduce_op)
         return tensor
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:

@@ -1,0 +1,118 @@
+"""The message of a collective that timed out, built from every rank's progress in the store.
+
+The ranks are simulated in one process on torch's in-memory `HashStore` (the real 2-process jobs
+are in tests/integration/reliability/test_collective_timeouts.py); a "collective" here is a
+function that raises gloo's timeout error.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from lite_core.errors import CollectiveTimeoutError
+from lite_core.strategies._progress import CollectiveProgress
+
+INTERVAL = 0.01
+
+
+def timed_out() -> None:
+    raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete")
+
+
+def ranks(world_size: int, store: Any = None) -> list[CollectiveProgress]:
+    store = store if store is not None else dist.HashStore()
+    return [CollectiveProgress(store, r, world_size, timedelta(seconds=5), interval=INTERVAL) for r in range(world_size)]
+
+
+def message_of(progress: CollectiveProgress, name: str = "all_reduce") -> str:
+    with pytest.raises(CollectiveTimeoutError) as info:
+        progress.run(name, timed_out)
+    return str(info.value)
+
+
+def test_names_the_rank_that_did_not_arrive() -> None:
+    zero, one = ranks(2)
+    for p in (zero, one):
+        p.run("barrier", lambda: None)
+    zero.run("all_reduce", lambda: None)
+    assert message_of(zero) == (
+        "all_reduce #3 timed out after 5 s on rank 0: rank 1 (last in barrier #1) did not arrive; make every"
+        " rank call the same collectives in the same order, or raise LITE_COLLECTIVE_TIMEOUT (or the"
+        " strategy's timeout)."
+    )
+
+
+def test_names_every_late_rank_and_those_without_any_collective() -> None:
+    zero, one, two, three = ranks(4)
+    for p in (zero, one, three):
+        p.run("barrier", lambda: None)
+    three.run("broadcast", lambda: None)
+    message = message_of(three, "all_gather")
+    assert message.startswith("all_gather #3 timed out after 5 s on rank 3: ranks 0 (last in barrier #1), 1 (last in"
+                              " barrier #1), 2 (no collective yet) did not arrive; ")
+
+
+def test_ranks_in_another_collective_are_named() -> None:
+    zero, one = ranks(2)
+    one.run("broadcast", lambda: None)
+    time.sleep(5 * INTERVAL)
+    assert message_of(zero, "barrier").startswith("barrier #1 timed out after 5 s on rank 0 while rank 1 is in broadcast #1; ")
+
+
+def test_unreadable_store_still_gives_one_sentence() -> None:
+    store = dist.HashStore()
+    zero, _ = ranks(2, store)
+    store.delete_key("lite/collectives/1")
+    store.set("lite/collectives/1", "garbage")
+    assert message_of(zero).startswith("all_reduce #1 timed out after 5 s on rank 0 and the other ranks' progress could"
+                                       " not be read: make every rank")
+
+
+def test_other_errors_pass_through_unchanged() -> None:
+    (zero,) = ranks(1)
+
+    def closed() -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="^Connection closed by peer$"):
+        zero.run("barrier", closed)
+    assert zero.run("barrier", lambda: 7) == 7
+
+
+def test_progress_is_published_only_by_the_thread_and_close_stops_it() -> None:
+    store = dist.HashStore()
+    (zero,) = ranks(1, store)
+    zero.run("barrier", lambda: None)
+    deadline = time.monotonic() + 5
+    while store.get("lite/collectives/0") != b"1 barrier":
+        assert time.monotonic() < deadline
+        time.sleep(INTERVAL)
+    zero.close()
+    zero.run("all_reduce", lambda: None)
+    time.sleep(5 * INTERVAL)
+    assert store.get("lite/collectives/0") == b"1 barrier"
+
+
+def test_per_call_overhead_is_a_few_microseconds() -> None:
+    (zero,) = ranks(1)
+
+    def noop() -> None:
+        return None
+
+    calls = 20000
+    start = time.perf_counter()
+    for _ in range(calls):
+        noop()
+    plain = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(calls):
+        zero.run("all_reduce", noop)
+    tracked = time.perf_counter() - start
+    zero.close()
+    overhead_us = (tracked - plain) / calls * 1e6
+    assert overhead_us < 20, f"{overhead_us:.2f} us per collective"  # measured ~0.3 us; a store call is ~10-40 us
