@@ -105,7 +105,7 @@ class Resume:
 
     @property
     def id(self) -> str:
-        return f"{self.saved_by.id}->{self.resumed_by.id}"
+        return f"{self.saved_by.id}-to-{self.resumed_by.id}"
 
 
 _SINGLE, _DDP, _FSDP = BY_ID["single_device-1-32-true"], BY_ID["ddp-2-32-true"], BY_ID["fsdp-2-32-true"]
