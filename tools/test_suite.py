@@ -56,6 +56,14 @@ def matrix_outcomes(report: Path) -> dict[str, tuple[str, str]]:
     return outcomes
 
 
+def matrix_seconds(report: Path) -> float:
+    """How long the matrix tests of one JUnit report took (0 if none ran)."""
+    if not report.is_file():
+        return 0.0
+    return sum(float(case.get("time", 0)) for case in ElementTree.parse(report).iter("testcase")
+               if case.get("classname", "").startswith(_MATRIX_PREFIX))
+
+
 def _outcome(case: ElementTree.Element) -> tuple[str, str]:
     for child in case:
         message = child.get("message", "").strip()
@@ -103,9 +111,11 @@ def main(argv: list[str]) -> int:
         reports = {env: Path(folder, f"{env}.xml") for env in envs}
         results = {env: run_cell(env, reports[env]) for env in envs}
         outcomes = {env: matrix_outcomes(reports[env]) for env in envs}
-    print("\n| environment | result | seconds |\n| --- | --- | ---: |")
+        matrix_time = {env: matrix_seconds(reports[env]) for env in envs}
+    print("\n| environment | result | seconds | of which matrix |\n| --- | --- | ---: | ---: |")
     for env, (code, seconds) in results.items():
-        print(f"| {env} | {'passed' if code == 0 else f'FAILED (exit {code})'} | {seconds:.0f} |")
+        result = "passed" if code == 0 else f"FAILED (exit {code})"
+        print(f"| {env} | {result} | {seconds:.0f} | {matrix_time[env]:.0f} |")
     table = matrix_table(outcomes)
     if table:
         print("\n" + "\n".join(table))

@@ -19,7 +19,7 @@ _REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="
   <skipped type="pytest.xfail" message="known parity gap">xfail</skipped></testcase>
 <testcase classname="tests.matrix.test_checkpoint_matrix" name="test_resume_under_another_strategy[fsdp-2-32-true-to-ddp-2-32-true]" time="5">
   <failure message="AssertionError: losses after resuming&#10;second line">trace</failure></testcase>
-<testcase classname="packages.lite-core.tests.test_registry" name="test_not_a_matrix_test" time="0"/>
+<testcase classname="packages.lite-core.tests.test_registry" name="test_not_a_matrix_test" time="7"/>
 </testsuite></testsuites>"""
 
 
@@ -36,6 +36,7 @@ def test_outcomes_of_matrix_tests_only(tmp_path: Path) -> None:
             ("FAILED", "AssertionError: losses after resuming"),
     }
     assert suite.matrix_outcomes(tmp_path / "missing.xml") == {}  # an environment that never ran pytest
+    assert suite.matrix_seconds(report) == 19  # the non-matrix test's time is not counted
 
 
 def test_table_has_a_row_per_cell_a_column_per_environment_and_numbered_reasons(tmp_path: Path) -> None:
