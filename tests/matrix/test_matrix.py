@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from cells import CELLS, Cell, skip_reason
 from checks import assert_close, assert_weights_close
