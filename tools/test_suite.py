@@ -2,15 +2,27 @@
 
 Test environments are the hatch environments whose name is `test` or starts with `test-`.
 `python tools/test_suite.py` runs them all; `python tools/test_suite.py test-cuda` runs one.
-Exits non-zero if any cell failed (a cell that collects no test fails too: pytest exits 5).
+Exits non-zero if any environment failed (one that collects no test fails too: pytest exits 5).
+
+Two tables follow the run: one row per environment (exit code, seconds), then the matrix
+(`tests/matrix`): per cell and environment, passed, skipped (with the reason, as a numbered
+note), xfail or FAILED. Each environment's pytest writes a JUnit XML report into a temporary
+folder (through `PYTEST_ADDOPTS`), which the second table reads.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+#: JUnit class names of the matrix's tests (pytest's importlib mode names them by path).
+_MATRIX_PREFIX = "tests.matrix."
 
 
 def test_environments() -> list[str]:
@@ -19,20 +31,94 @@ def test_environments() -> list[str]:
     return [name for name in json.loads(shown.stdout) if name == "test" or name.startswith("test-")]
 
 
-def run_cell(env: str) -> tuple[int, float]:
-    """Run one environment's `all` script; returns its exit code and duration in seconds."""
+def run_cell(env: str, report: Path | None = None) -> tuple[int, float]:
+    """Run one environment's `all` script; returns its exit code and duration in seconds.
+
+    With `report`, its pytest writes a JUnit XML report there.
+    """
     print(f"\n===== {env} =====", flush=True)
+    child_env = dict(os.environ)
+    if report is not None:
+        child_env["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} --junitxml={report}".strip()
     started = time.monotonic()
-    code = subprocess.run(["hatch", "run", f"{env}:all"]).returncode
+    code = subprocess.run(["hatch", "run", f"{env}:all"], env=child_env).returncode
     return code, time.monotonic() - started
+
+
+def matrix_outcomes(report: Path) -> dict[str, tuple[str, str]]:
+    """`{test id: (outcome, reason)}` of the matrix tests in one JUnit report (empty if none)."""
+    if not report.is_file():
+        return {}
+    outcomes = {}
+    for case in ElementTree.parse(report).iter("testcase"):
+        if case.get("classname", "").startswith(_MATRIX_PREFIX):
+            outcomes[case.get("name", "")] = _outcome(case)
+    return outcomes
+
+
+def matrix_seconds(report: Path) -> float:
+    """How long the matrix tests of one JUnit report took (0 if none ran)."""
+    if not report.is_file():
+        return 0.0
+    return sum(float(case.get("time", 0)) for case in ElementTree.parse(report).iter("testcase")
+               if case.get("classname", "").startswith(_MATRIX_PREFIX))
+
+
+def _outcome(case: ElementTree.Element) -> tuple[str, str]:
+    for child in case:
+        message = child.get("message", "").strip()
+        if child.tag == "skipped":
+            return ("xfail", message) if child.get("type") == "pytest.xfail" else ("skipped", message)
+        if child.tag in ("failure", "error"):
+            return "FAILED", message.splitlines()[0] if message else ""
+    return "passed", ""
+
+
+def matrix_table(outcomes: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
+    """Markdown lines: one row per matrix test, one column per environment, reasons as notes."""
+    envs = list(outcomes)
+    # The training cells first, then the checkpoint moves.
+    tests = sorted({test for per_env in outcomes.values() for test in per_env},
+                   key=lambda test: (test.startswith("test_resume"), test))
+    if not tests:
+        return []
+    notes: dict[str, int] = {}
+    lines = [f"| matrix cell | {' | '.join(envs)} |", f"| --- |{' --- |' * len(envs)}"]
+    for test in tests:
+        cells = []
+        for env in envs:
+            outcome, reason = outcomes[env].get(test, ("not run", ""))
+            if reason:
+                number = notes.setdefault(reason, len(notes) + 1)
+                outcome = f"{outcome} [{number}]"
+            cells.append(outcome)
+        lines.append(f"| {_short(test)} | {' | '.join(cells)} |")
+    lines.append("")
+    lines += [f"[{number}] {reason}" for reason, number in notes.items()]
+    return lines
+
+
+def _short(test: str) -> str:
+    """`test_training_matches_plain_pytorch[ddp-2-32-true]` -> `train ddp-2-32-true`."""
+    name, _, cell = test.partition("[")
+    kind = "resume" if "resume" in name else "train"
+    return f"{kind} {cell.rstrip(']')}" if cell else name
 
 
 def main(argv: list[str]) -> int:
     envs = argv or test_environments()
-    results = {env: run_cell(env) for env in envs}
-    print("\n| cell | result | seconds |\n| --- | --- | ---: |")
+    with tempfile.TemporaryDirectory(prefix="lite-suite-") as folder:
+        reports = {env: Path(folder, f"{env}.xml") for env in envs}
+        results = {env: run_cell(env, reports[env]) for env in envs}
+        outcomes = {env: matrix_outcomes(reports[env]) for env in envs}
+        matrix_time = {env: matrix_seconds(reports[env]) for env in envs}
+    print("\n| environment | result | seconds | of which matrix |\n| --- | --- | ---: | ---: |")
     for env, (code, seconds) in results.items():
-        print(f"| {env} | {'passed' if code == 0 else f'FAILED (exit {code})'} | {seconds:.0f} |")
+        result = "passed" if code == 0 else f"FAILED (exit {code})"
+        print(f"| {env} | {result} | {seconds:.0f} | {matrix_time[env]:.0f} |")
+    table = matrix_table(outcomes)
+    if table:
+        print("\n" + "\n".join(table))
     return 0 if all(code == 0 for code, _ in results.values()) else 1
 
 

@@ -59,6 +59,18 @@ def test_missing_file(tmp_path: Path) -> None:
         _lite().load(tmp_path / "nope.pt")
 
 
+def test_a_directory_of_another_format_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    # e.g. a DeepSpeed checkpoint directory given to a strategy that reads Lite's own formats
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("global_step3")
+    with pytest.raises(CheckpointError) as info:
+        _lite().load(tmp_path / "ckpt")
+    message = str(info.value)
+    assert message.startswith(f"'{tmp_path / 'ckpt'}' is a directory but not a sharded checkpoint")
+    assert "load it under the strategy that saved it" in message
+    assert "\n" not in message and message.endswith(".")
+
+
 def test_truncated_file(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
     _lite().save({"weights": torch.randn(1000)}, path)

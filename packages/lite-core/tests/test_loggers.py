@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,6 +14,13 @@ from lite_core import CSVLogger, LightningLite, Logger, TensorBoardLogger
 from lite_core.errors import MisuseError, MissingDependencyError
 
 
+#: The TensorBoard tests need the optional package; the `test` environment has it, backend ones need not.
+needs_tensorboard = pytest.mark.skipif(
+    importlib.util.find_spec("tensorboard") is None,
+    reason="needs tensorboard (lite-core[tensorboard]), not installed in this environment (run it in `test`)",
+)
+
+
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
@@ -20,13 +28,22 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     return list(reader.fieldnames or []), rows
 
 
-def test_builtin_loggers_satisfy_the_protocol(tmp_path: Path) -> None:
+def test_csv_logger_satisfies_the_protocol(tmp_path: Path) -> None:
     assert isinstance(CSVLogger(tmp_path), Logger)
+
+
+@needs_tensorboard
+def test_tensorboard_logger_satisfies_the_protocol(tmp_path: Path) -> None:
     assert isinstance(TensorBoardLogger(tmp_path), Logger)
 
 
-def test_nothing_is_created_before_the_first_value(tmp_path: Path) -> None:
+def test_csv_creates_nothing_before_the_first_value(tmp_path: Path) -> None:
     CSVLogger(tmp_path / "csv").finalize()
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_tensorboard
+def test_tensorboard_creates_nothing_before_the_first_value(tmp_path: Path) -> None:
     TensorBoardLogger(tmp_path / "tb").finalize()
     assert list(tmp_path.iterdir()) == []
 
@@ -96,6 +113,7 @@ def test_lite_log_reaches_loggers_and_run_finalizes_them(tmp_path: Path) -> None
                                         {"step": "3", "loss": "0.5", "acc": "1.0"}]  # ... flushed at the end
 
 
+@needs_tensorboard
 def test_tensorboard_rejects_values_that_are_not_numbers(tmp_path: Path) -> None:
     logger = TensorBoardLogger(tmp_path)
     with pytest.raises(MisuseError, match=r"^TensorBoardLogger logs numbers but 'name' is a str: log a float"):

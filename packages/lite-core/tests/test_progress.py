@@ -5,6 +5,7 @@ Rank 1 staying silent is tested with two real processes in tests/integration/tes
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import sys
 
@@ -14,17 +15,26 @@ from lite_core import LightningLite, progress_bar
 from lite_core.errors import MissingDependencyError
 
 
+#: The bar itself needs the optional tqdm; the `test` environment has it, backend ones need not.
+needs_tqdm = pytest.mark.skipif(
+    importlib.util.find_spec("tqdm") is None,
+    reason="needs tqdm (lite-core[progress]), not installed in this environment (run it in `test`)",
+)
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
 
 
+@needs_tqdm
 def test_bar_is_drawn_on_a_terminal() -> None:
     out = Terminal()
     assert list(progress_bar(range(4), LightningLite(accelerator="cpu"), file=out, desc="train")) == [0, 1, 2, 3]
     assert "train" in out.getvalue() and "4/4" in out.getvalue()
 
 
+@needs_tqdm
 def test_bar_is_silent_when_output_is_not_a_terminal() -> None:
     out = io.StringIO()
     bar = progress_bar(range(3), file=out, desc="train")
@@ -34,6 +44,7 @@ def test_bar_is_silent_when_output_is_not_a_terminal() -> None:
     assert out.getvalue() == ""
 
 
+@needs_tqdm
 def test_manual_updates_work_while_silent() -> None:
     out = io.StringIO()
     with progress_bar(total=10, file=out) as bar:

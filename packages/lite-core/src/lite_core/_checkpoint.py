@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -39,6 +40,11 @@ def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str
 
     if is_sharded(path):
         return read_sharded(path, io, weights_only=weights_only)
+    if os.path.isdir(path):  # e.g. a backend's own format, such as a DeepSpeed checkpoint directory
+        raise CheckpointError(
+            f"'{path}' is a directory but not a sharded checkpoint that Lite reads under every strategy:"
+            " load it under the strategy that saved it, or convert it to one file with that backend's tool."
+        )
     return io.load(path, weights_only=weights_only)
 
 

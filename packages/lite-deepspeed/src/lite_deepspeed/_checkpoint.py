@@ -60,6 +60,7 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
         )
     _refuse_known_corruption(strategy)
     _check_world_size(Path(path), strategy.world_size)
+    _check_stage(Path(path), strategy.stage)
     key, engine = found
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
@@ -85,6 +86,37 @@ def _refuse_known_corruption(strategy: DeepSpeedStrategy) -> None:
         raise CheckpointError(
             "DeepSpeed restores ZeRO-3 bf16 checkpoints on the CPU with corrupted weights: resume with"
             " precision='32-true', or load the converted full state dict (convert_to_fp32_state_dict) instead."
+        )
+
+
+def refuse_full_file(path: str, state: dict[str, Any]) -> None:
+    """A one-file checkpoint (another strategy's) cannot resume a DeepSpeed model and optimizer."""
+    if find_engine(state) is not None:
+        raise CheckpointError(
+            f"'{path}' is a one-file checkpoint, and a DeepSpeed model resumes only from a DeepSpeed"
+            " checkpoint directory: resume it with the strategy that saved it, or load its weights"
+            " into the model before setup (model.load_state_dict(torch.load(path)['model']))."
+        )
+
+
+def _saved_stage_3(directory: Path) -> bool | None:
+    """Whether the checkpoint in `directory` was written under ZeRO-3 (its model states are
+    sharded per rank); None if the files do not say."""
+    names = [p.name for p in directory.glob("*model_states.pt")]
+    if not names:
+        return None
+    return all(name.startswith("zero_pp_rank_") for name in names)
+
+
+def _check_stage(path: Path, stage: int) -> None:
+    """Refuse, before DeepSpeed reads anything, a checkpoint of ZeRO-3 under stage 1/2 or back."""
+    latest = path / "latest"
+    saved_3 = _saved_stage_3(path / latest.read_text().strip()) if latest.is_file() else None
+    if saved_3 is not None and saved_3 != (stage == 3):
+        saved = "ZeRO stage 3" if saved_3 else "ZeRO stage 1 or 2"
+        raise CheckpointError(
+            f"'{path}' was saved under {saved} but this strategy uses stage {stage}: resume with the stage"
+            " that saved it, or convert it with convert_to_fp32_state_dict and load that."
         )
 
 

@@ -243,6 +243,7 @@ class DeepSpeedStrategy(DDPStrategy):
         """Resume from a directory written by `save_checkpoint` (same world size): the model and
         optimizer in `state` through DeepSpeed, the other entries as the core restores them."""
         if not Path(path).is_dir():
+            _checkpoint.refuse_full_file(path, state or {})
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
         return _checkpoint.load(path, state or {}, strict, self)
 

@@ -1,0 +1,34 @@
+"""Running the scenario under a cell, and comparing its numbers with the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from cells import Cell
+
+SCENARIO = Path(__file__).resolve().parent / "scenario.py"
+
+
+def run_scenario(run_script: Callable[..., Any], output_of: Callable[..., str], cell: Cell, out_dir: Path,
+                 *args: Any) -> dict[str, Any]:
+    """Run the scenario under `cell`'s constructor arguments; rank 0's result.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), **cell.env()}
+    proc = run_script(SCENARIO, out_dir, *args, env=env, timeout=cell.timeout)
+    assert proc.returncode == 0, output_of(proc)
+    return json.loads((out_dir / "result.json").read_text())
+
+
+def assert_close(actual: Any, expected: Any, tolerance: float, what: str) -> None:
+    torch.testing.assert_close(torch.tensor(actual), torch.tensor(expected), atol=tolerance, rtol=0, msg=lambda m: f"{what}: {m}")
+
+
+def assert_weights_close(actual: dict[str, list[float]], expected: dict[str, list[float]], tolerance: float) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        assert_close(actual[name], expected[name], tolerance, f"weight {name}")

@@ -1,0 +1,147 @@
+"""The matrix's one user-level training scenario: the same loop, seed and data under every cell.
+
+    python scenario.py OUT_DIR                 train STEPS steps from the seeded initial weights
+    python scenario.py OUT_DIR --resume CKPT   load CKPT (saved after SAVE_AT steps), train the rest
+
+The constructor arguments come from the environment, as `lite run` passes them:
+`LITE_ACCELERATOR`, `LITE_STRATEGY`, `LITE_DEVICES`, `LITE_PRECISION`; the script passes none.
+Every step consumes the same GLOBAL_BATCH samples whatever the number of processes, so the losses
+and weights equal one plain PyTorch process that trains on the whole global batch (`reference.py`).
+
+Rank 0 writes `OUT_DIR/result.json`: the per-step losses (averaged over the ranks), the loaded
+step when resuming, the strategy, world size and precision, and the final weights as full
+tensors read back from the final checkpoint. A training run also leaves `OUT_DIR/checkpoint`,
+saved after SAVE_AT steps with the model, the optimizer and the step, for the checkpoint matrix.
+On a `load` that Lite refuses, the script writes the error's text instead (`"error"`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[2]
+if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # XLA replicas as threads on a CPU host (test-only)
+    sys.path.insert(0, str(_ROOT / "packages" / "lite-xla" / "tests" / "scripts"))
+    import _cpu_harness
+
+    _cpu_harness.install()
+
+if os.environ.get("LITE_STRATEGY", "").startswith("deepspeed"):
+    # Test-only, to save CI time: skip the JIT build (80-100 s) of DeepSpeed's shared-memory
+    # all-reduce, which only inference uses.
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lite_core import LightningLite
+from lite_core.errors import CheckpointError
+from lite_core.strategies import FSDPStrategy
+
+torch.set_num_threads(1)
+
+SAMPLES, FEATURES, GLOBAL_BATCH, LR = 48, 4, 8, 0.05
+STEPS = SAMPLES // GLOBAL_BATCH
+SAVE_AT = 3
+SEED = 0
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def make_data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(SAMPLES, FEATURES, generator=generator)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(SAMPLES, 1, generator=generator))
+
+
+class Scenario(LightningLite):
+    def run(self, out_dir: str, resume: str | None) -> dict[str, Any]:
+        torch.manual_seed(SEED if resume is None else SEED + 99)  # resuming must bring the weights back
+        model, optimizer = self.setup_training(make_model())
+        state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0}
+        if resume is not None:
+            try:
+                self.load(resume, state)
+            except CheckpointError as err:
+                return {"error": str(err)}
+        loader = self.setup_dataloaders(DataLoader(make_data(), batch_size=GLOBAL_BATCH // self.world_size))
+        losses = []
+        for step, (x, y) in enumerate(loader):
+            if step < state["step"]:
+                continue
+            if resume is None and step == SAVE_AT:
+                self.save(state, Path(out_dir, "checkpoint"))
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x).float(), y)
+            self.backward(loss)
+            optimizer.step()
+            state["step"] = step + 1
+            losses.append(self.all_reduce(loss.detach().float(), reduce_op="mean").item())
+        self.save({"model": model}, Path(out_dir, "final"))
+        return {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
+                "strategy": self.strategy.name, "world_size": self.world_size,
+                "precision": self.strategy.precision.name}
+
+    def setup_training(self, model: nn.Module) -> tuple[Any, Any]:
+        if isinstance(self.strategy, FSDPStrategy):  # it replaces the parameters: optimizer after
+            model = self.setup_module(model)
+            return model, self.setup_optimizers(make_optimizer(model))
+        return self.setup(model, make_optimizer(model))
+
+
+def final_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full weights from the checkpoint the strategy wrote at `path`."""
+    from lite_core.checkpoint import consolidate, is_sharded
+
+    if is_sharded(path):  # fsdp: a directory of shards
+        consolidate(path, path.with_suffix(".pt"))
+        return torch.load(path.with_suffix(".pt"), weights_only=True)["model"]
+    if (path / "latest").is_file():  # DeepSpeed: ZeRO shards
+        from lite_deepspeed import convert_to_fp32_state_dict
+
+        return convert_to_fp32_state_dict(path, path.with_suffix(".pt"))
+    if path.is_dir():  # xla_fsdp: one shard file per replica
+        from lite_xla import consolidate_checkpoint
+
+        return consolidate_checkpoint(path)["model"]
+    return torch.load(path, weights_only=True)["model"]
+
+
+def xla_harness_strategy() -> Any:
+    """On a CPU host the XLA strategies need `pin_layout=False` (see `_cpu_harness.py`)."""
+    name = os.environ.pop("LITE_STRATEGY", "xla")
+    from lite_xla.strategies.fsdp import XLAFSDPStrategy
+    from lite_xla.strategies.xla import XLAStrategy
+
+    return (XLAFSDPStrategy if name == "xla_fsdp" else XLAStrategy)(pin_layout=False)
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    resume = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--resume" else None
+    harness = os.environ.get("LITE_XLA_CPU_HARNESS") == "1" and os.environ.get("LITE_DEVICES", "1") != "1"
+    lite = Scenario(strategy=xla_harness_strategy()) if harness else Scenario()
+    result = lite.run(str(out_dir), resume)
+    if lite.global_rank != 0:
+        return
+    if "error" not in result:
+        weights = final_weights(out_dir / "final")
+        result["weights"] = {name: tensor.float().flatten().tolist() for name, tensor in weights.items()}
+    (out_dir / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Every cell of the matrix trains `scenario.py` and lands where one plain PyTorch process does.
+
+Run one cell alone with `-k`, e.g. `hatch run test-deepspeed:matrix -k deepspeed_stage_3-2`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cells import CELLS, Cell, skip_reason
+from checks import assert_close, assert_weights_close
+from reference import plain_run
+from scenario import STEPS
+
+
+def _param(cell: Cell) -> Any:
+    marks = [pytest.mark.timeout(cell.timeout + 30)]
+    if cell.devices > 1:
+        marks.append(pytest.mark.multiprocess)
+    if cell.xfail:
+        marks.append(pytest.mark.xfail(strict=True, reason=cell.xfail))
+    reason = skip_reason(cell)
+    if reason:
+        marks.append(pytest.mark.skip(reason=reason))
+    return pytest.param(cell, marks=marks, id=cell.id)
+
+
+@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
+def test_training_matches_plain_pytorch(cell: Cell, scenario_run: Any) -> None:
+    result, _ = scenario_run(cell)
+    plain = plain_run(cell.precision)
+    assert (result["world_size"], result["precision"]) == (cell.devices, cell.precision)
+    assert len(result["losses"]) == STEPS
+    assert_close(result["losses"], plain["losses"], cell.tolerance, "losses")
+    assert_weights_close(result["weights"], plain["weights"], cell.tolerance)
+    moved = max(abs(a - b) for name in plain["weights"]
+                for a, b in zip(plain["weights"][name], plain["initial"][name]))
+    assert moved > 10 * cell.tolerance, "training barely moved the weights: the comparison would prove nothing"

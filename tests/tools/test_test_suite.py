@@ -1,0 +1,53 @@
+"""The suite's matrix summary: read each environment's JUnit report, one row per matrix cell."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SUITE = Path(__file__).resolve().parents[2] / "tools" / "test_suite.py"
+_spec = importlib.util.spec_from_file_location("_lite_test_suite", _SUITE)
+assert _spec is not None and _spec.loader is not None
+suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(suite)
+
+_REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[ddp-2-32-true]" time="9"/>
+<testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]" time="0">
+  <skipped type="pytest.skip" message="needs lite-deepspeed, not installed in this environment">skip</skipped></testcase>
+<testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[tpu-xla_fsdp-2-32-true]" time="5">
+  <skipped type="pytest.xfail" message="known parity gap">xfail</skipped></testcase>
+<testcase classname="tests.matrix.test_checkpoint_matrix" name="test_resume_under_another_strategy[fsdp-2-32-true-to-ddp-2-32-true]" time="5">
+  <failure message="AssertionError: losses after resuming&#10;second line">trace</failure></testcase>
+<testcase classname="packages.lite-core.tests.test_registry" name="test_not_a_matrix_test" time="7"/>
+</testsuite></testsuites>"""
+
+
+def test_outcomes_of_matrix_tests_only(tmp_path: Path) -> None:
+    report = tmp_path / "test.xml"
+    report.write_text(_REPORT)
+    outcomes = suite.matrix_outcomes(report)
+    assert outcomes == {
+        "test_training_matches_plain_pytorch[ddp-2-32-true]": ("passed", ""),
+        "test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]":
+            ("skipped", "needs lite-deepspeed, not installed in this environment"),
+        "test_training_matches_plain_pytorch[tpu-xla_fsdp-2-32-true]": ("xfail", "known parity gap"),
+        "test_resume_under_another_strategy[fsdp-2-32-true-to-ddp-2-32-true]":
+            ("FAILED", "AssertionError: losses after resuming"),
+    }
+    assert suite.matrix_outcomes(tmp_path / "missing.xml") == {}  # an environment that never ran pytest
+    assert suite.matrix_seconds(report) == 19  # the non-matrix test's time is not counted
+
+
+def test_table_has_a_row_per_cell_a_column_per_environment_and_numbered_reasons(tmp_path: Path) -> None:
+    report = tmp_path / "test.xml"
+    report.write_text(_REPORT)
+    outcomes = {"test": suite.matrix_outcomes(report),
+                "test-deepspeed": {"test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]": ("passed", "")}}
+    lines = suite.matrix_table(outcomes)
+    assert lines[0] == "| matrix cell | test | test-deepspeed |"
+    assert "| train ddp-2-32-true | passed | not run |" in lines
+    assert "| train deepspeed_stage_3-2-32-true | skipped [1] | passed |" in lines
+    assert "| resume fsdp-2-32-true-to-ddp-2-32-true | FAILED [3] | not run |" in lines
+    assert lines[-3:] == ["[1] needs lite-deepspeed, not installed in this environment",
+                          "[2] known parity gap", "[3] AssertionError: losses after resuming"]
