@@ -82,8 +82,7 @@ CELLS: list[Cell] = [
     Cell("auto", 1, accelerator="tpu", backend="xla", tolerance=FLOAT32, timeout=180, extra_env=_XLA_ENV),
     Cell("xla", 2, accelerator="tpu", backend="xla", tolerance=FLOAT32, timeout=180, extra_env=_XLA_REPLICAS_ENV),
     Cell("xla_fsdp", 2, accelerator="tpu", backend="xla", tolerance=FLOAT32, timeout=180,
-         extra_env=_XLA_REPLICAS_ENV,
-         xfail="2-replica xla_fsdp does not yet match one process (the lead is fixing it in lite-xla)"),
+         extra_env=_XLA_REPLICAS_ENV),
     # lite-cuda, when a CUDA device is visible
     Cell("auto", 1, accelerator="cuda", backend="cuda", tolerance=FLOAT32),
     Cell("auto", 1, accelerator="cuda", precision="bf16-mixed", backend="cuda", tolerance=BF16),
