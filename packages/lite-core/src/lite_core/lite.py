@@ -6,9 +6,8 @@ import atexit
 import functools
 import os
 import sys
-import warnings
 import weakref
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Callable, TypeVar, cast
 
@@ -17,9 +16,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lite_core import _data, _defaults, _seed
+from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
-from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.errors import MisuseError
 from lite_core.launchers._processes import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
@@ -61,10 +60,10 @@ class LightningLite:
                  num_nodes: int = 1, precision: Any = "32-true", plugins: Any = None,
                  loggers: Any = None, callbacks: Any = None, *, gpus: Any = None,
                  tpu_cores: Any = None) -> None:
-        accelerator, devices = _legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
+        accelerator, devices = _arguments.legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
         self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
-        self._loggers = _checked_loggers(_as_list(loggers))
-        self._callbacks = _as_list(callbacks)
+        self._loggers = _arguments.checked_loggers(_arguments.as_list(loggers))
+        self._callbacks = _arguments.as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
         self._inside_run = False
@@ -187,10 +186,10 @@ class LightningLite:
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
         """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`."""
-        _check_module(model, "setup")
+        _arguments.check_module(model, "setup")
         if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
-            _check_optimizers(optimizers, "setup")
-            _check_optimizers_belong(model, optimizers)
+            _arguments.check_optimizers(optimizers, "setup")
+            _arguments.check_optimizers_belong(model, optimizers)
         self._require_environment("setup")
         self._claim(model, "model")
         for optimizer in optimizers:
@@ -204,7 +203,7 @@ class LightningLite:
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy."""
-        _check_module(model, "setup_module")
+        _arguments.check_module(model, "setup_module")
         self._require_environment("setup_module")
         self._claim(model, "model")
         model = self._prepare_module(model, move_to_device)
@@ -226,7 +225,7 @@ class LightningLite:
 
     def _wrap_optimizers(self, optimizers: tuple[Optimizer, ...]) -> list[Optimizer]:
         if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
-            _check_optimizers(optimizers, "setup_optimizers")
+            _arguments.check_optimizers(optimizers, "setup_optimizers")
         self._require_environment("setup_optimizers")
         wrapped = []
         for optimizer in optimizers:
@@ -442,59 +441,3 @@ def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | No
 
 def _is_clean_exit(err: BaseException) -> bool:
     return isinstance(err, SystemExit) and err.code in (0, None)
-
-
-def _legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:
-    for flag, value, name in (("gpus", gpus, "cuda"), ("tpu_cores", tpu_cores, "tpu")):
-        if value is None:
-            continue
-        if accelerator not in ("auto", name) or devices != "auto":
-            raise ConfigurationError(
-                f"{flag}={value!r} cannot be combined with accelerator/devices: pass only"
-                f" accelerator={name!r}, devices={value!r}."
-            )
-        warnings.warn(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.",
-                      DeprecationWarning, stacklevel=4)  # _legacy_devices, __init__, the environment wrapper, the caller
-        return name, value
-    return accelerator, devices
-
-
-def _checked_loggers(loggers: list[Any]) -> list[Any]:
-    for logger in loggers:
-        if not callable(getattr(logger, "log_metrics", None)):
-            raise ConfigurationError(
-                f"loggers got {logger!r}, which has no log_metrics(metrics, step) method: pass a Logger such as"
-                " CSVLogger('logs') or TensorBoardLogger('logs')."
-            )
-    return loggers
-
-
-def _check_module(model: Any, method: str) -> None:
-    if not isinstance(model, nn.Module):
-        raise MisuseError(f"{method}() takes the model first but got {type(model).__name__}: pass your torch.nn.Module.")
-
-
-def _check_optimizers(optimizers: tuple[Any, ...], method: str) -> None:
-    for optimizer in optimizers:
-        if not isinstance(optimizer, Optimizer):
-            raise MisuseError(
-                f"{method}() got {type(optimizer).__name__} where an optimizer belongs: pass torch.optim.Optimizer"
-                " objects built from the model's parameters."
-            )
-
-
-def _check_optimizers_belong(model: nn.Module, optimizers: tuple[Optimizer, ...]) -> None:
-    owned = {id(p) for p in model.parameters()}
-    for optimizer in optimizers:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if owned and params and not any(id(p) in owned for p in params):
-            raise MisuseError(
-                f"An optimizer passed to setup() with {type(model).__name__} holds none of its parameters: build it"
-                " from model.parameters(), or set it up together with the model it belongs to."
-            )
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
