@@ -1,13 +1,12 @@
 """Fixtures of the matrix: `scenario_run(cell)` runs `scenario.py` once per cell and session.
 
-The subprocess helpers are the repository's integration ones (`tests/integration/conftest.py`):
+The subprocess helpers are the repository's shared ones (`tests/conftest.py`):
 a clean environment without launcher variables, `LITE_COLLECTIVE_TIMEOUT=20`, and a whole-job
 kill when a run overruns its timeout.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -16,15 +15,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # scenario.py, reference.py and cells.py import each other by name
-
-_INTEGRATION = HERE.parent / "integration" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("_lite_integration_fixtures", _INTEGRATION)
-assert _spec is not None and _spec.loader is not None
-integration = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(integration)
-
-run_script = integration.run_script
-output_of = integration.output_of
 
 from cells import Cell  # noqa: E402
 from checks import run_scenario  # noqa: E402

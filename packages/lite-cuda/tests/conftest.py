@@ -21,7 +21,7 @@ from lite_cuda import _runtime
 _ROOT = Path(__file__).resolve().parents[3]
 
 # The subprocess helpers of the repository's integration tests (run_script, output_of, ...).
-_spec = importlib.util.spec_from_file_location("_lite_integration_conftest", _ROOT / "tests/integration/conftest.py")
+_spec = importlib.util.spec_from_file_location("_lite_integration_conftest", _ROOT / "tests/conftest.py")
 assert _spec is not None and _spec.loader is not None
 _integration = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_integration)

@@ -1,6 +1,6 @@
 """Fixtures for lite-deepspeed's tests (run them with `hatch run test-deepspeed:all`).
 
-The subprocess helpers are the repository's integration fixtures (`tests/integration/conftest.py`).
+The subprocess helpers are the repository's integration fixtures (`tests/conftest.py`).
 DeepSpeed runs on its CPU accelerator here; its JIT-compiled ops are never built.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 os.environ["DS_ACCELERATOR"] = "cpu"
 
-_INTEGRATION = Path(__file__).resolve().parents[3] / "tests" / "integration" / "conftest.py"
+_INTEGRATION = Path(__file__).resolve().parents[3] / "tests" / "conftest.py"
 _spec = importlib.util.spec_from_file_location("_lite_integration_fixtures", _INTEGRATION)
 assert _spec is not None and _spec.loader is not None
 integration = importlib.util.module_from_spec(_spec)

@@ -1,7 +1,7 @@
 """Fixtures for lite-xla's tests, which run for real on XLA's CPU device (`PJRT_DEVICE=CPU`).
 
 The subprocess fixtures (`run_script`, `output_of`) are the repository's shared ones from
-`tests/integration/conftest.py`.
+`tests/conftest.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-_SHARED = Path(__file__).resolve().parents[3] / "tests" / "integration" / "conftest.py"
+_SHARED = Path(__file__).resolve().parents[3] / "tests" / "conftest.py"
 _spec = importlib.util.spec_from_file_location("_lite_shared_conftest", _SHARED)
 assert _spec is not None and _spec.loader is not None
 _shared = importlib.util.module_from_spec(_spec)

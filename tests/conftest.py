@@ -1,4 +1,5 @@
-"""Shared helpers for the multi-process integration tests.
+"""Shared helpers for the multi-process tests under `tests/` (integration, matrix), also loaded by
+the backend packages' test conftests.
 
 Each test runs a small user script from `tests/scripts/` as a real `python` program (2 ranks over
 gloo on CPU), with a short collective timeout so that a broken job fails fast instead of hanging.
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: Seconds a single script may run before the test gives up on it.
 SCRIPT_TIMEOUT = 90
 #: Lite's collective timeout (seconds) inside the scripts; read by DDPStrategy.
