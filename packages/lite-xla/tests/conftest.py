@@ -20,6 +20,7 @@ _spec.loader.exec_module(_shared)
 
 run_script = _shared.run_script
 output_of = _shared.output_of
+start_script = _shared.start_script
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

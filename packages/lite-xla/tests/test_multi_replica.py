@@ -8,6 +8,8 @@ they need live in `scripts/_cpu_harness.py` (never in lite-xla), enabled here wi
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -88,3 +90,32 @@ def test_two_fsdp_replicas_train_like_one_full_batch_process_and_save_consolidab
     assert list(model) == ["0.weight", "0.bias", "2.weight", "2.bias"]
     for got, want in zip(model.values(), full["weights"]):
         assert got.flatten().tolist() == pytest.approx(want, abs=1e-5)
+
+
+def _processes_in_session(session: int) -> list[int]:
+    """Live processes whose session id is `session` (field 6 of /proc/PID/stat)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[3]) == session:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(_TIMEOUT + 30)
+def test_a_failing_replica_ends_the_job_at_once(start_script: Callable[..., Any], tmp_path: Path) -> None:
+    stamp = tmp_path / "failed_at"
+    job = start_script(SCRIPTS / "failing_replica.py", stamp, env=_XLA_ENV)  # its own session
+    stdout, stderr = job.communicate(timeout=_TIMEOUT)
+    ended = time.time()
+    output = stdout + stderr
+    assert job.returncode != 0, output
+    assert ended - float(stamp.read_text()) < 10, output  # replica 0 did not wait for a timeout
+    assert "ValueError: replica one broke" in output
+    assert "lite: XLA replica 1 failed with the error above; stopping every replica." in output
+    assert "ReplicaFailedError: An XLA replica failed with the error printed above" in output
+    assert _processes_in_session(job.pid) == []

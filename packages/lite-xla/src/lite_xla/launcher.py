@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
+import traceback
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from lite_core.errors import MisuseError
+from lite_core.errors import LiteError, MisuseError
 from lite_core.launchers.launcher import Launcher
 
 if TYPE_CHECKING:
@@ -20,7 +23,9 @@ class XLALauncher(Launcher):
 
     torch-xla starts one process per chip (on a CPU host: one process with a thread per device)
     and can only do so while this process has not started the XLA runtime itself. Rank 0's
-    return value comes back through a temporary file, so it must be picklable.
+    return value comes back through a temporary file, so it must be picklable. A replica that
+    raises ends its process at once (the others would wait for it in their next collective),
+    which stops every replica, and `launch` raises `ReplicaFailedError`.
     """
 
     def __init__(self, strategy: Strategy, start_method: str = "spawn") -> None:
@@ -34,18 +39,44 @@ class XLALauncher(Launcher):
         _set_cpu_replicas(len(self._strategy.device_indexes))
         with tempfile.TemporaryDirectory(prefix="lite-xla-result-") as folder:
             result_file = Path(folder) / "rank0.pkl"
-            xmp.spawn(_replica, args=(fn, args, kwargs, str(result_file)), nprocs=None,
-                      start_method=self._start_method)
+            try:
+                xmp.spawn(_replica, args=(fn, args, kwargs, str(result_file)), nprocs=None,
+                          start_method=self._start_method)
+            except BrokenProcessPool as err:
+                raise ReplicaFailedError(
+                    "An XLA replica failed with the error printed above and Lite stopped every replica:"
+                    " fix that error and run again."
+                ) from err
             with result_file.open("rb") as handle:
                 return pickle.load(handle)
 
 
+class ReplicaFailedError(LiteError, RuntimeError):
+    """An XLA replica raised; its traceback was printed on standard error."""
+
+
 def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              result_file: str) -> None:
-    result = fn(*args, **kwargs)
+    try:
+        result = fn(*args, **kwargs)
+    except SystemExit as err:
+        if err.code not in (0, None):
+            _stop_every_replica(ordinal)
+        raise
+    except BaseException:
+        _stop_every_replica(ordinal)
     if ordinal == 0:
         with open(result_file, "wb") as handle:
             pickle.dump(result, handle)
+
+
+def _stop_every_replica(ordinal: int) -> NoReturn:
+    """Print the error and end this process now. torch-xla's process pool then stops the other
+    replica processes (on a CPU host the replicas are threads of this one process)."""
+    traceback.print_exc()
+    sys.stderr.write(f"lite: XLA replica {ordinal} failed with the error above; stopping every replica.\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _refuse_started_runtime() -> None:
