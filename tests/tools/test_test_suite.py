@@ -43,7 +43,8 @@ def test_table_has_a_row_per_cell_a_column_per_environment_and_numbered_reasons(
     report = tmp_path / "test.xml"
     report.write_text(_REPORT)
     outcomes = {"test": suite.matrix_outcomes(report),
-                "test-deepspeed": {"test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]": ("passed", "")}}
+                "test-deepspeed": {"test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]": ("passed", "")},
+                "test-packaging": {}}  # runs no matrix test: no column
     lines = suite.matrix_table(outcomes)
     assert lines[0] == "| matrix cell | test | test-deepspeed |"
     assert "| train ddp-2-32-true | passed | not run |" in lines
