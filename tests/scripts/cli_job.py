@@ -74,7 +74,9 @@ def main() -> None:
         warnings.simplefilter("always")
         job = Job(precision="64-true") if mode == "explicit" else Job()
     for warning in caught:
-        print(f"WARNING {warning.filename}:{warning.lineno}: {warning.message}", file=sys.stderr)
+        # One write per line: print() writes the text and the newline separately, and two ranks
+        # sharing the pipe can then interleave their lines.
+        sys.stderr.write(f"WARNING {warning.filename}:{warning.lineno}: {warning.message}\n")
     job.run(out_dir, mode)
 
 
