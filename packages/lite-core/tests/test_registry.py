@@ -16,6 +16,7 @@ import pytest
 
 from lite_core import _registry
 from lite_core._registry import ACCELERATORS, STRATEGIES
+from lite_core._suggest import closest
 from lite_core.errors import (
     BackendImportError,
     BackendNotInstalledError,
@@ -171,6 +172,16 @@ def test_misspelt_name_suggests_the_closest_and_lists_valid_names(registry: _reg
     assert f"did you mean {guess!r}?" in message
     assert f"valid names are {', '.join(registry.names())}." in message
     assert_one_sentence(message)
+
+
+@pytest.mark.parametrize(
+    ("name", "candidates", "guess"),
+    [("dpp", ["dp", "ddp", "fsdp"], "ddp"), ("ddp", ["dp", "ddp_spawn"], "dp"), ("16-mixd", ["16-mixed", "16-true",
+     "bf16-mixed"], "16-mixed"), ("xla_fdsp", ["xla", "xla_fsdp", "fsdp"], "xla_fsdp"), ("zzzz", ["ddp"], None)],
+)
+def test_the_guess_prefers_a_same_length_typo_among_near_matches(name: str, candidates: list[str],
+                                                                 guess: str | None) -> None:
+    assert closest(name, candidates) == guess
 
 
 def test_unknown_name_without_a_close_match_still_lists_valid_names() -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lite_core import LightningLite
-from lite_core.errors import ConfigurationError
+from lite_core.errors import ConfigurationError, UnknownNameError
 from lite_core.precision import MixedPrecision
 from lite_cuda import DataParallelStrategy
 from lite_cuda import strategy as dp_module
@@ -92,3 +92,9 @@ def test_each_replica_thread_runs_under_the_precision() -> None:
     thread.join()
 
     assert seen == {"autocast": True, "dtype": torch.bfloat16}
+
+
+def test_a_misspelt_ddp_is_not_taken_for_dp() -> None:
+    # With lite-cuda installed "dp" is a valid name too; "dpp" is one wrong letter from "ddp".
+    with pytest.raises(UnknownNameError, match="did you mean 'ddp'\\?"):
+        LightningLite(strategy="dpp")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -12,6 +11,7 @@ from lite_core.errors import (
     BackendNotInstalledError,
     UnknownNameError,
 )
+from lite_core._suggest import closest
 
 #: Names provided by backends that Lite knows of, with the extra that installs each.
 _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
@@ -68,10 +68,8 @@ class Registry:
                 f" run `pip install 'lite-core[{extra}]'`."
             )
         valid = self.names()
-        guess = difflib.get_close_matches(name, valid, n=1) or difflib.get_close_matches(
-            name, sorted(_KNOWN_BACKENDS[self.kind]), n=1
-        )
-        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        guess = closest(name, valid) or closest(name, _KNOWN_BACKENDS[self.kind])
+        hint = f"did you mean {guess!r}? " if guess else ""
         return UnknownNameError(
             f"{self.kind}={name!r} is not a known {self.kind}: {hint}valid names are {', '.join(valid)}."
         )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from lite_core._suggest import closest
 from lite_core.errors import ConfigurationError
 
 PRECISIONS: frozenset[str] = frozenset(
@@ -22,8 +22,8 @@ def normalize_precision(precision: Any) -> str:
     if isinstance(precision, (int, str)) and not isinstance(precision, bool):
         if precision in _LEGACY:
             return _LEGACY[precision]
-    guess = difflib.get_close_matches(precision, sorted(PRECISIONS), n=1) if isinstance(precision, str) else []
-    hint = f"did you mean {guess[0]!r}? " if guess else ""
+    guess = closest(precision, PRECISIONS) if isinstance(precision, str) else None
+    hint = f"did you mean {guess!r}? " if guess else ""
     raise ConfigurationError(
         f"precision={precision!r} is not supported: {hint}choose one of {sorted(PRECISIONS)}."
     )
