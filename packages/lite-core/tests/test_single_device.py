@@ -96,6 +96,26 @@ def test_wrapped_model_keeps_keys_and_attributes() -> None:
     assert wrapped.module[0] is model[0]
 
 
+def test_wrapped_containers_index_count_iterate_and_contain_like_the_originals() -> None:
+    lite = LightningLite(accelerator="cpu")
+    sequential = _model()
+    wrapped = lite.setup(sequential)
+    assert wrapped[0] is sequential[0] and len(wrapped) == 3 and list(wrapped) == list(sequential)
+    assert isinstance(wrapped[1:], nn.Sequential)
+    layers = nn.ModuleDict({"encoder": nn.Linear(2, 2)})
+    wrapped_dict = lite.setup_module(layers)
+    assert "encoder" in wrapped_dict and wrapped_dict["encoder"] is layers["encoder"]
+    assert list(wrapped_dict) == ["encoder"]
+    plain = lite.setup_module(nn.Linear(2, 2))  # a class without them keeps Python's errors
+    with pytest.raises(TypeError):
+        len(plain)
+    with pytest.raises(TypeError):
+        plain[0]
+    assert bool(plain)
+    copied = copy.deepcopy(wrapped)
+    assert torch.equal(copied[0].weight, sequential[0].weight)
+
+
 def test_wrapped_optimizer_is_the_users_class_and_shares_state() -> None:
     lite = LightningLite(accelerator="cpu")
     model = _model()

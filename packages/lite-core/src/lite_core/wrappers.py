@@ -8,6 +8,7 @@ strategy and precision.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -20,11 +21,24 @@ if TYPE_CHECKING:
     from lite_core.strategies.strategy import Strategy
 
 
+#: Container methods a wrapped module answers when the user's module class has them, so that
+#: `model[0]`, `len(model)`, `for layer in model` and `"key" in model` work after `setup()`.
+_CONTAINER_METHODS = ("__getitem__", "__len__", "__iter__", "__contains__")
+
+
 class LiteModule(nn.Module):
     """The user's module as set up by Lite; `forward` applies the precision.
 
     `state_dict()` and `load_state_dict()` act on the user's module, so keys are unchanged.
+    Indexing, `len`, iteration and `in` reach the user's module when its class supports them
+    (`nn.Sequential`, `nn.ModuleList`, `nn.ModuleDict`, ...).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LiteModule:
+        original = args[1] if len(args) > 1 else kwargs.get("original_module")
+        if original is not None:
+            cls = _with_container_methods(cls, type(original))
+        return super().__new__(cls)
 
     def __init__(self, forward_module: nn.Module, original_module: nn.Module, strategy: Strategy) -> None:
         super().__init__()
@@ -75,6 +89,24 @@ class LiteModule(nn.Module):
 
     def __repr__(self) -> str:
         return f"LiteModule({self._original_module!r})"
+
+
+@cache
+def _with_container_methods(wrapper: type[LiteModule], module_class: type[nn.Module]) -> type[LiteModule]:
+    """`wrapper`, or a subclass of it that forwards the container methods `module_class` defines."""
+    names = [name for name in _CONTAINER_METHODS if getattr(module_class, name, None) is not None]
+    if not names:
+        return wrapper
+
+    def forward_to_module(name: str) -> Any:
+        def method(self: LiteModule, *args: Any) -> Any:
+            return getattr(self._original_module, name)(*args)
+
+        method.__name__ = name
+        return method
+
+    methods = {name: forward_to_module(name) for name in names}
+    return type(f"{wrapper.__name__}[{module_class.__name__}]", (wrapper,), {"__module__": wrapper.__module__, **methods})
 
 
 class _LiteOptimizerBase:
