@@ -1,6 +1,6 @@
 """Fixtures of the matrix: `scenario_run(cell)` runs `scenario.py` once per cell and session.
 
-The subprocess helpers are the repository's shared ones (`tests/conftest.py`):
+The subprocess helpers are the shared ones of the repository's `conftest.py`:
 a clean environment without launcher variables, `LITE_COLLECTIVE_TIMEOUT=20`, and a whole-job
 kill when a run overruns its timeout.
 """

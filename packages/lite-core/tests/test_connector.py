@@ -21,20 +21,8 @@ from lite_core.precision.precision import MixedPrecision, Precision, TruePrecisi
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core.strategies.single_device import SingleDeviceStrategy
 
-_ENV_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
-_ENV_NAMES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "LITE_FAKE_AVAILABLE",
-)  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run as a plain local process (the host may be inside a scheduler) with fresh entry points."""
-    for name in list(os.environ):
-        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            monkeypatch.delenv(name)
-    _registry.clear_cache()
+# A plain local process: no launcher variables of the host (the fixture is the repository's conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def config_error(match: str, **kwargs: Any) -> str:

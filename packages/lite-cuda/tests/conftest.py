@@ -7,10 +7,7 @@ need a real GPU carry `@pytest.mark.cuda` and are skipped, with the reason, on m
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,27 +15,11 @@ import torch
 from lite_core import _registry
 from lite_cuda import _runtime
 
-_ROOT = Path(__file__).resolve().parents[3]
-
-# The subprocess helpers of the repository's integration tests (run_script, output_of, ...).
-_spec = importlib.util.spec_from_file_location("_lite_integration_conftest", _ROOT / "tests/conftest.py")
-assert _spec is not None and _spec.loader is not None
-_integration = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_integration)
-run_script = _integration.run_script
-output_of = _integration.output_of
-
-_ENV_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
-_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-              "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LITE_FAKE_AVAILABLE")
-
-
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run as a plain local process (the host may be inside a scheduler) with fresh entry points."""
-    for name in list(os.environ):
-        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            monkeypatch.delenv(name)
+def _plain_local_process(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher variables (the repository's `clean_env`), no GPU selection, fresh entry points."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     _registry.clear_cache()
 
 

@@ -1,26 +1,16 @@
 """Fixtures for lite-xla's tests, which run for real on XLA's CPU device (`PJRT_DEVICE=CPU`).
 
-The subprocess fixtures (`run_script`, `output_of`) are the repository's shared ones from
-`tests/conftest.py`.
+The subprocess fixtures (`run_script`, `start_script`, `output_of`) come from the repository's
+`conftest.py`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
-_SHARED = Path(__file__).resolve().parents[3] / "tests" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("_lite_shared_conftest", _SHARED)
-assert _spec is not None and _spec.loader is not None
-_shared = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_shared)
-
-run_script = _shared.run_script
-output_of = _shared.output_of
-start_script = _shared.start_script
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

@@ -22,19 +22,9 @@ from lite_core.environments import (
 from lite_core.environments.slurm import parse_slurm_hostlist
 from lite_core.errors import ConfigurationError
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
-_NAMES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-)  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remove every variable an environment reads, since the host may have some set."""
-    for name in list(os.environ):
-        if name in _NAMES or name.startswith(_PREFIXES):
-            monkeypatch.delenv(name)
+# Every variable an environment reads is removed first, since the host may have some set
+# (the fixture is the repository's conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def set_env(monkeypatch: pytest.MonkeyPatch, **values: object) -> None:

@@ -1,8 +1,10 @@
-"""Shared helpers for the multi-process tests under `tests/` (integration, matrix), also loaded by
-the backend packages' test conftests.
+"""Fixtures every test of the repository can use (pytest loads this file for `tests/` and for
+each package's `tests/`): the multi-process helpers and a process environment free of launcher
+variables.
 
-Each test runs a small user script from `tests/scripts/` as a real `python` program (2 ranks over
-gloo on CPU), with a short collective timeout so that a broken job fails fast instead of hanging.
+A multi-process test runs a small user script (from `tests/scripts/` unless it gives a path) as a
+real `python` program (2 ranks over gloo on CPU), with a short collective timeout so that a broken
+job fails fast instead of hanging.
 """
 
 from __future__ import annotations
@@ -18,24 +20,39 @@ from typing import Any, Callable
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parent / "tests" / "scripts"
 #: Seconds a single script may run before the test gives up on it.
 SCRIPT_TIMEOUT = 90
 #: Lite's collective timeout (seconds) inside the scripts; read by DDPStrategy.
 COLLECTIVE_TIMEOUT = "20"
 
-# Variables a launcher or scheduler around pytest could have set; they would change which
-# cluster environment Lite detects, so the scripts never inherit them.
-_LAUNCHER_VARIABLES = (
+# Variables a launcher, a scheduler or `lite run` around pytest could have set; they would change
+# which cluster environment and settings Lite picks, so neither the tests nor their scripts see them.
+_LAUNCHER_NAMES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID",
-    "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "KUBERNETES_PORT", "LITE_GLOBAL_SEED",
-)
+    "LOCAL_WORLD_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "LITE_ACCELERATOR", "LITE_STRATEGY",
+    "LITE_DEVICES", "LITE_NUM_NODES", "LITE_PRECISION", "LITE_GLOBAL_SEED", "LITE_SEED_WORKERS",
+    "LITE_FAILURE_DIR", "LITE_FAKE_AVAILABLE",
+})
+_LAUNCHER_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
+
+
+def _set_by_a_launcher(name: str) -> bool:
+    return name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_PREFIXES)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test as a plain local process: the launcher variables of the host (which may be
+    inside a scheduler) are removed for its duration."""
+    for name in list(os.environ):
+        if _set_by_a_launcher(name):
+            monkeypatch.delenv(name)
 
 
 def script_env(**extra: str) -> dict[str, str]:
     """The environment the scripts run with: clean of launcher variables, short timeouts."""
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if not _set_by_a_launcher(k)}
     env.update(LITE_COLLECTIVE_TIMEOUT=COLLECTIVE_TIMEOUT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.update(extra)
     return env
