@@ -107,15 +107,17 @@ def _processes_in_session(session: int) -> list[int]:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(_TIMEOUT + 30)
-def test_a_failing_replica_ends_the_job_at_once(start_script: Callable[..., Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["raise", "exit", "kill"])
+def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable[..., Any], tmp_path: Path) -> None:
     stamp = tmp_path / "failed_at"
-    job = start_script(SCRIPTS / "failing_replica.py", stamp, env=_XLA_ENV)  # its own session
+    job = start_script(SCRIPTS / "failing_replica.py", stamp, how, env=_XLA_ENV)  # its own session
     stdout, stderr = job.communicate(timeout=_TIMEOUT)
     ended = time.time()
     output = stdout + stderr
     assert job.returncode != 0, output
     assert ended - float(stamp.read_text()) < 10, output  # replica 0 did not wait for a timeout
-    assert "ValueError: replica one broke" in output
-    assert "lite: XLA replica 1 failed with the error above; stopping every replica." in output
-    assert "ReplicaFailedError: An XLA replica failed with the error printed above" in output
+    assert "ReplicaFailedError: An XLA replica process ended before finishing" in output
+    if how == "raise":
+        assert "ValueError: replica one broke" in output
+        assert "lite: XLA replica 1 failed with the error above; stopping every replica." in output
     assert _processes_in_session(job.pid) == []

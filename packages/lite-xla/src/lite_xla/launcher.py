@@ -44,15 +44,15 @@ class XLALauncher(Launcher):
                           start_method=self._start_method)
             except BrokenProcessPool as err:
                 raise ReplicaFailedError(
-                    "An XLA replica failed with the error printed above and Lite stopped every replica:"
-                    " fix that error and run again."
+                    "An XLA replica process ended before finishing (an error it raised is printed above)"
+                    " and every replica was stopped: fix the cause and run again."
                 ) from err
             with result_file.open("rb") as handle:
                 return pickle.load(handle)
 
 
 class ReplicaFailedError(LiteError, RuntimeError):
-    """An XLA replica raised; its traceback was printed on standard error."""
+    """An XLA replica raised (its traceback is printed on standard error), exited or was killed."""
 
 
 def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -1,14 +1,16 @@
-"""Replica 1 raises in `run()` while replica 0 waits for it in a barrier.
+"""Replica 1 fails in `run()` while replica 0 waits for it in a barrier.
 
-    python failing_replica.py STAMP_FILE
+    python failing_replica.py STAMP_FILE [raise|exit|kill]
 
-Replica 1 writes the time it fails at to STAMP_FILE. The job must end with replica 1's error
-and `ReplicaFailedError`, and leave no process behind.
+Replica 1 writes the time it fails at to STAMP_FILE, then raises (default), calls `os._exit(3)`
+or sends its process SIGKILL. The job must end with `ReplicaFailedError` (after replica 1's
+error when it raised) and leave no process behind.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -21,10 +23,14 @@ from lite_core import LightningLite
 
 
 class Job(LightningLite):
-    def run(self, stamp: str) -> int:
+    def run(self, stamp: str, how: str) -> int:
         if self.global_rank == 1:
             with open(stamp, "w") as handle:
                 handle.write(str(time.time()))
+            if how == "exit":
+                os._exit(3)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError("replica one broke")
         self.barrier()
         return 0
@@ -34,4 +40,4 @@ if __name__ == "__main__":
     from lite_xla.strategies.xla import XLAStrategy
 
     # pin_layout=False is part of the CPU harness (see _cpu_harness.py).
-    Job(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2).run(sys.argv[1])
+    Job(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2).run(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "raise")
