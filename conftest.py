@@ -9,6 +9,7 @@ job fails fast instead of hanging.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -99,7 +100,8 @@ def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
         try:
             stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # its first process may be gone already
+                os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr) from None
         return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
@@ -125,10 +127,10 @@ def start_script() -> Any:
         return proc
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
+    for proc in started:  # the whole group: a job whose first process died may have left others
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait()
 
 
 def process_alive(pid: int) -> bool:

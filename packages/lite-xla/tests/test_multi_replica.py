@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -121,3 +122,23 @@ def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable
         assert "ValueError: replica one broke" in output
         assert "lite: XLA replica 1 failed with the error above; stopping every replica." in output
     assert _processes_in_session(job.pid) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(_TIMEOUT + 30)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_launching_process_ends_every_replica(sig: signal.Signals, start_script: Callable[..., Any],
+                                                              tmp_path: Path) -> None:
+    job = start_script(SCRIPTS / "waiting_replicas.py", tmp_path, env=_XLA_ENV)  # its own session
+    deadline = time.monotonic() + _TIMEOUT
+    while len(list(tmp_path.glob("ready_rank*"))) < 2:
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.1)
+    time.sleep(0.5)  # replica 0 is now in its barrier
+    os.kill(job.pid, sig)  # the launching process only, not its group
+    sent = time.monotonic()
+    job.wait(timeout=30)  # not communicate(): a surviving replica would keep the pipes open
+    while _processes_in_session(job.pid) and time.monotonic() - sent < 8:
+        time.sleep(0.1)
+    assert _processes_in_session(job.pid) == [], f"replicas outlived {sig.name} by 8 s"
+    assert job.returncode == -sig, job.communicate()[1]

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import pickle
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from lite_core.errors import LiteError, MisuseError
+from lite_core.launchers._processes import die_with_parent, on_interrupt
 from lite_core.launchers.launcher import Launcher
 
 if TYPE_CHECKING:
@@ -25,7 +29,8 @@ class XLALauncher(Launcher):
     and can only do so while this process has not started the XLA runtime itself. Rank 0's
     return value comes back through a temporary file, so it must be picklable. A replica that
     raises ends its process at once (the others would wait for it in their next collective),
-    which stops every replica, and `launch` raises `ReplicaFailedError`.
+    which stops every replica, and `launch` raises `ReplicaFailedError`. The replica processes die
+    with the launching process (SIGTERM, SIGKILL) and stop at once on its Ctrl-C.
     """
 
     def __init__(self, strategy: Strategy, start_method: str = "spawn") -> None:
@@ -37,10 +42,10 @@ class XLALauncher(Launcher):
 
         _refuse_started_runtime()
         _set_cpu_replicas(len(self._strategy.device_indexes))
-        with tempfile.TemporaryDirectory(prefix="lite-xla-result-") as folder:
+        with _killed_on_interrupt(), tempfile.TemporaryDirectory(prefix="lite-xla-result-") as folder:
             result_file = Path(folder) / "rank0.pkl"
             try:
-                xmp.spawn(_replica, args=(fn, args, kwargs, str(result_file)), nprocs=None,
+                xmp.spawn(_replica, args=(fn, args, kwargs, str(result_file), os.getpid()), nprocs=None,
                           start_method=self._start_method)
             except BrokenProcessPool as err:
                 raise ReplicaFailedError(
@@ -56,7 +61,10 @@ class ReplicaFailedError(LiteError, RuntimeError):
 
 
 def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             result_file: str) -> None:
+             result_file: str, launcher_pid: int) -> None:
+    die_with_parent()
+    if os.getppid() != launcher_pid:  # the launching process died before the line above
+        os._exit(1)
     try:
         result = fn(*args, **kwargs)
     except SystemExit as err:
@@ -77,6 +85,35 @@ def _stop_every_replica(ordinal: int) -> NoReturn:
     sys.stderr.write(f"lite: XLA replica {ordinal} failed with the error above; stopping every replica.\n")
     sys.stderr.flush()
     os._exit(1)
+
+
+#: Child processes that existed before the launch in progress (None: no launch in progress).
+_children_before_launch: set[int] | None = None
+_watching_interrupts = False
+
+
+@contextlib.contextmanager
+def _killed_on_interrupt() -> Iterator[None]:
+    """While the replicas run, Ctrl-C kills their processes at once. Python raises the
+    `KeyboardInterrupt` only later, and torch-xla's process pool would then wait for them."""
+    global _children_before_launch, _watching_interrupts
+    if not _watching_interrupts:
+        on_interrupt(_kill_replicas)  # a helper thread, called as soon as SIGINT arrives
+        _watching_interrupts = True
+    _children_before_launch = {process.pid for process in multiprocessing.active_children()}
+    try:
+        yield
+    finally:
+        _children_before_launch = None
+
+
+def _kill_replicas() -> None:
+    before = _children_before_launch
+    if before is None:
+        return
+    for process in multiprocessing.active_children():
+        if process.pid not in before:
+            process.kill()
 
 
 def _refuse_started_runtime() -> None:
