@@ -6,12 +6,12 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from lite_core._suggest import closest
 from lite_core.errors import (
     BackendImportError,
     BackendNotInstalledError,
     UnknownNameError,
 )
-from lite_core._suggest import closest
 
 #: Names provided by backends that Lite knows of, with the extra that installs each.
 _KNOWN_BACKENDS: dict[str, dict[str, str]] = {

@@ -106,7 +106,8 @@ def _with_container_methods(wrapper: type[LiteModule], module_class: type[nn.Mod
         return method
 
     methods = {name: forward_to_module(name) for name in names}
-    return type(f"{wrapper.__name__}[{module_class.__name__}]", (wrapper,), {"__module__": wrapper.__module__, **methods})
+    name = f"{wrapper.__name__}[{module_class.__name__}]"
+    return type(name, (wrapper,), {"__module__": wrapper.__module__, **methods})
 
 
 class _LiteOptimizerBase:

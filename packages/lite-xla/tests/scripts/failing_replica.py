@@ -39,5 +39,6 @@ class Job(LightningLite):
 if __name__ == "__main__":
     from lite_xla.strategies.xla import XLAStrategy
 
+    how = sys.argv[2] if len(sys.argv) > 2 else "raise"
     # pin_layout=False is part of the CPU harness (see _cpu_harness.py).
-    Job(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2).run(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "raise")
+    Job(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2).run(sys.argv[1], how)
