@@ -59,8 +59,10 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
             " e.g. load(path, {'model': model, 'optimizer': optimizer})."
         )
     _refuse_known_corruption(strategy)
-    _check_world_size(Path(path), strategy.world_size)
-    _check_stage(Path(path), strategy.stage)
+    saved = _latest_tag_dir(Path(path))
+    if saved is not None:
+        _check_world_size(path, saved, strategy.world_size)
+        _check_stage(path, saved, strategy.stage)
     key, engine = found
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
@@ -108,10 +110,16 @@ def _saved_stage_3(directory: Path) -> bool | None:
     return all(name.startswith("zero_pp_rank_") for name in names)
 
 
-def _check_stage(path: Path, stage: int) -> None:
-    """Refuse, before DeepSpeed reads anything, a checkpoint of ZeRO-3 under stage 1/2 or back."""
+def _latest_tag_dir(path: Path) -> Path | None:
+    """The folder of the newest save in the DeepSpeed checkpoint `path` (named by its `latest`
+    file), or None when there is no `latest` file."""
     latest = path / "latest"
-    saved_3 = _saved_stage_3(path / latest.read_text().strip()) if latest.is_file() else None
+    return path / latest.read_text().strip() if latest.is_file() else None
+
+
+def _check_stage(path: str, saved: Path, stage: int) -> None:
+    """Refuse, before DeepSpeed reads anything, a checkpoint of ZeRO-3 under stage 1/2 or back."""
+    saved_3 = _saved_stage_3(saved)
     if saved_3 is not None and saved_3 != (stage == 3):
         saved = "ZeRO stage 3" if saved_3 else "ZeRO stage 1 or 2"
         raise CheckpointError(
@@ -120,12 +128,9 @@ def _check_stage(path: Path, stage: int) -> None:
         )
 
 
-def _check_world_size(path: Path, world_size: int) -> None:
+def _check_world_size(path: str, saved: Path, world_size: int) -> None:
     """Refuse, before DeepSpeed reads anything, a checkpoint sharded over another number of ranks."""
-    latest = path / "latest"
-    if not latest.is_file():
-        return
-    shards = list((path / latest.read_text().strip()).glob("*zero_pp_rank_*_optim_states.pt"))
+    shards = list(saved.glob("*zero_pp_rank_*_optim_states.pt"))
     if shards and len(shards) != world_size:
         raise CheckpointError(
             f"'{path}' was saved by {len(shards)} processes but {world_size} are loading it: resume with the"
