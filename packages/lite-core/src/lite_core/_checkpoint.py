@@ -40,9 +40,10 @@ def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str
 
     if is_sharded(path):
         return read_sharded(path, io, weights_only=weights_only)
-    if os.path.isdir(path) and not os.listdir(path):
-        raise CheckpointError(f"'{path}' is an empty directory, not a checkpoint: check the path.")
-    if os.path.isdir(path):  # e.g. a backend's own format, such as a DeepSpeed checkpoint directory
+    if os.path.isdir(path):
+        if not os.listdir(path):
+            raise CheckpointError(f"'{path}' is an empty directory, not a checkpoint: check the path.")
+        # e.g. a backend's own format, such as a DeepSpeed checkpoint directory
         raise CheckpointError(
             f"'{path}' is a directory but not a sharded checkpoint that Lite reads under every strategy:"
             " load it under the strategy that saved it, or convert it to one file with that backend's tool."
