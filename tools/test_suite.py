@@ -45,23 +45,22 @@ def run_cell(env: str, report: Path | None = None) -> tuple[int, float]:
     return code, time.monotonic() - started
 
 
+def _matrix_cases(report: Path) -> list[ElementTree.Element]:
+    """The matrix tests' `testcase` elements in one JUnit report (none if it does not exist)."""
+    if not report.is_file():
+        return []
+    return [case for case in ElementTree.parse(report).iter("testcase")
+            if case.get("classname", "").startswith(_MATRIX_PREFIX)]
+
+
 def matrix_outcomes(report: Path) -> dict[str, tuple[str, str]]:
     """`{test id: (outcome, reason)}` of the matrix tests in one JUnit report (empty if none)."""
-    if not report.is_file():
-        return {}
-    outcomes = {}
-    for case in ElementTree.parse(report).iter("testcase"):
-        if case.get("classname", "").startswith(_MATRIX_PREFIX):
-            outcomes[case.get("name", "")] = _outcome(case)
-    return outcomes
+    return {case.get("name", ""): _outcome(case) for case in _matrix_cases(report)}
 
 
 def matrix_seconds(report: Path) -> float:
     """How long the matrix tests of one JUnit report took (0 if none ran)."""
-    if not report.is_file():
-        return 0.0
-    return sum(float(case.get("time", 0)) for case in ElementTree.parse(report).iter("testcase")
-               if case.get("classname", "").startswith(_MATRIX_PREFIX))
+    return sum(float(case.get("time", 0)) for case in _matrix_cases(report))
 
 
 def _outcome(case: ElementTree.Element) -> tuple[str, str]:
