@@ -133,14 +133,36 @@ def start_script() -> Any:
         proc.wait()
 
 
-def process_alive(pid: int) -> bool:
-    """Whether `pid` is a live (not zombie) process."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...), or
+    None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live (not zombie) process."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _live_in_session(session: int) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[3]) == session:
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(scope="session")
+def processes_in_session() -> Callable[[int], list[int]]:
+    """`processes_in_session(job.pid)` -> the live processes left of a job `start_script` started
+    (each job is its own session, whose id is its first process's pid)."""
+    return _live_in_session
 
 
 @pytest.fixture(scope="session")

@@ -93,23 +93,11 @@ def test_two_fsdp_replicas_train_like_one_full_batch_process_and_save_consolidab
         assert got.flatten().tolist() == pytest.approx(want, abs=1e-5)
 
 
-def _processes_in_session(session: int) -> list[int]:
-    """Live processes whose session id is `session` (field 6 of /proc/PID/stat)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[3]) == session:
-            found.append(int(pid))
-    return found
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(_TIMEOUT + 30)
 @pytest.mark.parametrize("how", ["raise", "exit", "kill"])
-def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable[..., Any], tmp_path: Path) -> None:
+def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable[..., Any],
+                                                processes_in_session: Callable[[int], list[int]], tmp_path: Path) -> None:
     stamp = tmp_path / "failed_at"
     job = start_script(SCRIPTS / "failing_replica.py", stamp, how, env=_XLA_ENV)  # its own session
     stdout, stderr = job.communicate(timeout=_TIMEOUT)
@@ -121,13 +109,14 @@ def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable
     if how == "raise":
         assert "ValueError: replica one broke" in output
         assert "lite: XLA replica 1 failed with the error above; stopping every replica." in output
-    assert _processes_in_session(job.pid) == []
+    assert processes_in_session(job.pid) == []
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(_TIMEOUT + 30)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_launching_process_ends_every_replica(sig: signal.Signals, start_script: Callable[..., Any],
+                                                              processes_in_session: Callable[[int], list[int]],
                                                               tmp_path: Path) -> None:
     job = start_script(SCRIPTS / "waiting_replicas.py", tmp_path, env=_XLA_ENV)  # its own session
     deadline = time.monotonic() + _TIMEOUT
@@ -138,7 +127,7 @@ def test_a_signal_to_the_launching_process_ends_every_replica(sig: signal.Signal
     os.kill(job.pid, sig)  # the launching process only, not its group
     sent = time.monotonic()
     job.wait(timeout=30)  # not communicate(): a surviving replica would keep the pipes open
-    while _processes_in_session(job.pid) and time.monotonic() - sent < 8:
+    while processes_in_session(job.pid) and time.monotonic() - sent < 8:
         time.sleep(0.1)
-    assert _processes_in_session(job.pid) == [], f"replicas outlived {sig.name} by 8 s"
+    assert processes_in_session(job.pid) == [], f"replicas outlived {sig.name} by 8 s"
     assert job.returncode == -sig, job.communicate()[1]
