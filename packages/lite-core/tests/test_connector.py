@@ -15,7 +15,7 @@ from lite_core import _registry
 from lite_core.accelerators.cpu import CPUAccelerator
 from lite_core.environments import LocalEnvironment
 from lite_core.errors import BackendNotInstalledError, ConfigurationError
-from lite_core.io.checkpoint_io import CheckpointIO
+from lite_core.checkpoint import CheckpointIO
 from lite_core.lite import LightningLite
 from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
 from lite_core.strategies.ddp import DDPStrategy

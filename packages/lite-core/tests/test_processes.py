@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lite_core.launchers._processes import FAILURE_DIR_VARIABLE, describe_exit, rank_to_blame, record_failure
+from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, rank_to_blame, record_failure
 
 
 @pytest.mark.parametrize(("code", "text"), [(3, "exit code 3"), (-9, "signal 9 (SIGKILL)"), (-15, "signal 15 (SIGTERM)"),

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lite_core import LightningLite
-from lite_core._checkpoint import is_keyed_by_name, names_to_positions, positions_to_names
+from lite_core.checkpoint._state import is_keyed_by_name, names_to_positions, positions_to_names
 from lite_core.errors import BackendNotInstalledError, CheckpointError, ConfigurationError
 from lite_core.strategies import FSDPStrategy
 

@@ -15,7 +15,7 @@ from lite_core._registry import ACCELERATORS, STRATEGIES
 from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
-from lite_core.io.checkpoint_io import CheckpointIO
+from lite_core.checkpoint import CheckpointIO
 from lite_core.precision.names import normalize_precision
 from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy

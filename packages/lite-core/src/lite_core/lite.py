@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core.errors import MisuseError
-from lite_core.launchers._processes import record_failure
+from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
 from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer

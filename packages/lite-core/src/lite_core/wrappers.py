@@ -169,6 +169,27 @@ def wrap_optimizer(optimizer: Optimizer, strategy: Strategy) -> Optimizer:
     return wrapper  # type: ignore[return-value]
 
 
+def is_set_up(obj: Any) -> bool:
+    """Whether `obj` is a module or optimizer returned by `LightningLite.setup` (or its parts)."""
+    return isinstance(obj, (LiteModule, _LiteOptimizerBase))
+
+
+def original_module(obj: Any) -> Any:
+    """The user's own module behind a set-up module; any other object as it is."""
+    return obj.module if isinstance(obj, LiteModule) else obj
+
+
+def forward_module(obj: Any) -> Any:
+    """The module the strategy built around a set-up module (e.g. `DistributedDataParallel`, an
+    FSDP module, a DeepSpeed engine); any other object as it is."""
+    return obj._forward_module if isinstance(obj, LiteModule) else obj
+
+
+def unwrap_optimizer(obj: Any) -> Any:
+    """The optimizer the strategy steps behind a set-up optimizer; any other object as it is."""
+    return obj.optimizer if isinstance(obj, _LiteOptimizerBase) else obj
+
+
 class LiteDataLoader:
     """Iterates the user's dataloader, moving each batch to the device.
 

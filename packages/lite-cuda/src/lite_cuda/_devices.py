@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lite_core.errors import ConfigurationError
+from lite_core.plugins import ConfigurationError
 
 
 def parse_devices(devices: Any, visible: int) -> list[int]:

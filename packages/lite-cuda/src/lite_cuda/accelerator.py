@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from lite_core.accelerators.accelerator import Accelerator
-from lite_core.errors import ConfigurationError
+from lite_core.plugins import Accelerator, ConfigurationError
 from lite_cuda import _runtime
 from lite_cuda._devices import parse_devices
 

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from torch.nn import DataParallel
 
-from lite_core.strategies.strategy import Strategy
+from lite_core.plugins import Strategy
 
 
 class DataParallelStrategy(Strategy):

@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lite_core._checkpoint import restore, to_state
-from lite_core.errors import CheckpointError, MisuseError
-from lite_core.wrappers import LiteModule, _LiteOptimizerBase
+from lite_core.plugins import (
+    CheckpointError,
+    MisuseError,
+    forward_module,
+    is_set_up,
+    restore,
+    to_state,
+    unwrap_optimizer,
+)
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 
 if TYPE_CHECKING:
@@ -21,8 +27,8 @@ def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
     """The one `(key, engine)` of a DeepSpeed model set up by Lite in `content`, if any."""
     from deepspeed import DeepSpeedEngine
 
-    found = [(key, value._forward_module) for key, value in content.items()
-             if isinstance(value, LiteModule) and isinstance(value._forward_module, DeepSpeedEngine)]
+    found = [(key, forward_module(value)) for key, value in content.items()
+             if is_set_up(value) and isinstance(forward_module(value), DeepSpeedEngine)]
     if len(found) > 1:
         raise MisuseError(
             f"A DeepSpeed checkpoint holds one model but {[k for k, _ in found]} are DeepSpeed models: save"
@@ -34,7 +40,7 @@ def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
 def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
     keys = []
     for key, value in content.items():
-        inner = value.optimizer if isinstance(value, _LiteOptimizerBase) else value
+        inner = unwrap_optimizer(value)
         if isinstance(inner, DeepSpeedEngineOptimizer) and inner.engine is engine:
             keys.append(key)
     return keys

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lite_core.errors import ConfigurationError
+from lite_core.plugins import ConfigurationError
 
 #: Top-level keys of a DeepSpeed config (sections and scalars) that a typo is checked against.
 _KNOWN_KEYS = frozenset({

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from lite_core.errors import MisuseError
+from lite_core.plugins import MisuseError
 
 
 class BackwardGuard:

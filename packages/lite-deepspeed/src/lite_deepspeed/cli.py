@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lite_core.errors import LiteError
+from lite_core.plugins import LiteError
 
 
 def main(argv: list[str] | None = None) -> int:

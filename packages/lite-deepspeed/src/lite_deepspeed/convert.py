@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lite_core.errors import CheckpointError
-from lite_core.io.checkpoint_io import TorchCheckpointIO
+from lite_core.plugins import CheckpointError, TorchCheckpointIO
 
 
 def convert_to_fp32_state_dict(checkpoint_dir: str | os.PathLike[str], output_file: str | os.PathLike[str],

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from lite_core.precision.precision import Precision
+from lite_core.plugins import Precision
 
 _DTYPES = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
            "bf16-true": torch.bfloat16}

@@ -14,9 +14,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.precision.precision import Precision
-from lite_core.strategies.ddp import DDPStrategy
+from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision
 from lite_deepspeed import _checkpoint, _config
 from lite_deepspeed._guard import BackwardGuard
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer

@@ -8,8 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from lite_core.errors import CheckpointError
-from lite_core.io.checkpoint_io import TorchCheckpointIO
+from lite_core.plugins import CheckpointError, TorchCheckpointIO
 
 #: Marks a sharded module's entry: `{"state_dict": ..., "shard_metadata": ..., MARK: True}`.
 MARK = "lite_xla_sharded_module"

@@ -13,8 +13,7 @@ import os
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from lite_core.accelerators.accelerator import Accelerator
-from lite_core.errors import ConfigurationError
+from lite_core.plugins import Accelerator, ConfigurationError
 
 if TYPE_CHECKING:
     import torch

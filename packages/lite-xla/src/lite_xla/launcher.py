@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import pickle
 import sys
 import tempfile
 import traceback
@@ -14,12 +13,10 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from lite_core.errors import LiteError, MisuseError
-from lite_core.launchers._processes import die_with_parent, on_interrupt
-from lite_core.launchers.launcher import Launcher
+from lite_core.plugins import Launcher, LiteError, MisuseError, on_interrupt, read_result, run_rank
 
 if TYPE_CHECKING:
-    from lite_core.strategies.strategy import Strategy
+    from lite_core.plugins import Strategy
 
 
 class XLALauncher(Launcher):
@@ -52,8 +49,7 @@ class XLALauncher(Launcher):
                     "An XLA replica process ended before finishing (an error it raised is printed above)"
                     " and every replica was stopped: fix the cause and run again."
                 ) from err
-            with result_file.open("rb") as handle:
-                return pickle.load(handle)
+            return read_result(result_file)
 
 
 class ReplicaFailedError(LiteError, RuntimeError):
@@ -62,20 +58,13 @@ class ReplicaFailedError(LiteError, RuntimeError):
 
 def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              result_file: str, launcher_pid: int) -> None:
-    die_with_parent()
-    if os.getppid() != launcher_pid:  # the launching process died before the line above
-        os._exit(1)
-    try:
-        result = fn(*args, **kwargs)
-    except SystemExit as err:
-        if err.code not in (0, None):
-            _stop_every_replica(ordinal)
-        raise
-    except BaseException:
+    def on_failure(err: BaseException) -> None:
+        if isinstance(err, SystemExit) and err.code in (0, None):
+            return  # a clean exit ends this replica only
         _stop_every_replica(ordinal)
-    if ordinal == 0:
-        with open(result_file, "wb") as handle:
-            pickle.dump(result, handle)
+
+    run_rank(fn, args, kwargs, launcher_pid=launcher_pid, result_file=result_file,
+             returns_result=lambda: ordinal == 0, on_failure=on_failure)
 
 
 def _stop_every_replica(ordinal: int) -> NoReturn:

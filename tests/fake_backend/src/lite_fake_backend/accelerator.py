@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from lite_core.accelerators.accelerator import Accelerator
-from lite_core.accelerators.cpu import CPUAccelerator
+from lite_core.plugins import Accelerator, CPUAccelerator
 
 
 class FakeAccelerator(Accelerator):

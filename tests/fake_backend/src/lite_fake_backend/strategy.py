@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lite_core.strategies.single_device import SingleDeviceStrategy
+from lite_core.plugins import SingleDeviceStrategy
 
 
 class FakeSingleStrategy(SingleDeviceStrategy):

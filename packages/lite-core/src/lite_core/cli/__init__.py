@@ -20,7 +20,7 @@ from lite_core.__about__ import __version__
 _COMMANDS: tuple[str, ...] = (
     "lite_core.cli._run",
     "lite_core.cli._env",
-    "lite_core.cli._consolidate",
+    "lite_core.checkpoint._cli",
 )
 
 

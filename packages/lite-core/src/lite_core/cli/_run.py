@@ -40,7 +40,7 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Resolve the choices, start the ranks of this node and supervise them until they end."""
-    from lite_core.cli._supervisor import Job
+    from lite_core.launchers.supervision import Job
 
     choices = _choices(args)
     rendezvous = _rendezvous(args)

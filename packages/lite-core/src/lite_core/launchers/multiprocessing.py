@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from lite_core.errors import ConfigurationError
-from lite_core.launchers._processes import GRACE_SECONDS, die_with_parent
 from lite_core.launchers.launcher import Launcher
+from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
 
 if TYPE_CHECKING:
     from lite_core.strategies.strategy import Strategy
@@ -61,8 +61,7 @@ class MultiprocessingLauncher(Launcher):
             except mp.ProcessRaisedException as err:
                 _raise_first_failure(result_file.with_name(_FIRST_FAILURE), err)
                 raise
-            with result_file.open("rb") as handle:
-                return pickle.load(handle)
+            return read_result(result_file)
 
 
 def _join(context: Any) -> None:
@@ -90,20 +89,17 @@ def _stop(processes: list[Any]) -> None:
 
 def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any], result_file: str, parent_pid: int) -> None:
-    die_with_parent()  # replaces torch's SIGINT, which a rank blocked in a collective would ignore
-    if os.getppid() != parent_pid:  # the launching process died before the line above
-        os._exit(1)
+    # `run_rank` arms the parent-death signal first: it replaces torch's SIGINT, which a rank
+    # blocked in a collective would ignore.
     os.environ["LOCAL_RANK"] = str(local_rank)
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException:
+
+    def on_failure(err: BaseException) -> None:
         _record_failure(Path(result_file).with_name(_FIRST_FAILURE), local_rank)
         strategy.teardown(failed=True)
-        raise
-    strategy.teardown()
-    if strategy.global_rank == 0:
-        with open(result_file, "wb") as handle:
-            pickle.dump(result, handle)
+
+    run_rank(fn, args, kwargs, launcher_pid=parent_pid, result_file=result_file,
+             returns_result=lambda: strategy.global_rank == 0, on_failure=on_failure,
+             on_success=strategy.teardown)
 
 
 def _record_failure(path: Path, local_rank: int) -> None:

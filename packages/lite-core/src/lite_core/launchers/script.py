@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from typing import Any, Callable
 
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
-from lite_core.launchers._processes import describe_exit, die_with_parent, on_interrupt, stop_processes
 from lite_core.launchers.launcher import Launcher
-
-_POLL_SECONDS = 0.1
+from lite_core.launchers.supervision import RankProcesses, describe_exit, exit_code, on_interrupt
 
 
 class ScriptLauncher(Launcher):
@@ -33,8 +28,8 @@ class ScriptLauncher(Launcher):
         self._environment = environment
         self._num_processes = num_processes
         self._num_nodes = num_nodes
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._stopped: set[int] = set()  # local ranks this launcher terminated itself
+        self._ranks = RankProcesses()
+        self._watchdog: threading.Thread | None = None
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.start()
@@ -45,7 +40,7 @@ class ScriptLauncher(Launcher):
             raise
 
     def start(self) -> None:
-        if self._children or self._environment.creates_processes_externally:
+        if len(self._ranks) or self._environment.creates_processes_externally:
             return
         command = _script_command()
         os.environ["MASTER_ADDR"] = self._environment.main_address
@@ -53,27 +48,17 @@ class ScriptLauncher(Launcher):
         os.environ["NODE_RANK"] = str(self._environment.node_rank())
         os.environ["WORLD_SIZE"] = str(self._num_processes * self._num_nodes)
         for local_rank in range(1, self._num_processes):
-            env = {**os.environ, "LOCAL_RANK": str(local_rank)}
-            self._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+            self._ranks.start(local_rank, command, {**os.environ, "LOCAL_RANK": str(local_rank)})
         os.environ["LOCAL_RANK"] = "0"
-        threading.Thread(target=self._watch, name="lite-watchdog", daemon=True).start()
+        self._watchdog = threading.Thread(target=self._watch, name="lite-watchdog", daemon=True)
+        self._watchdog.start()
         on_interrupt(self.stop)
         atexit.register(self._wait_for_children)
 
     def _watch(self) -> None:
-        while self._children:
-            for local_rank, child in list(self._children.items()):
-                code = child.poll()
-                if code is None:
-                    continue
-                if code != 0 and not self._was_stopped(local_rank, code):
-                    self._fail(local_rank, code)
-                del self._children[local_rank]
-            time.sleep(_POLL_SECONDS)
-
-    def _was_stopped(self, local_rank: int, code: int) -> bool:
-        # Ended by `_stop_children` (this process failed and reports that itself), not failed.
-        return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
+        failure = self._ranks.watch()
+        if failure is not None:
+            self._fail(*failure)
 
     def _fail(self, local_rank: int, code: int) -> None:
         # Straight to file descriptor 2: `sys.stderr` is not thread-safe, and the main thread may be
@@ -81,18 +66,16 @@ class ScriptLauncher(Launcher):
         line = f"lite: local rank {local_rank} failed with {describe_exit(code)}; stopping every rank.\n"
         os.write(2, line.encode(errors="replace"))
         self.stop()
-        os._exit(code if code > 0 else 128 - code)
+        os._exit(exit_code(code))
 
     def stop(self) -> None:
-        running = {r: c for r, c in list(self._children.items()) if c.poll() is None}
-        self._stopped.update(running)
-        stop_processes(running.values())
+        """End every other local rank still running (they are not reported as failures)."""
+        self._ranks.stop()
 
     def _wait_for_children(self) -> None:
-        for child in list(self._children.values()):
-            child.wait()
-        while self._children:  # let the watchdog see the last exit codes
-            time.sleep(_POLL_SECONDS)
+        self._ranks.wait()
+        if self._watchdog is not None:  # let the watchdog see the last exit codes
+            self._watchdog.join()
 
 
 def _script_command() -> list[str]:

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.precision import Precision
-from lite_core.strategies import _fsdp_checkpoint, _fsdp_init
+from lite_core.strategies import _fsdp_init
 from lite_core.strategies.ddp import DDPStrategy
 
 _STATE_DICT_TYPES = ("sharded", "full")

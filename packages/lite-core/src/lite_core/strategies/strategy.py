@@ -11,8 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core._checkpoint import read_checkpoint, restore, to_state
-from lite_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
+from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
 

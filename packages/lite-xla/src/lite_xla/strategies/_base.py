@@ -9,8 +9,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core._checkpoint import to_state
-from lite_core.strategies.strategy import Strategy
+from lite_core.plugins import Strategy, to_state
 from lite_xla.accelerator import XLA_PRECISIONS
 from lite_xla.strategies import _device
 

@@ -8,8 +8,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core._checkpoint import restore, to_state
-from lite_core.errors import MisuseError
+from lite_core.plugins import MisuseError, restore, to_state
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 

@@ -11,14 +11,12 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.plugins import ConfigurationError, MisuseError
 from lite_xla.strategies import _device
 from lite_xla.strategies._base import XLAStrategyBase
 
 if TYPE_CHECKING:
-    from lite_core.accelerators.accelerator import Accelerator
-    from lite_core.environments.environment import ClusterEnvironment
-    from lite_core.launchers.launcher import Launcher
+    from lite_core.plugins import Accelerator, ClusterEnvironment, Launcher
 
 _REDUCE_OPS = ("sum", "mean", "max", "min", "product")
 

@@ -12,21 +12,17 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core._checkpoint import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore
-from lite_core.checkpoint import EXTRA_FILE, is_sharded, read_sharded
+from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
+from lite_core.checkpoint._state import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore
 from lite_core.errors import CheckpointError
-from lite_core.wrappers import LiteModule, _LiteOptimizerBase
+from lite_core.wrappers import forward_module, unwrap_optimizer
 
 if TYPE_CHECKING:
     from lite_core.strategies.fsdp import FSDPStrategy
 
 
 def _unwrap(value: Any) -> Any:
-    if isinstance(value, LiteModule):
-        return value._forward_module
-    if isinstance(value, _LiteOptimizerBase):
-        return value.optimizer
-    return value
+    return unwrap_optimizer(value) if isinstance(value, Optimizer) else forward_module(value)
 
 
 def _split(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,17 +1,5 @@
-"""Checkpoint formats, and turning a sharded checkpoint into one file.
-
-Lite writes two kinds of checkpoint, and `LightningLite.load` reads both under every strategy
-and process count:
-
-- **full**: one file written by `torch.save` (every strategy except `fsdp` by default, and
-  `FSDPStrategy(state_dict_type="full")`). Modules are stored as their `state_dict()`.
-- **sharded**: a directory written by `strategy="fsdp"`: the modules' and optimizers' tensors in
-  torch distributed checkpoint format (one file per process plus `.metadata`), and the other
-  values of the content in `lite_extra.pt`.
-
-Optimizer state saved by `fsdp` is keyed by parameter name (`"layer.weight"`) rather than by
-position, so that it can be matched to parameters under any strategy.
-"""
+"""Sharded checkpoint directories: recognising them, reading them whole in one process, and
+turning them into one file (the formats are described in `lite_core.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -24,9 +12,6 @@ from lite_core.errors import CheckpointError
 #: The file inside a sharded checkpoint that holds everything except module and optimizer tensors.
 EXTRA_FILE = "lite_extra.pt"
 _METADATA_FILE = ".metadata"
-
-__all__ = ["EXTRA_FILE", "consolidate", "is_sharded"]
-
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a sharded (directory) checkpoint written by Lite."""
@@ -48,7 +33,7 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
         >>> consolidate("checkpoints/step-100", "step-100.pt")  # doctest: +SKIP
         >>> torch.load("step-100.pt")["model"]["layer.weight"]  # doctest: +SKIP
     """
-    from lite_core.io.checkpoint_io import TorchCheckpointIO
+    from lite_core.checkpoint._io import TorchCheckpointIO
 
     io = TorchCheckpointIO()
     io.save(read_sharded(source, io, weights_only=True), destination)

@@ -20,7 +20,7 @@ def register(commands: Any) -> None:
 
 
 def _consolidate(args: argparse.Namespace) -> int:
-    from lite_core.checkpoint import consolidate
+    from lite_core.checkpoint._sharded import consolidate
 
     consolidate(args.checkpoint, args.out)
     print(f"wrote {args.out}")

@@ -9,10 +9,9 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.errors import CheckpointError
-from lite_core.wrappers import LiteModule
 
 if TYPE_CHECKING:
-    from lite_core.io.checkpoint_io import CheckpointIO
+    from lite_core.checkpoint._io import CheckpointIO
     from lite_core.strategies.strategy import Strategy
 
 #: Key under which the precision plugin's state (e.g. the gradient scaler) is stored.
@@ -36,7 +35,7 @@ def _state_of(value: Any) -> Any:
 
 def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str, Any]:
     """The content of a full checkpoint file, or of a sharded checkpoint directory (read whole)."""
-    from lite_core.checkpoint import is_sharded, read_sharded
+    from lite_core.checkpoint._sharded import is_sharded, read_sharded
 
     if is_sharded(path):
         return read_sharded(path, io, weights_only=weights_only)
@@ -85,10 +84,12 @@ def is_keyed_by_name(optimizer_state: Any) -> bool:
 
 def module_of(optimizer: Optimizer, state: dict[str, Any]) -> nn.Module:
     """The user's module in `state` that owns `optimizer`'s parameters."""
+    from lite_core.wrappers import original_module  # only loads of name-keyed state need it
+
     first = optimizer.param_groups[0]["params"][0]
     for value in state.values():
         if isinstance(value, nn.Module):
-            module = value.module if isinstance(value, LiteModule) else value
+            module = original_module(value)
             if any(p is first for p in module.parameters()):
                 return module
     raise CheckpointError(

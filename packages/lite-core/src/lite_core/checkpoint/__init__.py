@@ -1,0 +1,37 @@
+"""Checkpoints: how `LightningLite.save` and `load` write and read them, and the tools around them.
+
+Lite writes two kinds of checkpoint, and `LightningLite.load` reads both under every strategy
+and process count:
+
+- **full**: one file written by `torch.save` (every strategy except `fsdp` by default, and
+  `FSDPStrategy(state_dict_type="full")`). Modules are stored as their `state_dict()`.
+- **sharded**: a directory written by `strategy="fsdp"`: the modules' and optimizers' tensors in
+  torch distributed checkpoint format (one file per process plus `.metadata`), and the other
+  values of the content in `lite_extra.pt`.
+
+Optimizer state saved by `fsdp` is keyed by parameter name (`"layer.weight"`) rather than by
+position, so that it can be matched to parameters under any strategy.
+
+Every piece of checkpoint code lives in this package: the byte-level IO plugins (`CheckpointIO`),
+turning content into plain state and back (`to_state`, `restore`), the sharded format and
+`consolidate`, `fsdp`'s own save and load, and the `lite consolidate` command.
+"""
+
+from __future__ import annotations
+
+from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
+from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
+from lite_core.checkpoint._state import PRECISION_KEY, read_checkpoint, restore, to_state
+
+__all__ = [
+    "EXTRA_FILE",
+    "PRECISION_KEY",
+    "CheckpointIO",
+    "TorchCheckpointIO",
+    "consolidate",
+    "is_sharded",
+    "read_checkpoint",
+    "read_sharded",
+    "restore",
+    "to_state",
+]

@@ -1,0 +1,305 @@
+"""Rank supervision, in one place for every launcher: starting rank processes so that they die
+with their launcher, watching them, stopping them all when one fails, blaming the rank that
+failed first, and the body every launched rank runs (`run_rank`).
+
+Used by `lite run`, the script launcher (`ddp`), the multiprocessing launcher (`ddp_spawn`,
+`ddp_fork`) and backends' launchers (e.g. lite-xla's); part of the plugin interface
+(`lite_core.plugins`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any, Callable
+
+#: Seconds a child gets to exit after SIGTERM before it is killed.
+GRACE_SECONDS = 5.0
+
+
+def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM every process still running, then SIGKILL those not gone after `grace` seconds."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + grace
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def die_with_parent() -> None:
+    """In the child (before exec, or first thing in a worker): ask Linux to kill it with SIGKILL
+    when the launching process dies. SIGKILL, because a rank blocked in a collective runs no
+    Python signal handler until the collective returns."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+#: A folder a supervising launcher (`lite run`) exports; each rank that fails notes it there.
+FAILURE_DIR_VARIABLE = "LITE_FAILURE_DIR"
+
+
+def record_failure(local_rank: int) -> None:
+    """Note the time this rank failed in `$LITE_FAILURE_DIR`, if a launcher set it.
+
+    A rank that fails often makes the others fail a moment later (their collectives lose their
+    peer), and which process exits first is a matter of interpreter shutdown time; the notes let
+    the launcher blame the rank that failed first.
+    """
+    folder = os.environ.get(FAILURE_DIR_VARIABLE)
+    if folder:
+        with contextlib.suppress(OSError):
+            with open(os.path.join(folder, f"rank{local_rank}"), "w") as handle:
+                handle.write(repr(time.time()))
+
+
+def rank_to_blame(folder: str, exited: int) -> int:
+    """The local rank to blame when `exited` ended with an error: `exited` itself if it noted no
+    failure (it died abruptly: `os._exit`, a signal), else the rank that noted one first."""
+    noted: dict[int, float] = {}
+    for name in os.listdir(folder):
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(folder, name)) as handle:
+                noted[int(name.removeprefix("rank"))] = float(handle.read())
+    if exited not in noted:
+        return exited
+    return min(noted, key=lambda rank: noted[rank])
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 3`, or `signal 9 (SIGKILL)` for a process ended by a signal (negative code)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def on_interrupt(callback: Callable[[], None]) -> None:
+    """Call `callback` from a helper thread as soon as this process receives SIGINT (Ctrl-C).
+
+    Python runs its own SIGINT handler (the `KeyboardInterrupt`) only when the main thread is back
+    in Python code, which a rank blocked in a collective is not until the collective times out.
+    Python's C-level handler also writes the signal number to the wakeup file descriptor, which
+    a thread can read at once. Does nothing outside the main thread or when another wakeup file
+    descriptor is already set (e.g. by a running asyncio loop).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end), os.close(write_end)
+        return
+
+    def watch() -> None:
+        while data := os.read(read_end, 64):
+            if signal.SIGINT in data:
+                callback()
+
+    threading.Thread(target=watch, name="lite-interrupt", daemon=True).start()
+
+
+# -- the rank side ------------------------------------------------------------------------------
+def start_rank(launcher_pid: int) -> None:
+    """First thing in a rank process that a launcher started: die with the launcher, and exit at
+    once if the launcher already died before the parent-death signal was armed."""
+    die_with_parent()
+    if os.getppid() != launcher_pid:
+        os._exit(1)
+
+
+def run_rank(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, launcher_pid: int,
+             result_file: str, returns_result: Callable[[], bool], on_failure: Callable[[BaseException], None],
+             on_success: Callable[[], None] = lambda: None) -> None:
+    """The body of a rank process: `fn(*args, **kwargs)`, then rank 0's result into `result_file`.
+
+    Args:
+        fn: the user's function (wrapped by `LightningLite`).
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        launcher_pid: the process that started this rank (see `start_rank`).
+        result_file: where the rank for which `returns_result()` is true pickles the result.
+        returns_result: called after `on_success`: whether this rank hands back the result.
+        on_failure: called with the exception `fn` raised (`SystemExit` included) before it goes
+            on; it may end the process instead (e.g. to stop the other replicas at once).
+        on_success: called after `fn` returned (e.g. to tear the strategy down).
+    """
+    start_rank(launcher_pid)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as err:
+        on_failure(err)
+        raise
+    on_success()
+    if returns_result():
+        write_result(result, result_file)
+
+
+def write_result(result: Any, path: str) -> None:
+    """Pickle a rank's result where its launcher reads it (a file: a large result cannot block a pipe)."""
+    with open(path, "wb") as handle:
+        pickle.dump(result, handle)
+
+
+def read_result(path: str | os.PathLike[str]) -> Any:
+    """The result `write_result` stored."""
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
+# -- the launcher side: rank processes started with `subprocess` ----------------------------------
+class RankProcesses:
+    """Local rank processes started with `subprocess`, each dying with this process.
+
+    `watch` reports the first rank that fails (one waiter thread per rank notes each exit the
+    moment it happens, so the rank that failed first is reported, not one that failed because of
+    it a moment later); `stop` ends every rank still running.
+    """
+
+    def __init__(self) -> None:
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._stopped: set[int] = set()  # local ranks that `stop` ended: not failures
+        self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
+
+    def start(self, local_rank: int, command: list[str], env: dict[str, str]) -> None:
+        """Start local rank `local_rank` as `command` with environment `env`."""
+        process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+        self._processes[local_rank] = process
+        threading.Thread(target=lambda: self._exits.put((local_rank, process.wait())), daemon=True).start()
+
+    def __len__(self) -> int:
+        return len(self._processes)
+
+    def watch(self, interrupted: Callable[[], bool] = lambda: False, poll: float = 0.05) -> tuple[int, int] | None:
+        """Block until a rank fails, returning `(local_rank, exit code)`; `None` once every rank
+        has ended without failing, or as soon as `interrupted()` is true."""
+        remaining = len(self._processes)
+        while remaining:
+            if interrupted():
+                return None
+            try:
+                local_rank, code = self._exits.get(timeout=poll)
+            except queue.Empty:
+                continue
+            remaining -= 1
+            if code != 0 and not self._was_stopped(local_rank, code):
+                return local_rank, code
+        return None
+
+    def _was_stopped(self, local_rank: int, code: int) -> bool:
+        return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM every rank still running, SIGKILL after the grace period."""
+        running = {r: p for r, p in self._processes.items() if p.poll() is None}
+        self._stopped.update(running)
+        stop_processes(running.values())
+
+    def wait(self) -> None:
+        """Wait until every rank has ended."""
+        for process in self._processes.values():
+            process.wait()
+
+
+def exit_code(code: int) -> int:
+    """The exit code a launcher passes on for a rank that ended with `code` (128 + N for signal N)."""
+    return code if code > 0 else 128 - code
+
+
+class Job:
+    """`lite run`'s ranks: `per_node` processes running `command`, one per local rank of node
+    `node_rank`.
+
+    `run()` returns 0 when every rank exits with 0; as soon as one fails it stops the others and
+    returns that rank's code (128 + N for a rank killed by signal N). SIGTERM, SIGINT or SIGHUP
+    sent to `lite run` stop every rank too.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], per_node: int, num_nodes: int,
+                 node_rank: int) -> None:
+        self._command = command
+        self._env = env
+        self._per_node = per_node
+        self._num_nodes = num_nodes
+        self._node_rank = node_rank
+        self._ranks = RankProcesses()
+        self._signal: int | None = None
+        self._failures = ""
+
+    def run(self) -> int:
+        """Start the ranks and supervise them until they end; returns the exit code."""
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        folder = tempfile.TemporaryDirectory(prefix="lite-run-failures-")
+        self._failures = folder.name
+        try:
+            self._start()
+            return self._supervise()
+        finally:
+            self._ranks.stop()
+            folder.cleanup()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _start(self) -> None:
+        for local_rank in range(self._per_node):
+            env = {
+                **self._env,
+                "LOCAL_RANK": str(local_rank),
+                "RANK": str(self._node_rank * self._per_node + local_rank),
+                "LOCAL_WORLD_SIZE": str(self._per_node),
+                "WORLD_SIZE": str(self._per_node * self._num_nodes),
+                FAILURE_DIR_VARIABLE: self._failures,
+            }
+            self._ranks.start(local_rank, self._command, env)
+
+    def _supervise(self) -> int:
+        failure = self._ranks.watch(interrupted=lambda: self._signal is not None)
+        if self._signal is not None:
+            _say(f"received {signal.Signals(self._signal).name}; stopping every rank.")
+            return 128 + self._signal
+        if failure is None:
+            return 0
+        local_rank, code = failure
+        _say(self._blame(local_rank, code))
+        return exit_code(code)
+
+    def _blame(self, local_rank: int, code: int) -> str:
+        """The line that names the failing rank: the first to record a failure, if another one."""
+        first = rank_to_blame(self._failures, local_rank)
+        if first == local_rank:
+            return f"local rank {local_rank} failed with {describe_exit(code)}; stopping every rank."
+        return (f"local rank {first} failed first (its error is above) and local rank {local_rank} then ended with"
+                f" {describe_exit(code)}; stopping every rank.")
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signum
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"lite run: {message}\n")
+    sys.stderr.flush()

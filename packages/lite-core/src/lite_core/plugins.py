@@ -1,0 +1,107 @@
+"""The plugin interface: everything a backend package (or a third party) builds on.
+
+A backend imports only from this module (and the other public modules of `lite_core`); the rest
+of the core may change in any release. The names below follow semantic versioning together with
+lite-core's version: adding a name is a minor change, removing one or changing what it does or
+takes is a major change. A backend declares the core range it was written for in its own
+`lite-core>=X,<Y` requirement, which the core checks when it loads the backend (by name or as
+an instance passed to `LightningLite`).
+
+What is here, by purpose:
+
+- Base classes to derive from: `Accelerator` (and `CPUAccelerator`), `Strategy`,
+  `SingleDeviceStrategy`, `DDPStrategy` (the base of every strategy that runs a
+  `torch.distributed` process group, e.g. DeepSpeed's), `Launcher`, `Precision`
+  (`MixedPrecision`, `TruePrecision`), `ClusterEnvironment`, `CheckpointIO` (`TorchCheckpointIO`).
+- Errors to raise: `LiteError` and its subclasses.
+- Checkpoints: `to_state` (content with modules and optimizers replaced by their state),
+  `restore` (load state back into live objects), `read_checkpoint`, `PRECISION_KEY`.
+- Rank supervision for launchers: `start_rank`, `run_rank`, `read_result`, `write_result`,
+  `die_with_parent`, `on_interrupt`, `RankProcesses`, `stop_processes`, `describe_exit`.
+- Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
+- Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`.
+
+See the "Writing a backend" guide in the documentation for how the pieces fit together.
+
+Names load on first access, so importing this module costs nothing until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lite_core.accelerators.accelerator import Accelerator
+    from lite_core.accelerators.cpu import CPUAccelerator
+    from lite_core.checkpoint import (
+        PRECISION_KEY,
+        CheckpointIO,
+        TorchCheckpointIO,
+        read_checkpoint,
+        restore,
+        to_state,
+    )
+    from lite_core.environments.environment import ClusterEnvironment
+    from lite_core.errors import (
+        BackendImportError,
+        BackendNotInstalledError,
+        CheckpointError,
+        CollectiveTimeoutError,
+        ConfigurationError,
+        IncompatibleBackendError,
+        LiteError,
+        MisuseError,
+        MissingDependencyError,
+        UnknownNameError,
+    )
+    from lite_core.launchers.launcher import Launcher
+    from lite_core.launchers.supervision import (
+        RankProcesses,
+        describe_exit,
+        die_with_parent,
+        on_interrupt,
+        read_result,
+        run_rank,
+        start_rank,
+        stop_processes,
+        write_result,
+    )
+    from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
+    from lite_core.strategies.ddp import DDPStrategy
+    from lite_core.strategies.single_device import SingleDeviceStrategy
+    from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op
+    from lite_core.wrappers import forward_module, is_set_up, original_module, unwrap_optimizer
+
+#: Each public name and the module that defines it.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(["Accelerator"], "lite_core.accelerators.accelerator"),
+    **dict.fromkeys(["CPUAccelerator"], "lite_core.accelerators.cpu"),
+    **dict.fromkeys(["Strategy", "REDUCE_OPS", "check_reduce_op"], "lite_core.strategies.strategy"),
+    **dict.fromkeys(["SingleDeviceStrategy"], "lite_core.strategies.single_device"),
+    **dict.fromkeys(["DDPStrategy"], "lite_core.strategies.ddp"),
+    **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),
+    **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
+    **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
+    **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "read_checkpoint", "restore",
+                     "to_state"], "lite_core.checkpoint"),
+    **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
+                     "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
+                     "CheckpointError", "MissingDependencyError"], "lite_core.errors"),
+    **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
+                     "RankProcesses", "stop_processes", "describe_exit"], "lite_core.launchers.supervision"),
+    **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'lite_core.plugins' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
