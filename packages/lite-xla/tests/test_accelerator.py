@@ -65,6 +65,14 @@ def test_xla_strategies_refuse_other_accelerators() -> None:
         LightningLite(accelerator="cpu", strategy="xla", devices=2)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_cores_process_group_strategies_refuse_xla_devices(strategy: str) -> None:
+    # XLA declares no torch.distributed backend; the core's strategies ask for one, naming no device.
+    with pytest.raises(ConfigurationError, match=rf"^strategy='{strategy}' does not run on accelerator='tpu': it"
+                                                 " needs a torch.distributed process group"):
+        LightningLite(accelerator="tpu", strategy=strategy, devices=2)
+
+
 @pytest.mark.parametrize("precision", ["16-mixed", "64-true", "16-true"])
 def test_unsupported_precision_names_the_supported_ones(precision: str) -> None:
     with pytest.raises(ConfigurationError, match=r"\['32-true', 'bf16-mixed', 'bf16-true'\]"):

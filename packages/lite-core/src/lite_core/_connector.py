@@ -1,8 +1,9 @@
 """Joins the user's accelerator, strategy, devices and precision into one connected strategy.
 
 Every decision reads what the classes declare (`Accelerator.priority`, `.supported_precisions`,
-`.default_distributed_strategy`, `.default_single_device_strategy`, `Strategy.supported_accelerators`, `.supported_precisions`,
-`.is_distributed`); no branch here names a particular backend.
+`.default_distributed_strategy`, `.default_single_device_strategy`, `.distributed_backend`,
+`Strategy.supported_accelerators`, `.needs_process_group`, `.supported_process_group_backends`,
+`.supported_precisions`, `.is_distributed`); no branch here names a particular backend.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import warnings
 from typing import Any
 
-from lite_core._registry import ACCELERATORS, STRATEGIES
+from lite_core._registry import ACCELERATORS, STRATEGIES, check_instance
 from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
@@ -28,6 +29,8 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     """Resolve every choice and return the strategy with accelerator, environment and precision."""
     given = _sort_plugins(precision, plugins)
     _check_num_nodes(num_nodes)
+    if isinstance(strategy, Strategy):
+        check_instance(strategy)
     strategy_cls = type(strategy) if isinstance(strategy, Strategy) else _strategy_class(strategy)
     accel = _accelerator(accelerator, strategy_cls)
     indexes = accel.parse_devices(devices)
@@ -83,6 +86,7 @@ def _strategy_class(strategy: Any) -> type[Strategy] | None:
 
 def _accelerator(accelerator: Any, strategy_cls: type[Strategy] | None) -> Accelerator:
     if isinstance(accelerator, Accelerator):
+        check_instance(accelerator)
         return accelerator
     if accelerator is None or accelerator == "auto":
         return _auto_accelerator(strategy_cls)()
@@ -100,32 +104,32 @@ def _accelerator(accelerator: Any, strategy_cls: type[Strategy] | None) -> Accel
 
 
 def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
-    wanted = strategy_cls.supported_accelerators if strategy_cls is not None else None
+    named = strategy_cls.supported_accelerators if strategy_cls is not None else None
     candidates = []
     for name in ACCELERATORS.names():
-        if wanted is not None and name not in wanted:
-            continue
+        if named is not None and name not in named:
+            continue  # not even imported
         try:
             accel_cls = ACCELERATORS.load(name)
         except (BackendImportError, IncompatibleBackendError) as err:
             warnings.warn(f"Skipping an unusable backend while choosing accelerator='auto': {err}", stacklevel=6)  # up to the line constructing LightningLite
             continue
-        if accel_cls.is_available():
+        if accel_cls.is_available() and (strategy_cls is None or strategy_cls.why_not_on(accel_cls) is None):
             candidates.append(accel_cls)
     if not candidates:
+        assert strategy_cls is not None  # the CPU accelerator runs every strategy that names none
         raise ConfigurationError(
-            f"No available accelerator supports the chosen strategy (it runs on {sorted(wanted or [])}): install"
-            " and set up one of those, or choose another strategy."
+            f"No available accelerator supports the chosen strategy (it runs on {strategy_cls.describe_accelerators()}):"
+            " install and set up one of those, or choose another strategy."
         )
     return max(candidates, key=lambda cls: cls.priority)
 
 
 def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, num_nodes: int) -> None:
-    supported = strategy.supported_accelerators
-    if supported is not None and accel.name not in supported:
+    reason = strategy.why_not_on(accel)
+    if reason is not None:
         raise ConfigurationError(
-            f"strategy={strategy.name!r} does not run on accelerator={accel.name!r}: choose one of"
-            f" {sorted(supported)} or another strategy."
+            f"strategy={strategy.name!r} does not run on accelerator={accel.name!r}: {reason}."
         )
     processes_per_node = 1 if strategy.drives_devices_from_one_process else num_devices
     if not strategy.is_distributed and processes_per_node * num_nodes > 1:

@@ -35,6 +35,10 @@ class XLAAccelerator(Accelerator):
     default_single_device_strategy = "single_xla"
     supported_precisions = XLA_PRECISIONS
     autocast_device_type = "xla"
+    #: Replicas communicate through XLA's own collectives, not a `torch.distributed` process group:
+    #: the core's process-group strategies (`ddp`, `fsdp`, ...) refuse this device; `xla` and
+    #: `xla_fsdp` run on it.
+    distributed_backend = None
 
     @staticmethod
     def is_available() -> bool:

@@ -21,8 +21,10 @@ class Accelerator(ABC):
     name: ClassVar[str]
     #: Highest available priority wins when the user asks for `accelerator="auto"`.
     priority: ClassVar[int] = 0
-    #: `torch.distributed` backend for process groups on this device.
-    distributed_backend: ClassVar[str] = "gloo"
+    #: The `torch.distributed` backend of process groups on this device (e.g. "gloo", "nccl"), or
+    #: `None` when the device runs no `torch.distributed` process group. Strategies that need one
+    #: (`ddp`, `fsdp`, ...) read this instead of naming accelerators.
+    distributed_backend: ClassVar[str | None] = "gloo"
     #: Strategy chosen for `strategy="auto"` when the job has more than one process.
     default_distributed_strategy: ClassVar[str] = "ddp"
     #: Strategy chosen for `strategy="auto"` when the job has one process (a device such as

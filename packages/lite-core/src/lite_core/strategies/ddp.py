@@ -39,6 +39,7 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     is_distributed = True
+    needs_process_group = True
     #: `None` re-runs the script; otherwise a `multiprocessing` start method.
     start_method: ClassVar[str | None] = None
 

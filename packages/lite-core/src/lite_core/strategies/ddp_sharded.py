@@ -33,7 +33,7 @@ class DDPShardedStrategy(DDPStrategy):
     """
 
     name = "ddp_sharded"
-    supported_accelerators = frozenset({"cpu", "cuda"})  # fairscale talks gloo or NCCL
+    supported_process_group_backends = frozenset({"gloo", "nccl"})  # what fairscale talks
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
 
     def __init__(self, timeout: float | timedelta | None = None, process_group_backend: str | None = None,

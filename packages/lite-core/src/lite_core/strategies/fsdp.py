@@ -44,7 +44,6 @@ class FSDPStrategy(DDPStrategy):
 
     name = "fsdp"
     # XLA devices have their own sharding strategy (`xla_fsdp`).
-    supported_accelerators = frozenset({"cpu", "cuda"})
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
 

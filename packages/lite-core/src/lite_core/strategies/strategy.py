@@ -41,8 +41,15 @@ class Strategy:
 
     #: The name users pass as `strategy=...`.
     name: ClassVar[str]
-    #: Accelerator names this strategy runs on; `None` means any accelerator.
+    #: Accelerator names this strategy runs on; `None` means any accelerator that meets the
+    #: requirements below. Core strategies leave it `None` and declare capabilities instead; a
+    #: backend's own strategy may name its own accelerators.
     supported_accelerators: ClassVar[frozenset[str] | None] = None
+    #: Whether the strategy needs the accelerator to run a `torch.distributed` process group
+    #: (`Accelerator.distributed_backend` is not `None`).
+    needs_process_group: ClassVar[bool] = False
+    #: The `torch.distributed` backends the strategy works over; `None` means any.
+    supported_process_group_backends: ClassVar[frozenset[str] | None] = None
     #: Precisions this strategy accepts.
     supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
     #: Whether the strategy drives more than one process.
@@ -54,6 +61,32 @@ class Strategy:
     #: Whether `backward` must be told which model the loss belongs to when several are set up
     #: (e.g. DeepSpeed, where each model has its own engine that runs the backward pass).
     backward_needs_model: ClassVar[bool] = False
+
+    @classmethod
+    def why_not_on(cls, accelerator: Accelerator | type[Accelerator]) -> str | None:
+        """Why this strategy cannot run on `accelerator` and what to do, as the end of an error
+        sentence; `None` when it can. Built from the declarations above, so a new accelerator that declares what
+        it can do needs no change to any strategy."""
+        if cls.supported_accelerators is not None and accelerator.name not in cls.supported_accelerators:
+            return f"choose one of {sorted(cls.supported_accelerators)} or another strategy"
+        backend = accelerator.distributed_backend
+        if cls.needs_process_group and backend is None:
+            return ("it needs a torch.distributed process group, which this accelerator does not run: choose"
+                    " another strategy or accelerator")
+        allowed = cls.supported_process_group_backends
+        if cls.needs_process_group and allowed is not None and backend not in allowed:
+            return (f"it works over the {' or '.join(sorted(allowed))} process-group backend and this accelerator"
+                    f" uses {backend!r}: choose another strategy or accelerator")
+        return None
+
+    @classmethod
+    def describe_accelerators(cls) -> str:
+        """The accelerators this strategy runs on, for error messages."""
+        if cls.supported_accelerators is not None:
+            return str(sorted(cls.supported_accelerators))
+        backends = cls.supported_process_group_backends
+        over = f" over {' or '.join(sorted(backends))}" if backends is not None else ""
+        return f"accelerators that run a torch.distributed process group{over}"
 
     def __init__(self) -> None:
         self.accelerator: Accelerator | None = None
