@@ -7,6 +7,7 @@ and found by the real `importlib.metadata` discovery.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator
 from importlib.metadata import distribution
@@ -248,6 +249,41 @@ def test_compatible_backend_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     assert strategy_cls.__name__ == "OldStrategy"
     assert strategy_cls.__module__ == "lite_fake_old"
+
+
+# --- version check of backend instances passed to LightningLite ------------------------------------
+
+_OLD = "from lite_core.plugins import SingleDeviceStrategy\n\nclass OldStrategy(SingleDeviceStrategy):\n    name = 'fake_old'\n"
+
+
+def test_a_strategy_instance_from_an_incompatible_backend_is_refused(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    install_backend(tmp_path, monkeypatch, "lite-fake-old", requires="lite-core>=9.0",
+                    entry_points="[lite_core.strategies]\nfake_old = lite_fake_old:OldStrategy\n", module_source=_OLD)
+    old_strategy = importlib.import_module("lite_fake_old").OldStrategy
+
+    class Mine(old_strategy):  # a user's subclass is the backend's too
+        pass
+
+    for instance in (old_strategy(), Mine()):
+        with pytest.raises(IncompatibleBackendError, match=r"lite-fake-old 0.0.1 needs lite-core>=9.0"):
+            LightningLite(accelerator="cpu", strategy=instance)
+
+
+def test_an_accelerator_instance_from_an_incompatible_backend_is_refused(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    source = "from lite_core.plugins import CPUAccelerator\n\nclass OldCPU(CPUAccelerator):\n    name = 'old_cpu'\n"
+    install_backend(tmp_path, monkeypatch, "lite-fake-old", requires="lite-core<0.1",
+                    entry_points="[lite_core.accelerators]\nold_cpu = lite_fake_old:OldCPU\n", module_source=source)
+    with pytest.raises(IncompatibleBackendError, match="pip install --upgrade lite-fake-old"):
+        LightningLite(accelerator=importlib.import_module("lite_fake_old").OldCPU())
+
+
+def test_a_compatible_backend_instance_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_backend(tmp_path, monkeypatch, "lite-fake-old", requires="lite-core>=0.1,<1",
+                    entry_points="[lite_core.strategies]\nfake_old = lite_fake_old:OldStrategy\n", module_source=_OLD)
+    lite = LightningLite(accelerator="cpu", strategy=importlib.import_module("lite_fake_old").OldStrategy())
+    assert type(lite._strategy).__name__ == "OldStrategy"
 
 
 # --- broken backends ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
         "deepspeed_stage_2_offload": "deepspeed",
         "deepspeed_stage_3": "deepspeed",
         "deepspeed_stage_3_offload": "deepspeed",
+        "single_xla": "xla",
         "xla": "xla",
         "xla_fsdp": "xla",
     },
@@ -73,6 +74,24 @@ class Registry:
         return UnknownNameError(
             f"{self.kind}={name!r} is not a known {self.kind}: {hint}valid names are {', '.join(valid)}."
         )
+
+
+def check_instance(obj: Any) -> None:
+    """Refuse an accelerator or strategy passed as an instance whose backend requires another
+    lite-core, as `Registry.load` refuses one chosen by name (a subclass of a backend's class is
+    checked against that backend too)."""
+    packages = {cls.__module__.partition(".")[0] for cls in type(obj).__mro__}
+    checked: set[str] = set()
+    for group in (ACCELERATORS.group, STRATEGIES.group):
+        for found in _entry_points(group).values():
+            dist = found.dist
+            if dist is None or _is_core(dist) or found.value.partition(".")[0].partition(":")[0] not in packages:
+                continue
+            if dist.metadata["Name"] not in checked:
+                from lite_core._compat import check_compatible
+
+                check_compatible(dist)
+                checked.add(dist.metadata["Name"])
 
 
 @cache
