@@ -20,6 +20,13 @@ from cells import Cell  # noqa: E402
 from checks import run_scenario  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every matrix test `matrix`, so environments can select the matrix with `-m`."""
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.matrix)
+
+
 @pytest.fixture(scope="session")
 def scenario_run(run_script: Callable[..., Any], output_of: Callable[..., str],
                  tmp_path_factory: pytest.TempPathFactory) -> Callable[[Cell], tuple[dict[str, Any], Path]]:

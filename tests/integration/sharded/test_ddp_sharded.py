@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("fairscale", reason="fairscale is not installed: run `hatch run test-fairscale:all`")
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.fairscale, pytest.mark.timeout(150)]
 
 STRATEGIES = ["ddp_sharded", "ddp_sharded_spawn"]
 
