@@ -57,9 +57,12 @@ def test_launch_without_function_under_ddp(run_script, tmp_path, output_of):
 NOTEBOOK_CODE = (SCRIPTS / "notebook_session.py").read_text()
 
 
-def test_ddp_notebook_from_interactive_session(run_script, output_of):
-    proc = run_script(command=[sys.executable, "-", "ddp_notebook"], input=NOTEBOOK_CODE)
+@pytest.mark.parametrize("strategy", ["ddp_notebook", "auto"])
+def test_ddp_notebook_from_interactive_session(strategy, run_script, output_of):
+    # strategy="auto" with devices=2 picks the launcher that works where the script cannot be re-run: fork.
+    proc = run_script(command=[sys.executable, "-", strategy], input=NOTEBOOK_CODE)
     assert proc.returncode == 0, output_of(proc)
+    assert "STRATEGY DDPForkStrategy" in proc.stdout
     result = result_line(proc.stdout)
     returned = result["returned"]
     assert returned["rank"] == 0 and returned["world_size"] == 2
@@ -69,13 +72,36 @@ def test_ddp_notebook_from_interactive_session(run_script, output_of):
     assert returned["parents"] == [result["session_pid"]] * 2
 
 
-def test_ddp_from_interactive_session_points_to_ddp_notebook(run_script, output_of):
-    proc = run_script(command=[sys.executable, "-", "ddp"], input=NOTEBOOK_CODE)
+@pytest.mark.parametrize("strategy", ["ddp", "my_ddp"])
+def test_ddp_from_interactive_session_points_to_ddp_notebook(strategy, run_script, output_of):
+    proc = run_script(command=[sys.executable, "-", strategy], input=NOTEBOOK_CODE)
     assert proc.returncode != 0, output_of(proc)
     assert "RESULT" not in proc.stdout
     error = proc.stderr.strip().splitlines()[-1]
     assert error.startswith("lite_core.errors.MisuseError:"), output_of(proc)
     assert "ddp_notebook" in error
+    assert f"strategy={strategy!r} starts the other ranks" in error  # the strategy the user chose
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "my_ddp", "ddp_spawn"])
+def test_a_ddp_strategy_on_one_device_launches_nothing(strategy, run_script, output_of):
+    # e.g. a backend's DeepSpeed strategy on one GPU: it works from stdin and notebooks too.
+    proc = run_script(command=[sys.executable, "-", strategy, "1"], input=NOTEBOOK_CODE)
+    assert proc.returncode == 0, output_of(proc)
+    result = result_line(proc.stdout)
+    assert result["returned"]["world_size"] == 1 and result["returned"]["total"] == 10.0
+    assert result["returned"]["pids"] == [result["session_pid"]]  # ran in the session itself
+
+
+def test_ddp_spawn_without_a_main_guard_names_the_guard(run_script, output_of):
+    proc = run_script("unguarded_spawn.py")
+    assert proc.returncode != 0, output_of(proc)
+    assert "RESULT" not in proc.stdout
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error == ("lite_core.errors.MisuseError: strategy='ddp_spawn' starts each rank by importing your"
+                     " script, which would start training again in every rank: put the code that runs it under"
+                     " `if __name__ == \"__main__\":`."), output_of(proc)
+    assert "bootstrapping" not in proc.stderr and len(proc.stderr.splitlines()) < 25  # one traceback, no ranks'
 
 
 # -- several nodes, by hand ------------------------------------------------------------------------

@@ -152,3 +152,17 @@ def test_gradient_accumulation_with_no_backward_sync(strategy, training_job, ass
                                     2 * MICRO_BATCH, accumulate=2)
     assert results["accumulated_steps"] == steps == 4
     assert_weights_match(results["accumulated_final"], expected, results["initial_accumulating"])
+
+
+# -- objects passed into run() -----------------------------------------------------------------------
+def test_a_model_passed_into_run_is_each_ranks_own(run_script, output_of, tmp_path):
+    # Spawned ranks receive tensors through shared memory: without a copy per rank, both ranks
+    # updated the same weights and the result drifted from DDP's by about 3e-4, run to run.
+    proc = run_script("passed_into_run.py", tmp_path)
+    assert proc.returncode == 0, output_of(proc)
+    reference = torch.load(tmp_path / "reference.pt", weights_only=True)
+    for strategy in ("ddp_spawn", "ddp_fork"):
+        weights = torch.load(tmp_path / f"{strategy}.pt", weights_only=True)
+        assert weights.keys() == reference.keys()
+        for key, value in reference.items():
+            assert torch.equal(weights[key], value), (strategy, key, (weights[key] - value).abs().max())

@@ -1,7 +1,8 @@
 """Joins the user's accelerator, strategy, devices and precision into one connected strategy.
 
 Every decision reads what the classes declare (`Accelerator.priority`, `.supported_precisions`,
-`.default_distributed_strategy`, `.default_single_device_strategy`, `.distributed_backend`,
+`.default_distributed_strategy`, `.default_interactive_strategy`, `.default_single_device_strategy`,
+`.distributed_backend`,
 `Strategy.supported_accelerators`, `.needs_process_group`, `.supported_process_group_backends`,
 `.supported_precisions`, `.is_distributed`); no branch here names a particular backend.
 """
@@ -36,9 +37,7 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     indexes = accel.parse_devices(devices)
     environment = given.get(ClusterEnvironment) or detect_environment()
     if strategy_cls is None:
-        multi = len(indexes) * num_nodes > 1
-        strategy_cls = STRATEGIES.load(accel.default_distributed_strategy if multi
-                                       else accel.default_single_device_strategy)
+        strategy_cls = STRATEGIES.load(_auto_strategy(accel, len(indexes) * num_nodes, environment))
     chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
     _check_strategy(chosen, accel, len(indexes), num_nodes)
     environment.validate_settings(len(indexes), num_nodes)
@@ -123,6 +122,17 @@ def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
             " install and set up one of those, or choose another strategy."
         )
     return max(candidates, key=lambda cls: cls.priority)
+
+
+def _auto_strategy(accel: Accelerator, processes: int, environment: ClusterEnvironment) -> str:
+    """The strategy name `strategy="auto"` means here, from the accelerator's declarations."""
+    if processes == 1:
+        return accel.default_single_device_strategy
+    if environment.creates_processes_externally:
+        return accel.default_distributed_strategy
+    from lite_core.launchers.script import can_rerun_script
+
+    return accel.default_distributed_strategy if can_rerun_script() else accel.default_interactive_strategy
 
 
 def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, num_nodes: int) -> None:

@@ -136,7 +136,7 @@ class LightningLite:
         started and set up, and the code after `launch()` runs in every one of them.
         """
         if fn is not None:
-            return cast(T, self._launch(functools.partial(self._execute, fn, (self, *args), kwargs)))
+            return cast(T, self._launch(functools.partial(self._execute, fn, self), args, kwargs))
         launcher = self._strategy.launcher
         if launcher is not None and launcher.needs_function:
             raise MisuseError(
@@ -150,17 +150,19 @@ class LightningLite:
         atexit.register(self._finalize_loggers)
         return None
 
-    def _launch(self, worker: Callable[[], T]) -> T:
+    def _launch(self, worker: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """`worker(*args, **kwargs)` here, or in every process the launcher starts. The user's
+        arguments travel apart from `worker` so that a launcher can give each rank its own copy."""
         launcher = self._strategy.launcher
         if self._inside_run or launcher is None:
-            return worker()
-        return cast(T, launcher.launch(worker))
+            return worker(*args, **kwargs)
+        return cast(T, launcher.launch(worker, *args, **kwargs))
 
     def _user_run(self, *args: Any, **kwargs: Any) -> Any:
         # Looked up by name (not captured) so a pickled copy in a spawned process finds it too.
         return type(self).run.__wrapped__(self, *args, **kwargs)  # type: ignore[attr-defined]
 
-    def _execute(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    def _execute(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         self._strategy.setup_environment()
         outer, self._inside_run = self._inside_run, True
         try:
@@ -411,7 +413,7 @@ def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(self: LightningLite, *args: Any, **kwargs: Any) -> Any:
         if self._inside_run:
             return run(self, *args, **kwargs)
-        return self._launch(functools.partial(self._execute, self._user_run, args, kwargs))
+        return self._launch(functools.partial(self._execute, self._user_run), args, kwargs)
 
     return wrapped
 

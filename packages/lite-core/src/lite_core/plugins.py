@@ -16,7 +16,7 @@ What is here, by purpose:
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules and optimizers replaced by their state),
   `restore` (load state back into live objects), `read_checkpoint`, `PRECISION_KEY`.
-- Rank supervision for launchers: `start_rank`, `run_rank`, `read_result`, `write_result`,
+- Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `stop_processes`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
 - Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`.
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
         describe_exit,
         die_with_parent,
         on_interrupt,
+        own_copy,
         read_result,
         run_rank,
         start_rank,
@@ -89,7 +90,7 @@ _HOMES: dict[str, str] = {
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),
     **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
-                     "RankProcesses", "stop_processes", "describe_exit"], "lite_core.launchers.supervision"),
+                     "RankProcesses", "stop_processes", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
     **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
 }
 

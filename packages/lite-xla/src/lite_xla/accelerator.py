@@ -32,6 +32,7 @@ class XLAAccelerator(Accelerator):
     name = "tpu"
     priority = 20
     default_distributed_strategy = "xla"
+    default_interactive_strategy = "xla"  # torch-xla starts the replicas itself, script or not
     default_single_device_strategy = "single_xla"
     supported_precisions = XLA_PRECISIONS
     autocast_device_type = "xla"

@@ -27,6 +27,9 @@ class Accelerator(ABC):
     distributed_backend: ClassVar[str | None] = "gloo"
     #: Strategy chosen for `strategy="auto"` when the job has more than one process.
     default_distributed_strategy: ClassVar[str] = "ddp"
+    #: Strategy chosen for `strategy="auto"` when the job has more than one process but this
+    #: process cannot be run again to start them (a REPL, a notebook, code piped to `python -`).
+    default_interactive_strategy: ClassVar[str] = "ddp_fork"
     #: Strategy chosen for `strategy="auto"` when the job has one process (a device such as
     #: XLA's needs its own, which cuts the graph at each step).
     default_single_device_strategy: ClassVar[str] = "single_device"

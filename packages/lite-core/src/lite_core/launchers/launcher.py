@@ -15,7 +15,10 @@ class Launcher(ABC):
 
     @abstractmethod
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Start the processes, run `fn(*args, **kwargs)` in each, return rank 0's result."""
+        """Start the processes, run `fn(*args, **kwargs)` in each, return rank 0's result.
+
+        `args` and `kwargs` are the user's arguments (e.g. a model passed to `run()`): each rank
+        must work on its own copy of them (`lite_core.plugins.run_rank` makes it)."""
 
     def stop(self) -> None:
         """Stop the processes this launcher started (after this process failed)."""

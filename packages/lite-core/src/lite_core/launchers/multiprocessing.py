@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import os
 import pickle
+import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from lite_core.errors import ConfigurationError
+from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
 
@@ -43,6 +45,8 @@ class MultiprocessingLauncher(Launcher):
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         import torch.multiprocessing as mp
 
+        if self._start_method != "fork":
+            _refuse_unguarded_main(self._strategy.name)
         environment = self._strategy.environment
         assert environment is not None
         os.environ["MASTER_ADDR"] = environment.main_address
@@ -100,6 +104,42 @@ def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: t
     run_rank(fn, args, kwargs, launcher_pid=parent_pid, result_file=result_file,
              returns_result=lambda: strategy.global_rank == 0, on_failure=on_failure,
              on_success=strategy.teardown)
+
+
+def _refuse_unguarded_main(strategy_name: str) -> None:
+    """Refuse, before any rank starts, a launch from the top level of a script that has no
+    `if __name__ == "__main__":` guard: each spawned rank imports the script, which would run
+    the launch again in every rank (multiprocessing then fails with pages of tracebacks)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not os.path.isfile(path):
+        return  # a REPL or notebook: the ranks import nothing of it
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None or _inside_main_guard(Path(path), frame.f_lineno):
+        return
+    raise MisuseError(
+        f"strategy={strategy_name!r} starts each rank by importing your script, which would start training"
+        " again in every rank: put the code that runs it under `if __name__ == \"__main__\":`."
+    )
+
+
+def _inside_main_guard(script: Path, line: int) -> bool:
+    try:
+        tree = ast.parse(script.read_text(), str(script))
+    except (OSError, SyntaxError, ValueError):
+        return True  # cannot tell: let multiprocessing speak
+    return any(isinstance(node, ast.If) and _tests_main_name(node.test)
+               and node.lineno <= line <= (node.end_lineno or node.lineno) for node in tree.body)
+
+
+def _tests_main_name(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+    return names and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
 
 
 def _record_failure(path: Path, local_rank: int) -> None:

@@ -24,8 +24,10 @@ class ScriptLauncher(Launcher):
 
     needs_function = False
 
-    def __init__(self, environment: ClusterEnvironment, num_processes: int, num_nodes: int) -> None:
+    def __init__(self, environment: ClusterEnvironment, num_processes: int, num_nodes: int,
+                 strategy_name: str = "ddp") -> None:
         self._environment = environment
+        self._strategy_name = strategy_name
         self._num_processes = num_processes
         self._num_nodes = num_nodes
         self._ranks = RankProcesses()
@@ -42,7 +44,7 @@ class ScriptLauncher(Launcher):
     def start(self) -> None:
         if len(self._ranks) or self._environment.creates_processes_externally:
             return
-        command = _script_command()
+        command = _script_command(self._strategy_name)
         os.environ["MASTER_ADDR"] = self._environment.main_address
         os.environ["MASTER_PORT"] = str(self._environment.main_port)
         os.environ["NODE_RANK"] = str(self._environment.node_rank())
@@ -78,16 +80,26 @@ class ScriptLauncher(Launcher):
             self._watchdog.join()
 
 
-def _script_command() -> list[str]:
+def can_rerun_script() -> bool:
+    """Whether this process was started from a script or module that can be run again (not a
+    REPL, a notebook or code piped to `python -`)."""
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return True
+    script = getattr(main, "__file__", None)
+    return bool(script) and os.path.exists(script)
+
+
+def _script_command(strategy_name: str) -> list[str]:
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
         module = spec.name.removesuffix(".__main__")
         return [sys.executable, "-m", module, *sys.argv[1:]]
-    script = getattr(main, "__file__", None)
-    if not script or not os.path.exists(script):
+    if not can_rerun_script():
         raise MisuseError(
-            "strategy='ddp' starts the other ranks by running your script again, which an"
+            f"strategy={strategy_name!r} starts the other ranks by running your script again, which an"
             " interactive session or notebook cannot do: use strategy='ddp_notebook' there."
         )
-    return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
+    return [sys.executable, os.path.abspath(main.__file__), *sys.argv[1:]]

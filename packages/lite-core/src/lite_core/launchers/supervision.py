@@ -10,6 +10,7 @@ Used by `lite run`, the script launcher (`ddp`), the multiprocessing launcher (`
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import pickle
 import queue
@@ -21,7 +22,9 @@ import threading
 import time
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 #: Seconds a child gets to exit after SIGTERM before it is killed.
 GRACE_SECONDS = 5.0
@@ -135,7 +138,8 @@ def start_rank(launcher_pid: int) -> None:
 def run_rank(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, launcher_pid: int,
              result_file: str, returns_result: Callable[[], bool], on_failure: Callable[[BaseException], None],
              on_success: Callable[[], None] = lambda: None) -> None:
-    """The body of a rank process: `fn(*args, **kwargs)`, then rank 0's result into `result_file`.
+    """The body of a rank process: `fn(*args, **kwargs)` on this rank's own copy of the arguments
+    (see `own_copy`), then rank 0's result into `result_file`.
 
     Args:
         fn: the user's function (wrapped by `LightningLite`).
@@ -149,6 +153,7 @@ def run_rank(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         on_success: called after `fn` returned (e.g. to tear the strategy down).
     """
     start_rank(launcher_pid)
+    args, kwargs = own_copy(args), own_copy(kwargs)
     try:
         result = fn(*args, **kwargs)
     except BaseException as err:
@@ -169,6 +174,21 @@ def read_result(path: str | os.PathLike[str]) -> Any:
     """The result `write_result` stored."""
     with open(path, "rb") as handle:
         return pickle.load(handle)
+
+
+def own_copy(value: T) -> T:
+    """A deep copy of `value` that no other rank shares. Spawned ranks receive tensors (and
+    modules' parameters) through shared memory, forked ranks may inherit shared storage, and
+    replicas that are threads of one process see the very same objects: without a copy every
+    rank would update the same weights. An item that refuses to be copied is passed as it is."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # e.g. an object that refuses to be copied: passed as it came, per item
+        if isinstance(value, dict):
+            return {key: own_copy(item) for key, item in value.items()}  # type: ignore[return-value]
+        if isinstance(value, tuple):
+            return tuple(own_copy(item) for item in value)  # type: ignore[return-value]
+        return value
 
 
 # -- the launcher side: rank processes started with `subprocess` ----------------------------------

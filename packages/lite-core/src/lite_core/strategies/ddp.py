@@ -63,6 +63,8 @@ class DDPStrategy(Strategy):
         assert self.environment is not None
         if self.environment.creates_processes_externally:
             return self._launcher if self.start_method is None else None
+        if len(self.device_indexes) * self.num_nodes == 1:
+            return None  # the job is this process: nothing to start, so stdin and notebooks work too
         if self._launcher is None:
             self._launcher = self._build_launcher()
         return self._launcher
@@ -72,7 +74,7 @@ class DDPStrategy(Strategy):
         if self.start_method is None:
             from lite_core.launchers.script import ScriptLauncher
 
-            return ScriptLauncher(self.environment, len(self.device_indexes), self.num_nodes)
+            return ScriptLauncher(self.environment, len(self.device_indexes), self.num_nodes, strategy_name=self.name)
         from lite_core.launchers.multiprocessing import MultiprocessingLauncher
 
         return MultiprocessingLauncher(self, self.start_method)
