@@ -32,3 +32,16 @@ def assert_weights_close(actual: dict[str, list[float]], expected: dict[str, lis
     assert actual.keys() == expected.keys()
     for name in expected:
         assert_close(actual[name], expected[name], tolerance, f"weight {name}")
+
+
+def assert_ran_as(cell: Cell, result: dict[str, Any]) -> None:
+    """The run reported, from inside, the strategy class, accelerator, precision, world size and
+    way of starting processes that the cell asks for."""
+    from importlib.metadata import entry_points
+
+    registered = {ep.name: ep.value for ep in entry_points(group="lite_core.strategies")}
+    assert result["strategy"] == cell.ran_as, result["strategy"]
+    assert result["strategy_class"] == registered[cell.ran_as], result["strategy_class"]
+    assert result["accelerator"] == cell.accelerator
+    assert (result["world_size"], result["precision"]) == (cell.devices, cell.precision)
+    assert result["processes"] == [cell.launched_as] * cell.devices, result["processes"]

@@ -1,4 +1,4 @@
-"""The plain PyTorch reference: `scenario.py`'s training in one process, on the whole global batch."""
+"""The plain PyTorch reference: `scenario.py`'s training as plain PyTorch writes it, in one process."""
 
 from __future__ import annotations
 
@@ -7,34 +7,64 @@ from functools import cache
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from scenario import GLOBAL_BATCH, SAVE_AT, SEED, make_data, make_model, make_optimizer
+from scenario import GLOBAL_BATCH, SAVE_AT, SEED, STEPS, make_data, make_model, make_optimizer, mse_loss
+
+
+#: The dtype each precision computes in.
+DTYPES = {"64-true": torch.float64, "32-true": torch.float32, "16-true": torch.float16, "bf16-true": torch.bfloat16,
+          "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
 @cache
-def plain_run(precision: str = "32-true") -> dict[str, object]:
-    """Per-step losses, the weights after SAVE_AT steps and the final weights (name -> flat list).
+def plain_run(precision: str = "32-true", processes: int = 1) -> dict[str, object]:
+    """Per-step losses, the weights after SAVE_AT steps and the final weights (name -> flat list),
+    of plain PyTorch doing what `precision` means, written as a PyTorch user writes it:
 
-    `bf16-mixed` runs the forward pass under CPU autocast in bfloat16, as Lite's precision does;
-    every other precision is compared with fp32 training.
+    - `*-true`: the model and its inputs in that dtype (`model.to(dtype)`);
+    - `bf16-mixed`: fp32 weights, the forward pass under CPU autocast in bfloat16;
+    - `16-mixed`: autocast in float16 and a `GradScaler` (scale, step, update), torch's AMP recipe.
+
+    With `processes=N`, each step's global batch is split as N data-parallel processes see it
+    (rank r takes samples r, r+N, ... as a `DistributedSampler` gives them), each part's gradient
+    is computed on its own and the gradients are averaged, as DDP does: the same arithmetic in the
+    same precision, so low precisions compare with a tolerance far below their own error.
     """
     torch.manual_seed(SEED)
-    model = make_model()
+    dtype = DTYPES[precision]
+    mixed = precision.endswith("-mixed")
+    model = make_model() if mixed else make_model().to(dtype)
     optimizer = make_optimizer(model)
-    autocast = precision == "bf16-mixed"
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    x_all, y_all = make_data().tensors
     losses, at_save = [], {}
-    for step, (x, y) in enumerate(DataLoader(make_data(), batch_size=GLOBAL_BATCH)):
+    for step in range(STEPS):
         if step == SAVE_AT:
             at_save = _flat(model)
         optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-            out = model(x)
-        loss = nn.functional.mse_loss(out.float(), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        step_losses = []
+        for rank in range(processes):
+            rows = _rows(step, rank, processes)
+            with torch.autocast("cpu", dtype=dtype) if mixed else contextlib.nullcontext():
+                out = model(x_all[rows] if mixed else x_all[rows].to(dtype))
+            loss = mse_loss(out, y_all[rows])
+            (loss if scaler is None else scaler.scale(loss)).backward()  # accumulates: the ranks' sum
+            step_losses.append(loss.detach())
+        for parameter in model.parameters():
+            parameter.grad.div_(processes)  # the average, after each part's own backward (as DDP)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+        losses.append((sum(step_losses[1:], step_losses[0]) / processes).item())
     return {"losses": losses, "at_save": at_save, "weights": _flat(model), "initial": _initial()}
+
+
+def _rows(step: int, rank: int, processes: int) -> list[int]:
+    """The samples rank `rank` of `processes` trains on at `step` (no shuffling)."""
+    per_rank = GLOBAL_BATCH // processes
+    return [rank + processes * (step * per_rank + i) for i in range(per_rank)]
 
 
 def _initial() -> dict[str, list[float]]:
@@ -43,4 +73,4 @@ def _initial() -> dict[str, list[float]]:
 
 
 def _flat(model: nn.Module) -> dict[str, list[float]]:
-    return {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
+    return {name: p.detach().float().flatten().tolist() for name, p in model.named_parameters()}

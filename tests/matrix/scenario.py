@@ -58,7 +58,13 @@ def make_model() -> nn.Module:
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=LR)
+    return torch.optim.Adam(model.parameters(), lr=LR, eps=1e-4)  # eps=1e-8 is 0 in float16 (16-true)
+
+
+def mse_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss in float32, or in float64 when the model computes in float64 (never in 16 bits)."""
+    dtype = torch.promote_types(out.dtype, y.dtype)
+    return nn.functional.mse_loss(out.to(dtype), y.to(dtype))
 
 
 def make_data() -> TensorDataset:
@@ -85,21 +91,41 @@ class Scenario(LightningLite):
             if resume is None and step == SAVE_AT:
                 self.save(state, Path(out_dir, "checkpoint"))
             optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x).float(), y)
+            loss = mse_loss(model(x), y)
             self.backward(loss)
             optimizer.step()
             state["step"] = step + 1
-            losses.append(self.all_reduce(loss.detach().float(), reduce_op="mean").item())
+            losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         self.save({"model": model}, Path(out_dir, "final"))
         return {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
-                "strategy": self.strategy.name, "world_size": self.world_size,
-                "precision": self.strategy.precision.name}
+                **self.what_ran()}
+
+    def what_ran(self) -> dict[str, Any]:
+        """What actually ran, seen from inside the run: a planted fault that swaps the strategy,
+        the launcher or the precision cannot hide behind equal numbers."""
+        strategy = self.strategy
+        kinds = self.all_gather(torch.tensor(PROCESS_KINDS.index(_process_kind())))
+        return {"strategy": strategy.name, "strategy_class": f"{type(strategy).__module__}:{type(strategy).__name__}",
+                "accelerator": strategy.accelerator.name, "world_size": self.world_size,
+                "precision": strategy.precision.name, "processes": [PROCESS_KINDS[k] for k in kinds.flatten().tolist()]}
 
     def setup_training(self, model: nn.Module) -> tuple[Any, Any]:
         if isinstance(self.strategy, FSDPStrategy):  # it replaces the parameters: optimizer after
             model = self.setup_module(model)
             return model, self.setup_optimizers(make_optimizer(model))
         return self.setup(model, make_optimizer(model))
+
+
+#: How a rank's process was started: the launching process itself (or a re-run of the script),
+#: a `spawn` child, a `fork` child.
+PROCESS_KINDS = ("MainProcess", "SpawnProcess", "ForkProcess", "other")
+
+
+def _process_kind() -> str:
+    import multiprocessing
+
+    kind = multiprocessing.current_process().name.split("-")[0]
+    return kind if kind in PROCESS_KINDS else "other"
 
 
 def final_weights(path: Path) -> dict[str, torch.Tensor]:

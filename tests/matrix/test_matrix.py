@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cells import CELLS, Cell, skip_reason
-from checks import assert_close, assert_weights_close
+from checks import assert_close, assert_ran_as, assert_weights_close
 from reference import plain_run
 from scenario import STEPS
 
@@ -30,8 +30,8 @@ def _param(cell: Cell) -> Any:
 @pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
 def test_training_matches_plain_pytorch(cell: Cell, scenario_run: Any) -> None:
     result, _ = scenario_run(cell)
-    plain = plain_run(cell.precision)
-    assert (result["world_size"], result["precision"]) == (cell.devices, cell.precision)
+    plain = plain_run(cell.precision, cell.devices)
+    assert_ran_as(cell, result)
     assert len(result["losses"]) == STEPS
     assert_close(result["losses"], plain["losses"], cell.tolerance, "losses")
     assert_weights_close(result["weights"], plain["weights"], cell.tolerance)
