@@ -196,8 +196,9 @@ class LiteDataLoader:
         if self._strategy is None:
             yield from self._dataloader
             return
+        move = self._strategy.batch_to_device
         for batch in self._strategy.process_dataloader(self._dataloader):
-            yield self._strategy.batch_to_device(batch)
+            yield move(batch)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_dataloader":
