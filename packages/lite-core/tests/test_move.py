@@ -100,5 +100,19 @@ def test_a_batch_already_on_the_device_is_returned_untouched() -> None:
     x, y = torch.ones(2), torch.zeros(2)
     for batch in (x, (x, y), [x, y], {"x": x, "y": y}):
         assert lite.to_device(batch) is batch
-    loader = lite.setup_dataloaders(DataLoader([(x, y)] * 4, batch_size=2))
-    assert all(type(batch) is list and batch[0].device == lite.device for batch in loader)
+    for fixed in ((x, y), [x, y], {"x": x, "y": y}):
+        loader = lite.setup_dataloaders(DataLoader(range(4), batch_size=2, collate_fn=lambda _, b=fixed: b))
+        assert all(batch is fixed for batch in loader)
+
+
+class DoublingStrategy(SingleDeviceStrategy):
+    """Moves batches its own way (as XLA's strategy does): the loader must ask it every time."""
+
+    def batch_to_device(self, batch: Any) -> Any:
+        return 2 * batch
+
+
+def test_set_up_dataloader_uses_a_strategys_own_batch_to_device() -> None:
+    lite = LightningLite(accelerator="cpu", strategy=DoublingStrategy())
+    loader = lite.setup_dataloaders(DataLoader([torch.ones(1)] * 4, batch_size=2))
+    assert [batch.tolist() for batch in loader] == [[[2.0], [2.0]], [[2.0], [2.0]]]

@@ -28,13 +28,14 @@ Tensor = torch.Tensor
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """`batch` with every tensor and every object with a `.to(device)` method on `device`."""
-    if _already_on(batch, device):
+    if already_on(batch, device):
         return batch
     return _move(batch, device)
 
 
-def _already_on(batch: Any, device: torch.device) -> bool:
-    """Whether `batch` is a tensor, or a flat tuple, list or dict of tensors, all on `device`."""
+def already_on(batch: Any, device: torch.device) -> bool:
+    """Whether `batch` is a tensor, or a flat tuple, list or dict of tensors, all on `device`
+    (the common batch: then nothing needs a walk). Runs once per batch, so it calls nothing."""
     kind = type(batch)
     if kind is Tensor:
         return batch.device == device
@@ -44,7 +45,10 @@ def _already_on(batch: Any, device: torch.device) -> bool:
         values = batch.values()
     else:
         return False
-    return all(type(value) is Tensor and value.device == device for value in values)
+    for value in values:
+        if type(value) is not Tensor or value.device != device:
+            return False
+    return True
 
 
 def _move(obj: Any, device: torch.device) -> Any:
