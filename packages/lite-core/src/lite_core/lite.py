@@ -17,8 +17,8 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
-from lite_core._move import collective_input
 from lite_core._connector import connect
+from lite_core._move import collective_input
 from lite_core.errors import MisuseError
 from lite_core.launchers._processes import record_failure
 from lite_core.launchers.launcher import Launcher
