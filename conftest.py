@@ -212,3 +212,49 @@ def assert_weights_match() -> Callable[[dict[str, Any], dict[str, Any], dict[str
     """`assert_weights_match(actual, expected, initial)`: state dicts equal within 1e-6, and training
     really moved the weights (otherwise the comparison would prove nothing)."""
     return _assert_weights_match
+
+
+def _tensor(values: Any, dtype: str) -> dict[str, Any]:
+    return {"tensor": values, "dtype": dtype, "device": "cpu"}
+
+
+def _container(kind: str, *items: Any) -> dict[str, Any]:
+    return {"type": kind, "items": list(items)}
+
+
+#: What every rank of a 2-process CPU job sees from `tests/scripts/_user_collectives.record`.
+_USER_COLLECTIVES = {
+    "device": "cpu",
+    "mnist_test_loss": _tensor(8.0, "torch.float32"),
+    "float_sum": _tensor(3.0, "torch.float32"),
+    "int_mean": _tensor(1.0, "torch.float32"),
+    "bool_sum": _tensor(1, "torch.int64"),
+    "float_gather": _tensor([0.5, 1.5], "torch.float32"),
+    "nested_reduce": {"loss": _tensor(1.5, "torch.float32"),
+                      "parts": _container("list", _tensor([1, 2], "torch.int64"), _tensor(4, "torch.int64")),
+                      "pair": _container("tuple", _tensor(1, "torch.int64"), _tensor(3.0, "torch.float32"))},
+    "nested_gather": {"x": _tensor([[0], [1]], "torch.int64"),
+                      "n": _container("list", _tensor([0, 10], "torch.int64"), _tensor([0.5, 0.5], "torch.float32"))},
+    "broadcast_number": {"python": 11, "type": "int"},
+    "broadcast_tensor": {"t": _tensor([1.0], "torch.float32"), "k": {"python": "v", "type": "str"}},
+    "mismatch_error": ("all_gather needs the same tensor shape on every rank but rank 0 has (1, 2), rank 1 has"
+                       " (2, 2): pad or trim the tensors to one shape on every rank (e.g. with"
+                       " torch.nn.functional.pad) before gathering."),
+    "after_mismatch": _tensor(2.0, "torch.float32"),
+}
+
+
+def _check_user_collectives(records: dict[int, dict[str, Any]]) -> None:
+    assert set(records) == {0, 1}
+    for rank, record in records.items():
+        for key, expected in _USER_COLLECTIVES.items():
+            assert record[key] == expected, f"rank {rank}, {key}"
+
+
+@pytest.fixture(scope="session")
+def check_user_collectives() -> Callable[[dict[int, dict[str, Any]]], None]:
+    """`check_user_collectives({rank: record})`: each rank of a 2-process CPU job got, from the
+    collectives a user's loop calls (`tests/scripts/_user_collectives.py`), tensors on its device
+    with the right values, Python numbers only from `broadcast`, and the same one-sentence error
+    for an `all_gather` of different shapes."""
+    return _check_user_collectives

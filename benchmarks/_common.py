@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,17 +98,52 @@ def timed_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Seq
     return durations
 
 
+def timed_loader_steps(model: nn.Module, optimizer: torch.optim.Optimizer,
+                       loader: Iterable[tuple[torch.Tensor, torch.Tensor]], steps: int,
+                       backward: Backward = default_backward) -> list[int]:
+    """Like `timed_steps`, but each timed step also takes its batch from `loader` (`next()` on
+    its iterator). A step that finds the epoch over is not counted: the loader starts again."""
+    mse = nn.functional.mse_loss
+    clock = time.perf_counter_ns
+    durations: list[int] = []
+    batches = iter(loader)
+    while len(durations) < steps:
+        start = clock()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            continue
+        optimizer.zero_grad(set_to_none=True)
+        loss = mse(model(x), y)
+        backward(loss)
+        optimizer.step()
+        durations.append(clock() - start)
+    return durations
+
+
 @dataclass
 class Arm:
-    """One variant of the loop (plain, lite, or the plain A/A control) and its timings."""
+    """One variant of the loop (plain, lite, or the plain A/A control) and its timings.
+
+    With a `loader`, each step takes its batch from it (the data path is timed too); otherwise
+    from the fixed batches given to `run_interleaved`.
+    """
 
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
     backward: Backward = default_backward
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def __post_init__(self) -> None:
         self.block_medians_ns: list[float] = []
+
+    def steps(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], count: int) -> list[int]:
+        """Run `count` timed steps of this arm; return each step's wall time in nanoseconds."""
+        if self.loader is not None:
+            return timed_loader_steps(self.model, self.optimizer, self.loader, count, self.backward)
+        return timed_steps(self.model, self.optimizer, batches, count, self.backward)
 
 
 def run_interleaved(arms: Sequence[Arm], batches: Sequence[tuple[torch.Tensor, torch.Tensor]], warmup: int,
@@ -122,7 +157,7 @@ def run_interleaved(arms: Sequence[Arm], batches: Sequence[tuple[torch.Tensor, t
     takes). Each block's median step time is kept per arm.
     """
     for arm in arms:
-        timed_steps(arm.model, arm.optimizer, batches, warmup, arm.backward)
+        arm.steps(batches, warmup)
     gc.collect()
     gc.freeze()
     for rep in range(reps):
@@ -133,7 +168,7 @@ def run_interleaved(arms: Sequence[Arm], batches: Sequence[tuple[torch.Tensor, t
                 before_block()
             gc.disable()
             try:
-                durations = timed_steps(arm.model, arm.optimizer, batches, steps, arm.backward)
+                durations = arm.steps(batches, steps)
             finally:
                 gc.enable()
             arm.block_medians_ns.append(statistics.median(durations))
@@ -145,7 +180,7 @@ def count_calls(arm: Arm, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], 
     Deterministic, unlike wall time: the difference between the plain and the Lite arm is exactly
     the extra Python work the wrappers do per step, whatever the machine's load.
     """
-    timed_steps(arm.model, arm.optimizer, batches, 2, arm.backward)  # lazy initialisation out of the way
+    arm.steps(batches, 2)  # lazy initialisation out of the way
     counts: Counter[str] = Counter()
 
     def profiler(frame: Any, event: str, arg: Any) -> None:
@@ -156,10 +191,11 @@ def count_calls(arm: Arm, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], 
 
     sys.setprofile(profiler)
     try:
-        timed_steps(arm.model, arm.optimizer, batches, steps, arm.backward)
+        arm.steps(batches, steps)
     finally:
         sys.setprofile(None)
-    for name in [n for n in counts if n.endswith(":timed_steps") or "perf_counter_ns" in n]:
+    harness = (":timed_steps", ":timed_loader_steps", ":steps")
+    for name in [n for n in counts if n.endswith(harness) or "perf_counter_ns" in n]:
         del counts[name]  # the harness itself, identical in every arm
     return sum(counts.values()) / steps, counts
 

@@ -6,14 +6,20 @@ Started by `run.py`; writes a JSON file. Arms per model:
 * `lite`    - a copy with the same weights, set up by `LightningLite(accelerator="cpu", devices=1)`,
               stepped through the wrapped optimizer and `lite.backward(loss)`.
 * `control` - (with `--control`) a second plain copy: its ratio to `plain` shows the noise floor.
+
+With `--loader` every arm also takes each batch from a `DataLoader` over a `TensorDataset` (batch
+size of the model), the Lite arm from the loader returned by `lite.setup_dataloaders`: the step
+time then includes the data path, and the difference is what the set-up dataloader adds.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+from collections.abc import Iterable
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from _common import MODELS, Arm, count_calls, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
 
@@ -26,24 +32,38 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", default="300,3", help="timed steps per block (per model)")
     parser.add_argument("--warmup", default="200,2", help="untimed steps per arm before timing (per model)")
     parser.add_argument("--control", action="store_true", help="add a second plain arm (A/A noise control)")
+    parser.add_argument("--loader", action="store_true", help="take every batch from a (set-up) DataLoader")
     parser.add_argument("--out", required=True, help="JSON file to write")
     return parser.parse_args()
 
 
-def build_arms(model_name: str, control: bool) -> list[Arm]:
-    """Plain, Lite and (optionally) control arms with identical initial weights."""
+def make_loader(model_name: str, batches: int = 128) -> DataLoader:
+    """A `DataLoader` of `batches` batches of the model's shape over a `TensorDataset`."""
+    spec = MODELS[model_name]
+    generator = torch.Generator().manual_seed(2)
+    samples = batches * spec.batch
+    dataset = TensorDataset(torch.randn(samples, spec.width, generator=generator),
+                            torch.randn(samples, spec.width, generator=generator))
+    return DataLoader(dataset, batch_size=spec.batch)
+
+
+def build_arms(model_name: str, control: bool, loader: bool = False) -> list[Arm]:
+    """Plain, Lite and (optionally) control arms with identical initial weights; with `loader`,
+    each takes its batches from its own DataLoader (Lite's set up by `setup_dataloaders`)."""
     from lite_core import LightningLite
 
     spec = MODELS[model_name]
+    new_loader = (lambda: make_loader(model_name)) if loader else (lambda: None)
     plain_model = spec.build(seed=0)
     lite_model = copy.deepcopy(plain_model)
-    arms = [Arm("plain", plain_model, make_optimizer(plain_model))]
+    arms = [Arm("plain", plain_model, make_optimizer(plain_model), loader=new_loader())]
     lite = LightningLite(accelerator="cpu", devices=1)
     wrapped_model, wrapped_optimizer = lite.setup(lite_model, make_optimizer(lite_model))
-    arms.append(Arm("lite", wrapped_model, wrapped_optimizer, lite.backward))
+    lite_loader: Iterable | None = lite.setup_dataloaders(make_loader(model_name)) if loader else None
+    arms.append(Arm("lite", wrapped_model, wrapped_optimizer, lite.backward, loader=lite_loader))
     if control:
         control_model = copy.deepcopy(plain_model)
-        arms.append(Arm("control", control_model, make_optimizer(control_model)))
+        arms.append(Arm("control", control_model, make_optimizer(control_model), loader=new_loader()))
     return arms
 
 
@@ -54,7 +74,7 @@ def main() -> None:
     reps, steps, warmups = (per_model(v, len(names)) for v in (args.reps, args.steps, args.warmup))
     result: dict[str, object] = {"threads": torch.get_num_threads(), "timer_floor_ns": timer_floor_ns(), "models": {}}
     for name, rep_count, step_count, warmup in zip(names, reps, steps, warmups):
-        arms = build_arms(name, args.control)
+        arms = build_arms(name, args.control, args.loader)
         batches = MODELS[name].batches()
         run_interleaved(arms, batches, warmup=warmup, reps=rep_count, steps=step_count)
         calls = {arm.name: count_calls(arm, batches) for arm in arms[:2]}

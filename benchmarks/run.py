@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "ddp", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "ddp", "import", "launch", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -86,7 +86,7 @@ FULL = Config(
 )
 
 #: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
-TARGETS = {"steps:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
+TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
            "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
            "memory-default-malloc": None}
 
@@ -218,6 +218,27 @@ def bench_steps(ctx: Context) -> list[Row]:
     result = json.loads(out.read_text())
     ctx.notes.append(f"Timer floor (back-to-back perf_counter_ns): {result['timer_floor_ns']:.0f} ns per reading.")
     return step_rows(result, "steps", f"Step, 1 proc, {result['threads']} thread(s)") + call_rows(ctx, result)
+
+
+def bench_loader(ctx: Context) -> list[Row]:
+    """Measurement 1b: per-step time including the dataloader, plain `DataLoader` vs Lite's set-up one
+    (tiny model only: where the data path's per-batch cost shows most)."""
+    out = ctx.workdir / "loader.json"
+    plan = ctx.config.single
+    command = [ctx.python, str(HERE / "_single_worker.py"), "--threads", str(ctx.threads), "--out", str(out),
+               "--models", plan.models[0], "--reps", str(plan.reps[0]), "--steps", str(plan.steps[0]),
+               "--warmup", str(plan.warmup[0]), "--control", "--loader"]
+    run_child(command, ctx.config.step_timeout_s, child_env(ctx.threads))
+    result = json.loads(out.read_text())
+    label = f"Step incl. set-up dataloader, 1 proc, {result['threads']} thread(s)"
+    rows = step_rows(result, "loader", label)
+    for name, data in result["models"].items():
+        calls = data.get("calls_per_step")
+        if calls:
+            rows.append(Row(f"loader-calls:{name}", f"Calls per step incl. dataloader (deterministic): {name}",
+                            "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+                            note=f"{calls['lite'] - calls['plain']:+.0f} calls/step", reps=10))
+    return rows
 
 
 def call_rows(ctx: Context, result: dict[str, Any]) -> list[Row]:
@@ -373,7 +394,8 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
-    "steps": bench_steps, "ddp": bench_ddp, "import": bench_import, "launch": bench_launch, "memory": bench_memory,
+    "steps": bench_steps, "loader": bench_loader, "ddp": bench_ddp, "import": bench_import,
+    "launch": bench_launch, "memory": bench_memory,
 }
 
 

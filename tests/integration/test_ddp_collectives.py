@@ -114,6 +114,13 @@ def test_all_reduce_sum_mean_max(strategy, collectives_job):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_collectives_of_python_numbers_containers_and_mismatched_shapes(strategy, collectives_job,
+                                                                        check_user_collectives):
+    job = collectives_job(strategy)
+    check_user_collectives({rank: job.rank(rank, 1)["user_collectives"] for rank in (0, 1)})
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_run_returns_rank_zero_value_to_caller(strategy, collectives_job):
     job = collectives_job(strategy)
     caller = job.original_process()

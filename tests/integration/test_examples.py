@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT = {"image_classifier": ("--epochs", "1", "--max-steps", "4"), "gpt": ("--steps", "4")}
@@ -50,3 +51,18 @@ def test_lite_version_under_lite_run(run_script, output_of):
     assert proc.returncode == 0, output_of(proc)
     assert "training on 2 process(es), strategy ddp" in proc.stdout
     assert proc.stdout.count("final loss ") == 1
+
+
+@pytest.mark.parametrize(("strategy", "devices"), [("single_device", 1), ("ddp", 2), ("ddp_spawn", 2)])
+def test_mnist_style_example_sums_a_python_float_loss_on_every_rank(run_script, output_of, tmp_path,
+                                                                    strategy, devices):
+    checkpoint = tmp_path / "mnist_style.ckpt"
+    proc = run_script(EXAMPLES / "mnist_style.py", "--accelerator", "cpu", "--strategy", strategy,
+                      "--devices", devices, "--epochs", "1", "--checkpoint", checkpoint)
+    assert proc.returncode == 0, output_of(proc)
+    printed = dict(re.findall(r"^rank (\d+): epoch 0 test loss (\S+)$", proc.stdout, flags=re.MULTILINE))
+    assert sorted(printed) == [str(rank) for rank in range(devices)], output_of(proc)
+    assert len(set(printed.values())) == 1, f"the ranks disagree on the test loss: {printed}"
+    assert 0 < float(printed["0"]) < 10
+    saved = torch.load(checkpoint, weights_only=True)
+    assert set(saved) == {"model", "optimizer", "epochs"} and saved["epochs"] == 1

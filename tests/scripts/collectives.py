@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import _user_collectives
 from lite_core import LightningLite
 
 torch.set_num_threads(1)
@@ -75,6 +76,8 @@ class Collectives(LightningLite):
         for op in ("sum", "mean", "max"):
             record[f"all_reduce_{op}"] = self.all_reduce(value, reduce_op=op).tolist()
         record["input_after_reduce"] = value.tolist()
+        if call == 1:  # numbers, containers and mismatched shapes, as a user's loop passes them
+            record["user_collectives"] = _user_collectives.record(self)
         record["init_calls_at_end"] = INIT_CALLS
 
         Path(out_dir, f"rank{rank}_{call}.json").write_text(json.dumps(record))

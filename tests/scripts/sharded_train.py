@@ -5,11 +5,13 @@
 Rank 0 writes `OUT_DIR/training.pt`: the data, the initial weights, the final full weights of
 training with gradient clipping and of training with `no_backward_sync` accumulation, and the
 clipping norms. Under `fsdp` it also builds a model with `init_module(empty_init=True)` and
-records where its parameters lived and its full weights after setup.
+records where its parameters lived and its full weights after setup, and each rank writes
+`OUT_DIR/user_collectives_rank{r}.json` with what the collectives of `_user_collectives.py` returned.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import _user_collectives
 from lite_core import LightningLite
 from lite_core.strategies import FSDPStrategy
 
@@ -50,6 +53,8 @@ class Train(LightningLite):
         results.update(self.train(accumulate=True))
         if self.strategy.name == "fsdp":
             results.update(self.empty_init())
+            seen = _user_collectives.record(self)
+            Path(out_dir, f"user_collectives_rank{self.global_rank}.json").write_text(json.dumps(seen))
         else:
             results.update(self.checkpoint_round_trip(out_dir))
         if self.global_rank == 0:

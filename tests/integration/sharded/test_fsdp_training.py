@@ -1,7 +1,10 @@
 """`fsdp` on 2 real processes over gloo: parity with one plain PyTorch process, gradient
-accumulation with `no_backward_sync`, clipping under sharding, and `empty_init` on meta."""
+accumulation with `no_backward_sync`, clipping under sharding, `empty_init` on meta, and the
+collectives a user's loop calls."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -14,7 +17,14 @@ def fsdp_job(run_script, output_of, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("fsdp")
     proc = run_script("sharded_train.py", "fsdp", out_dir)
     assert proc.returncode == 0, output_of(proc)
-    return torch.load(out_dir / "training.pt", weights_only=True)
+    job = torch.load(out_dir / "training.pt", weights_only=True)
+    job["user_collectives"] = {rank: json.loads((out_dir / f"user_collectives_rank{rank}.json").read_text())
+                               for rank in (0, 1)}
+    return job
+
+
+def test_collectives_of_python_numbers_containers_and_mismatched_shapes(fsdp_job, check_user_collectives):
+    check_user_collectives(fsdp_job["user_collectives"])
 
 
 def test_fsdp_with_clipping_matches_plain_pytorch(fsdp_job, reference):

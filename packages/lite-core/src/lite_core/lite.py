@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
+from lite_core._move import collective_input
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
@@ -323,7 +324,11 @@ class LightningLite:
         return self._strategy.module_init_context(empty_init)
 
     def to_device(self, obj: Any) -> Any:
-        """Move a module, or every tensor in a nested structure, to this process's device."""
+        """Move a module, or every tensor in a nested structure, to this process's device.
+
+        Tensors and objects with a `.to(device)` method (e.g. a tokenizer's output) move wherever
+        they sit in dicts, lists, tuples, namedtuples and dataclasses (frozen ones too).
+        """
         if isinstance(obj, nn.Module):
             return self._strategy.module_to_device(obj)
         return self._strategy.batch_to_device(obj)
@@ -340,18 +345,49 @@ class LightningLite:
         self._strategy.barrier(name)
 
     def broadcast(self, obj: T, src: int = 0) -> T:
-        """Rank `src`'s `obj` on every process (any picklable object)."""
+        """Rank `src`'s `obj` on every process.
+
+        Args:
+            obj: any picklable object. Tensors in it (alone or in dicts, lists, tuples) arrive on
+                this process's device; everything else, Python numbers included, arrives as it
+                was sent.
+            src: the global rank whose `obj` every process receives.
+        """
         self._require_collectives("broadcast")
-        return cast(T, self._strategy.broadcast(obj, src))
+        received = self._strategy.broadcast(collective_input(obj, self.device, numbers=False), src)
+        return cast(T, collective_input(received, self.device, numbers=False))
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
-        """Each tensor in `data` stacked from every process along a new first dimension."""
+        """Each tensor in `data` stacked from every process along a new first dimension.
+
+        Args:
+            data: a tensor, a Python number, or dicts, lists and tuples of them. Numbers become
+                tensors; every tensor must have the same shape on every process.
+            group: the process group to gather from (all processes by default).
+            sync_grads: let gradients flow back through the gather.
+
+        Returns:
+            `data`'s structure with each leaf a tensor on `self.device` of shape
+            `(world_size, *shape)`.
+        """
         self._require_collectives("all_gather")
+        data = collective_input(data, self.device)
         return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
 
     def all_reduce(self, data: Any, group: Any = None, reduce_op: str = "mean") -> Any:
-        """Each tensor in `data` reduced over every process (`mean`, `sum`, `max`, `min`, `product`)."""
+        """Each tensor in `data` reduced over every process.
+
+        Args:
+            data: a tensor, a Python number (a bool counts as 0 or 1), or dicts, lists and tuples
+                of them; e.g. `self.all_reduce(test_loss, reduce_op="sum")` with a float.
+            group: the process group to reduce over (all processes by default).
+            reduce_op: `"mean"`, `"sum"`, `"max"`, `"min"` or `"product"`.
+
+        Returns:
+            `data`'s structure with each leaf a tensor on `self.device`; the input is not modified.
+        """
         self._require_collectives("all_reduce")
+        data = collective_input(data, self.device)
         return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
 
     def _require_collectives(self, method: str) -> None:

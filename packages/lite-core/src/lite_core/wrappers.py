@@ -15,6 +15,8 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
+from lite_core._move import already_on, move_to_device
+
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
@@ -190,6 +192,12 @@ def unwrap_optimizer(obj: Any) -> Any:
     return obj.optimizer if isinstance(obj, _LiteOptimizerBase) else obj
 
 
+def _moves_batches_plainly(strategy: Strategy) -> bool:
+    from lite_core.strategies.strategy import Strategy
+
+    return type(strategy).batch_to_device is Strategy.batch_to_device
+
+
 class LiteDataLoader:
     """Iterates the user's dataloader, moving each batch to the device.
 
@@ -217,8 +225,17 @@ class LiteDataLoader:
         if self._strategy is None:
             yield from self._dataloader
             return
-        for batch in self._strategy.process_dataloader(self._dataloader):
-            yield self._strategy.batch_to_device(batch)
+        batches = self._strategy.process_dataloader(self._dataloader)
+        if not _moves_batches_plainly(self._strategy):
+            move = self._strategy.batch_to_device
+            for batch in batches:
+                yield move(batch)
+            return
+        # The strategy moves batches the default way: look the device up once per epoch, and
+        # pass batches that are already there (every batch on CPU) through untouched.
+        device = self._strategy.root_device
+        for batch in batches:
+            yield batch if already_on(batch, device) else move_to_device(batch, device)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_dataloader":

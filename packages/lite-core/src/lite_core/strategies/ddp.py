@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map_only
 
-from lite_core.errors import ConfigurationError
+from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
 from lite_core.strategies.strategy import Strategy, check_reduce_op
@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 _DEFAULT_TIMEOUT_SECONDS = 1800.0
 _TIMEOUT_VARIABLE = "LITE_COLLECTIVE_TIMEOUT"
+#: The most dimensions a tensor passed to `all_gather` may have (its shape is exchanged first).
+_MAX_GATHER_DIMS = 64
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
 
@@ -193,6 +195,7 @@ class DDPStrategy(Strategy):
 
     def _all_gather_one(self, tensor: torch.Tensor, group: Any, sync_grads: bool) -> torch.Tensor:
         tensor = tensor.contiguous()
+        _check_same_shape(tensor, group)
         if sync_grads:
             from torch.distributed.nn.functional import all_gather
 
@@ -232,6 +235,26 @@ class DDPForkStrategy(DDPStrategy):
 
     name = "ddp_fork"
     start_method = "fork"
+
+
+def _check_same_shape(tensor: torch.Tensor, group: Any) -> None:
+    """Raise the same `MisuseError` on every rank when the ranks' tensors differ in shape.
+
+    One small all_gather of each rank's shape comes first, so that gloo or NCCL never see
+    mismatched buffers (which aborts a rank or hangs the job)."""
+    if tensor.dim() > _MAX_GATHER_DIMS:
+        raise MisuseError(f"all_gather got a tensor with {tensor.dim()} dimensions: reshape it to at most"
+                          f" {_MAX_GATHER_DIMS} dimensions before gathering.")
+    padding = [-1] * (_MAX_GATHER_DIMS - tensor.dim())
+    mine = torch.tensor([tensor.dim(), *tensor.shape, *padding], dtype=torch.int64, device=tensor.device)
+    shapes = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shapes, mine, group=group)
+    if all(torch.equal(shape, mine) for shape in shapes):
+        return
+    described = ", ".join(f"rank {rank} has {tuple(shape[1:1 + int(shape[0])].tolist())}"
+                          for rank, shape in enumerate(shapes))
+    raise MisuseError(f"all_gather needs the same tensor shape on every rank but {described}: pad or trim the"
+                      " tensors to one shape on every rank (e.g. with torch.nn.functional.pad) before gathering.")
 
 
 def _progress_of(rank: int, world_size: int, timeout: timedelta) -> CollectiveProgress | None:

@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
+from lite_core._move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -211,9 +212,12 @@ class Strategy:
         return dataloader
 
     def batch_to_device(self, batch: Any) -> Any:
-        """Move every tensor in `batch` to this process's device."""
-        device = self.root_device
-        return tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
+        """Move every tensor in `batch` to this process's device.
+
+        Tensors and objects with a `.to(device)` method move wherever they sit in dicts, lists,
+        tuples, namedtuples and dataclasses; a batch already on the device is returned as it is.
+        """
+        return move_to_device(batch, self.root_device)
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward pass through the precision plugin; `module` is what `setup_module` returned."""
@@ -242,6 +246,9 @@ class Strategy:
         torch.nn.utils.clip_grad_value_(parameters, clip_val)
 
     # -- collectives (identity on one process) ------------------------------------------------
+    # `LightningLite` hands these methods tensors already on `root_device` (Python numbers turned
+    # into tensors), alone or in dicts, lists, tuples and namedtuples; `broadcast` may get any
+    # picklable object.
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process arrives."""
 
@@ -249,12 +256,12 @@ class Strategy:
         """`obj` from rank `src` on every process."""
         return obj
 
-    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
-        """Stack `tensor` from every process along a new first dimension."""
-        return tensor.unsqueeze(0)
+    def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Stack each tensor in `tensor` from every process along a new first dimension."""
+        return tree_map_only(torch.Tensor, lambda t: t.unsqueeze(0), tensor)
 
-    def all_reduce(self, tensor: torch.Tensor, group: Any = None, reduce_op: str = "mean") -> torch.Tensor:
-        """Reduce `tensor` over every process."""
+    def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
+        """Reduce each tensor in `tensor` over every process."""
         check_reduce_op(reduce_op)
         return tensor
 

@@ -1,0 +1,116 @@
+"""Putting tensors on a device wherever they sit in the user's data.
+
+Two walks share this module:
+
+* `move_to_device` moves a batch: tensors, and objects with a `.to(device)` method (e.g. a
+  tokenizer's output), inside dicts, lists, tuples, namedtuples and dataclasses (frozen ones
+  too), nested to any depth. Every other object is returned as it is.
+* `collective_input` prepares the argument of a collective: Python numbers become tensors and
+  every tensor goes to the device, inside dicts, lists, tuples and namedtuples.
+
+The common batch (a tensor, or a flat tuple, list or dict of tensors already on the device) is
+recognised without a walk and returned unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+Tensor = torch.Tensor
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """`batch` with every tensor and every object with a `.to(device)` method on `device`."""
+    if already_on(batch, device):
+        return batch
+    return _move(batch, device)
+
+
+def already_on(batch: Any, device: torch.device) -> bool:
+    """Whether `batch` is a tensor, or a flat tuple, list or dict of tensors, all on `device`
+    (the common batch: then nothing needs a walk). Runs once per batch, so it calls nothing."""
+    kind = type(batch)
+    if kind is Tensor:
+        return batch.device == device
+    if kind is tuple or kind is list:
+        values = batch
+    elif kind is dict:
+        values = batch.values()
+    else:
+        return False
+    for value in values:
+        if type(value) is not Tensor or value.device != device:
+            return False
+    return True
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if _has_to_method(obj):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        return _rebuild_mapping(obj, {key: _move(value, device) for key, value in obj.items()})
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_move(value, device) for value in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(value, device) for value in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _move_dataclass(obj, device)
+    return obj
+
+
+def _has_to_method(obj: Any) -> bool:
+    return not isinstance(obj, type) and callable(getattr(obj, "to", None))
+
+
+def _rebuild_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
+    """A mapping of `original`'s type holding `items`."""
+    kind = type(original)
+    if kind is dict:
+        return items
+    if isinstance(original, defaultdict):
+        rebuilt: defaultdict[Any, Any] = kind(original.default_factory)
+        rebuilt.update(items)
+        return rebuilt
+    return kind(items)
+
+
+def _move_dataclass(obj: Any, device: torch.device) -> Any:
+    """A copy of dataclass instance `obj` with its fields moved; its `__init__` does not run
+    again, so frozen dataclasses and fields with `init=False` keep working."""
+    moved = copy.copy(obj)
+    for field in dataclasses.fields(obj):
+        object.__setattr__(moved, field.name, _move(getattr(obj, field.name), device))
+    return moved
+
+
+def collective_input(data: Any, device: torch.device, numbers: bool = True) -> Any:
+    """`data` with every tensor on `device` and, with `numbers=True`, Python numbers as tensors.
+
+    Containers (dicts, lists, tuples, namedtuples) keep their structure; other objects are
+    returned unchanged. A `bool` becomes an int64 0 or 1, so that a sum counts the ranks where it
+    was true and a mean gives their fraction.
+    """
+    if type(data) is Tensor:
+        return data if data.device == device else data.to(device)
+    return tree_map(lambda leaf: _leaf_for_collective(leaf, device, numbers), data)
+
+
+def _leaf_for_collective(leaf: Any, device: torch.device, numbers: bool) -> Any:
+    if isinstance(leaf, Tensor):
+        return leaf if leaf.device == device else leaf.to(device)
+    if not numbers:
+        return leaf
+    if isinstance(leaf, bool):
+        return torch.tensor(int(leaf), device=device)
+    if isinstance(leaf, (int, float)):
+        return torch.tensor(leaf, device=device)
+    return leaf
