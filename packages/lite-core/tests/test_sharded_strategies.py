@@ -114,6 +114,27 @@ def test_empty_init_under_single_device_skips_initialisation() -> None:
     assert torch.equal(nn.Linear(4, 4).weight, first) and first.abs().sum() > 0
 
 
+class _CausalBlock(nn.Module):
+    """A block whose `__init__` writes buffers: they are state, not initialisation to skip."""
+
+    def __init__(self, n: int = 6) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n, n)
+        self.norm = nn.BatchNorm1d(n)
+        self.register_buffer("mask", torch.ones(n, n).tril())
+        self.register_buffer("scale", torch.empty(n).fill_(3.0), persistent=False)
+
+
+def test_empty_init_under_single_device_keeps_the_buffers_init_wrote() -> None:
+    lite = LightningLite(accelerator="cpu")
+    with lite.init_module(empty_init=True):
+        block = _CausalBlock()
+    assert torch.equal(block.mask, torch.ones(6, 6).tril())
+    assert torch.equal(block.scale, torch.full((6,), 3.0))
+    assert torch.equal(block.norm.running_var, torch.ones(6))
+    assert torch.equal(block.norm.running_mean, torch.zeros(6))
+
+
 def test_empty_init_false_initialises_normally() -> None:
     lite = LightningLite(accelerator="cpu")
     torch.manual_seed(5)
