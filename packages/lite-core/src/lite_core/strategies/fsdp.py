@@ -74,7 +74,8 @@ class FSDPStrategy(DDPStrategy):
             return super().module_init_context(empty_init)
         stack = ExitStack()
         self._init_rng_state = _fsdp_init.capture_rng(self.root_device)
-        stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.root_device)
+        stack.enter_context(_fsdp_init.parameters_on_meta())
         stack.enter_context(self.precision.module_init_context())
         return stack
 
