@@ -157,7 +157,7 @@ def test_16_mixed_with_two_optimizers_equals_torchs_amp_recipe() -> None:
     assert lite.strategy.precision.state_dict()["scaler"]["scale"] == expected_scale
 
 
-def test_16_mixed_clipping_an_overflowing_step_skips_it_and_lowers_the_scale() -> None:
+def test_16_mixed_clipping_an_overflowing_step_skips_it_and_lowers_the_scale(tmp_path) -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # float16 gradients overflow
     lite = LightningLite(accelerator="cpu", plugins=MixedPrecision("16-mixed", "cpu", scaler=scaler))
     model = _two_layers()
@@ -170,7 +170,10 @@ def test_16_mixed_clipping_an_overflowing_step_skips_it_and_lowers_the_scale() -
     assert not torch.isfinite(norm)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), f"{name} changed in a step that overflowed"
-    assert lite.strategy.precision.state_dict()["scaler"]["scale"] == 2.0**99
+    lite.save({"model": model}, tmp_path / "ckpt.pt")  # the scale update is due: saving runs it
+    resumed = LightningLite(accelerator="cpu", precision="16-mixed")
+    resumed.load(tmp_path / "ckpt.pt", {"model": _two_layers()})
+    assert resumed.strategy.precision.scaler.get_scale() == 2.0**99
 
 
 def test_32_true_clipping_non_finite_gradients_still_raises() -> None:
