@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
