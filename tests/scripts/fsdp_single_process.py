@@ -1,4 +1,4 @@
-"""`fsdp` with one process: misuse errors, and bf16-mixed through fully_shard's policy.
+"""`fsdp` with one process: misuse errors, and bf16-mixed (autocast over float32 parameters).
 
     python fsdp_single_process.py
 

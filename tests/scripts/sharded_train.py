@@ -5,8 +5,9 @@
 Rank 0 writes `OUT_DIR/training.pt`: the data, the initial weights, the final full weights of
 training with gradient clipping and of training with `no_backward_sync` accumulation, and the
 clipping norms. Under `fsdp` it also builds a model with `init_module(empty_init=True)` and
-records where its parameters lived and its full weights after setup, and each rank writes
-`OUT_DIR/user_collectives_rank{r}.json` with what the collectives of `_user_collectives.py` returned.
+records where its parameters lived and its full weights after setup, and the buffers that a
+module built that way wrote in `__init__`; each rank writes `OUT_DIR/user_collectives_rank{r}.json`
+with what the collectives of `_user_collectives.py` returned.
 """
 
 from __future__ import annotations
@@ -135,7 +136,25 @@ class Train(LightningLite):
         on_meta = all(p.is_meta for p in model.parameters())
         model = self.setup_module(model)
         local = {k: v.to_local().numel() for k, v in model.state_dict().items()}
-        return {"empty_on_meta": on_meta, "empty_local_numel": local, "empty_final": full_weights(model)}
+        with self.init_module(empty_init=True):
+            masked = Masked()
+        masked = self.setup_module(masked)
+        buffers = {"mask": masked.mask.clone(), "scale": masked.scale.clone()}
+        return {"empty_on_meta": on_meta, "empty_local_numel": local, "empty_final": full_weights(model),
+                "empty_buffers": buffers}
+
+
+class Masked(nn.Module):
+    """Buffers written in `__init__` that no `reset_parameters()` recreates."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n, n)
+        self.register_buffer("mask", torch.ones(n, n).tril())
+        self.register_buffer("scale", torch.empty(n).fill_(3.0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.mask[-1] * self.scale
 
 
 def main() -> None:

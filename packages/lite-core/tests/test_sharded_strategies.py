@@ -39,15 +39,24 @@ def test_fsdp_refuses_an_unknown_state_dict_type() -> None:
     _one_sentence(str(info.value))
 
 
-def test_fsdp_mixed_precision_policy_follows_lites_precision() -> None:
-    from lite_core.strategies.fsdp import _mp_policy
+def test_fsdp_bf16_mixed_autocasts_over_float32_parameters_unless_given_a_policy() -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    policy = _mp_policy("bf16-mixed")
-    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (torch.bfloat16, torch.float32, torch.float32)
-    assert _mp_policy("32-true").param_dtype is None
     lite = LightningLite(accelerator="cpu", strategy="fsdp", devices=2, precision="bf16-mixed")
-    # fully_shard casts; Lite's own autocast would cast a second time.
-    assert not lite.strategy.precision.changes_forward
+    assert lite.strategy.precision.changes_forward  # autocast, as under ddp
+    assert lite.strategy._mp_policy() == MixedPrecisionPolicy()  # fully_shard casts nothing
+    with lite.autocast():
+        assert torch.is_autocast_enabled("cpu")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    lite = LightningLite(accelerator="cpu", strategy=FSDPStrategy(mixed_precision=policy), devices=2,
+                         precision="bf16-mixed")
+    assert lite.strategy._mp_policy() is policy
+
+
+def test_fsdp_refuses_a_mixed_precision_that_is_not_a_policy() -> None:
+    with pytest.raises(ConfigurationError, match="mixed_precision='bf16' is not a policy") as info:
+        FSDPStrategy(mixed_precision="bf16")
+    _one_sentence(str(info.value))
 
 
 def test_fsdp_empty_init_builds_on_the_meta_device() -> None:
@@ -107,6 +116,27 @@ def test_empty_init_under_single_device_skips_initialisation() -> None:
     first = nn.Linear(4, 4).weight.clone()
     torch.manual_seed(3)
     assert torch.equal(nn.Linear(4, 4).weight, first) and first.abs().sum() > 0
+
+
+class _CausalBlock(nn.Module):
+    """A block whose `__init__` writes buffers: they are state, not initialisation to skip."""
+
+    def __init__(self, n: int = 6) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n, n)
+        self.norm = nn.BatchNorm1d(n)
+        self.register_buffer("mask", torch.ones(n, n).tril())
+        self.register_buffer("scale", torch.empty(n).fill_(3.0), persistent=False)
+
+
+def test_empty_init_under_single_device_keeps_the_buffers_init_wrote() -> None:
+    lite = LightningLite(accelerator="cpu")
+    with lite.init_module(empty_init=True):
+        block = _CausalBlock()
+    assert torch.equal(block.mask, torch.ones(6, 6).tril())
+    assert torch.equal(block.scale, torch.full((6,), 3.0))
+    assert torch.equal(block.norm.running_var, torch.ones(6))
+    assert torch.equal(block.norm.running_mean, torch.zeros(6))
 
 
 def test_empty_init_false_initialises_normally() -> None:

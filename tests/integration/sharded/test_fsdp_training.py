@@ -49,6 +49,9 @@ def test_empty_init_builds_on_meta_and_equals_a_normal_build(fsdp_job, reference
     assert fsdp_job["empty_final"].keys() == normal.keys()
     for name, tensor in normal.items():
         assert torch.equal(fsdp_job["empty_final"][name], tensor), name
+    # Buffers written in __init__ are computed, not left to reset_parameters() (there is none).
+    assert torch.equal(fsdp_job["empty_buffers"]["mask"], torch.ones(4, 4).tril())
+    assert torch.equal(fsdp_job["empty_buffers"]["scale"], torch.full((4,), 3.0))
 
 
 def test_fsdp_misuse_errors_bf16_mixed_cpu_offload_and_position_keyed_loading(run_script, output_of):

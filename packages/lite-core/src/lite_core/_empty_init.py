@@ -1,15 +1,16 @@
 """`init_module(empty_init=True)` under strategies that keep whole models: skip initialisation.
 
-The parameters and buffers are allocated but their initial values are not computed (they hold
-whatever the memory held), which saves the time of initialising a model whose weights are
-loaded right afterwards. No random numbers are drawn.
+The parameters are allocated but their initial values are not computed (they hold whatever the
+memory held), which saves the time of initialising a model whose weights are loaded right
+afterwards; no random numbers are drawn for them. Buffers and plain tensors are computed as
+usual: a causal mask or a constant written in `__init__` keeps its value, persistent or not.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 #: In-place functions through which `torch.nn.init` and modules' `reset_parameters` fill tensors.
@@ -23,7 +24,7 @@ _FILLING = frozenset({
 
 
 class SkipInitialisation(TorchFunctionMode):
-    """Inside this mode, filling a tensor in place does nothing and returns the tensor."""
+    """Inside this mode, filling a parameter in place does nothing and returns the parameter."""
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -31,6 +32,6 @@ class SkipInitialisation(TorchFunctionMode):
         if getattr(func, "__name__", None) in _FILLING:
             # torch.nn.init passes the tensor by keyword, Tensor methods by position.
             target = args[0] if args else kwargs.get("tensor")
-            if isinstance(target, torch.Tensor):
+            if isinstance(target, nn.Parameter):
                 return target
         return func(*args, **kwargs)

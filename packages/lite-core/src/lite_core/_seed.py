@@ -12,6 +12,8 @@ import torch
 _SEED_VARIABLE = "LITE_GLOBAL_SEED"
 _WORKERS_VARIABLE = "LITE_SEED_WORKERS"
 _MAX_SEED = 2**32 - 1
+#: Apart from rank to rank more than any worker index, so no two (rank, worker) pairs share a seed.
+_RANK_STRIDE = 1_000_003
 
 
 def seed_everything(seed: int | None = None, workers: bool = True) -> int:
@@ -55,15 +57,19 @@ def worker_seeding_enabled() -> bool:
 
 
 def seed_worker(worker_id: int, rank: int) -> None:
-    """Seed a dataloader worker from torch's per-worker seed and the process's rank."""
-    seed = (torch.initial_seed() + rank * 1_000_003) % (_MAX_SEED + 1)
-    _seed_generators(seed, torch_too=False)
+    """Seed `random`, NumPy and torch in a dataloader worker from torch's per-worker seed and the
+    process's rank.
+
+    Torch's per-worker seed is drawn in the main process, which every rank seeded alike: without
+    the rank, worker `w` would draw the same numbers on every rank.
+    """
+    seed = (torch.initial_seed() + rank * _RANK_STRIDE) % (_MAX_SEED + 1)
+    _seed_generators(seed)
 
 
-def _seed_generators(seed: int, torch_too: bool = True) -> None:
+def _seed_generators(seed: int) -> None:
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed)
-    if torch_too:
-        torch.manual_seed(seed)
+    torch.manual_seed(seed)

@@ -317,9 +317,10 @@ class LightningLite:
         """Context for building modules directly on the device and in the precision.
 
         Args:
-            empty_init: `True` under a sharding strategy (`fsdp`) builds on the meta device and
-                initialises the parameters after sharding; under strategies that keep whole
-                models it skips initialisation (for weights loaded right after).
+            empty_init: `True` under a sharding strategy (`fsdp`) builds the parameters on the
+                meta device and initialises them after sharding; under strategies that keep whole
+                models it skips parameter initialisation (for weights loaded right after). Either
+                way, buffers written in `__init__` (masks, constants) keep their values.
         """
         return self._strategy.module_init_context(empty_init)
 

@@ -51,6 +51,12 @@ class Precision:
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Bring gradients to their true scale before they are clipped or inspected."""
 
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """Whether an optimizer step with inf/NaN gradients is skipped (a gradient scaler's overflow)
+        rather than an error: clipping then lets non-finite norms through without raising."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         """State to save with a checkpoint (e.g. the gradient scaler's)."""
         return {}
@@ -87,6 +93,11 @@ class MixedPrecision(Precision):
     `16-mixed` scales the loss with a `torch.amp.GradScaler` whose state is checkpointed. The
     scaler is built on first use, inside the process that trains: building a CUDA scaler asks
     `torch.cuda.is_available()`, which would initialise CUDA in a parent that later forks.
+
+    The scale is updated once per iteration however many optimizers step, as in torch's AMP
+    recipe: an optimizer step only marks an update as due, and it runs at the next `backward`
+    (before the loss is scaled) or when the state is saved. So each optimizer's gradients are
+    unscaled once, by the scale they were computed with.
     """
 
     changes_forward = True
@@ -97,12 +108,13 @@ class MixedPrecision(Precision):
         self._dtype = torch.float16 if name == "16-mixed" else torch.bfloat16
         self._scaler = scaler
         self._builds_scaler = scaler is None and name == "16-mixed"
+        self._update_due = False
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         """The gradient scaler (`16-mixed` only), built on first access."""
         if self._builds_scaler and self._scaler is None:
-            self._scaler = torch.amp.GradScaler(self._device_type)
+            self._scaler = _LazyUpdateScaler(self._device_type)
         return self._scaler
 
     def forward_context(self) -> ContextManager[Any]:
@@ -114,6 +126,7 @@ class MixedPrecision(Precision):
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         scaler = self.scaler
         if scaler is not None:
+            self._update_scale()
             tensor = scaler.scale(tensor)
         tensor.backward(*args, **kwargs)
 
@@ -124,19 +137,50 @@ class MixedPrecision(Precision):
         if kwargs.get("closure") is not None:
             raise _closure_error()
         result = scaler.step(optimizer, **kwargs)
-        scaler.update()
+        self._update_due = True
         return result
+
+    def _update_scale(self) -> None:
+        """The scaler's `update()`, once for all the optimizer steps since the last one."""
+        # A scaler Lite built knows whether the user already called `update()` themselves.
+        due = getattr(self._scaler, "update_due", self._update_due)
+        if due and self._scaler is not None:
+            self._scaler.update()
+        self._update_due = False
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        return self.scaler is not None
+
     def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+        if self.scaler is None:
+            return {}
+        self._update_scale()
+        return {"scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+            self._update_due = False
+
+
+class _LazyUpdateScaler(torch.amp.GradScaler):
+    """A `GradScaler` that knows whether an `update()` is due: an optimizer stepped since the last."""
+
+    update_due = False
+
+    def step(self, optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        result = super().step(optimizer, *args, **kwargs)
+        self.update_due = True
+        return result
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        super().update(new_scale)
+        self.update_due = False
 
 
 def _closure_error() -> Exception:

@@ -1,15 +1,22 @@
-"""Initialising a model that was built on the meta device, after it has been sharded.
+"""Initialising a model whose parameters were built on the meta device, after it has been sharded.
 
-Each module's `reset_parameters()` is replayed in the order a normal build runs them, from the
-random state captured when `init_module(empty_init=True)` was entered, on full-size temporaries
-of that module's own parameters only; each process keeps its shard. So the weights equal a
-normal build's for the same seed, and no more than one module's parameters exist whole at once.
+Inside `init_module(empty_init=True)` each parameter moves to the meta device as it is
+registered, while buffers are computed on the device as usual (a causal mask or a constant
+written in `__init__` has no `reset_parameters()` that could recreate it). After sharding, each
+module's `reset_parameters()` is replayed in the order a normal build runs them, from the random
+state captured when the context was entered, on full-size temporaries of that module's own
+parameters only; each process keeps its shard. So the weights equal a normal build's for the
+same seed, and no more than one module's parameters exist whole at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from lite_core.errors import MisuseError
 
@@ -19,17 +26,37 @@ def has_meta_tensors(module: nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
-    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Inside this context every parameter a module registers is replaced by a meta one.
+
+    The hook is global to `nn.Module` (as torch's device contexts are to factory functions), so
+    modules built on another thread meanwhile are affected too.
+    """
+    handle = register_module_parameter_registration_hook(_to_meta)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _to_meta(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter | None:
+    if param.is_meta or isinstance(param, nn.parameter.UninitializedParameter):
+        return None
+    return nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+
+
+def _own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return list(module.parameters(recurse=False))
 
 
 def check_reinitialisable(module: nn.Module) -> None:
-    """Refuse a meta-built module with state that no `reset_parameters()` could recreate."""
+    """Refuse a meta-built module with parameters that no `reset_parameters()` could recreate."""
     for name, submodule in module.named_modules():
-        if _own_tensors(submodule) and not callable(getattr(submodule, "reset_parameters", None)):
+        if _own_parameters(submodule) and not callable(getattr(submodule, "reset_parameters", None)):
             raise MisuseError(
                 f"The module '{name or type(submodule).__name__}' ({type(submodule).__name__}) holds"
-                " parameters or buffers but has no reset_parameters(), so init_module(empty_init=True)"
+                " parameters but has no reset_parameters(), so init_module(empty_init=True)"
                 " cannot initialise it after sharding: give it a reset_parameters() method or build"
                 " the model with empty_init=False."
             )
@@ -47,7 +74,7 @@ def materialise(module: nn.Module, shard_device: torch.device, device: torch.dev
     """Allocate the shards of a sharded meta-built `module` on `shard_device` and initialise them
     as a normal build on `device` would, drawing from `rng_state` (from `capture_rng`) without
     changing this process's random state."""
-    module.to_empty(device=shard_device)
+    _parameters_to_empty(module, shard_device)
     on_device = device.type != "cpu"
     with torch.random.fork_rng(devices=[device] if on_device else [], device_type=device.type):
         if rng_state is not None:
@@ -55,8 +82,17 @@ def materialise(module: nn.Module, shard_device: torch.device, device: torch.dev
             if on_device and rng_state[1] is not None:
                 torch.get_device_module(device).set_rng_state(rng_state[1], device)
         for submodule in module.modules():
-            if _own_tensors(submodule):
+            if _own_parameters(submodule):
                 _reset_one(submodule, device)
+
+
+def _parameters_to_empty(module: nn.Module, device: torch.device) -> None:
+    """`module.to_empty(device)` for the meta tensors only: computed buffers keep their values."""
+    computed = [(owner, name, buffer) for owner in module.modules()
+                for name, buffer in owner._buffers.items() if buffer is not None and not buffer.is_meta]
+    module.to_empty(device=device)
+    for owner, name, buffer in computed:
+        owner._buffers[name] = buffer
 
 
 def _reset_one(module: nn.Module, device: torch.device) -> None:

@@ -14,12 +14,10 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.precision.precision import Precision
 from lite_core.strategies import _fsdp_init
 from lite_core.strategies.ddp import DDPStrategy
 
 _STATE_DICT_TYPES = ("sharded", "full")
-_MIXED_DTYPES = {"bf16-mixed": torch.bfloat16}
 
 
 class FSDPStrategy(DDPStrategy):
@@ -38,6 +36,10 @@ class FSDPStrategy(DDPStrategy):
             from rank 0. `load` reads both kinds under any strategy and process count.
         reshard_after_forward: free the gathered parameters after the forward pass and gather
             them again for backward (less memory, more communication).
+        mixed_precision: a `torch.distributed.fsdp.MixedPrecisionPolicy` with which
+            `fully_shard` casts the gathered parameters (and inputs, gradients, outputs) itself.
+            By default it casts nothing: `precision="bf16-mixed"` then means what it means under
+            `ddp`, float32 parameters with the forward pass under `torch.autocast`.
         timeout: how long a collective waits for the other ranks (see `DDPStrategy`).
         process_group_backend: overrides the accelerator's `torch.distributed` backend.
     """
@@ -49,8 +51,10 @@ class FSDPStrategy(DDPStrategy):
 
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
                  state_dict_type: str = "sharded", reshard_after_forward: bool = True,
-                 timeout: float | timedelta | None = None, process_group_backend: str | None = None) -> None:
+                 timeout: float | timedelta | None = None, process_group_backend: str | None = None,
+                 mixed_precision: Any = None) -> None:
         super().__init__(timeout=timeout, process_group_backend=process_group_backend)
+        _check_policy(mixed_precision)
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ConfigurationError(
                 f"state_dict_type={state_dict_type!r} is not supported: pass 'sharded' or 'full'."
@@ -59,14 +63,9 @@ class FSDPStrategy(DDPStrategy):
         self._cpu_offload = cpu_offload
         self.state_dict_type = state_dict_type
         self._reshard_after_forward = reshard_after_forward
+        self._mixed_precision = mixed_precision
         self._sharded_modules: list[nn.Module] = []
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
-
-    def build_precision(self, name: str) -> Precision:
-        if name in _MIXED_DTYPES:
-            # fully_shard casts the gathered parameters and the inputs itself (see _mp_policy).
-            return _ShardedMixedPrecision(name)
-        return super().build_precision(name)
 
     # -- modules -------------------------------------------------------------------------------
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
@@ -74,7 +73,8 @@ class FSDPStrategy(DDPStrategy):
             return super().module_init_context(empty_init)
         stack = ExitStack()
         self._init_rng_state = _fsdp_init.capture_rng(self.root_device)
-        stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.root_device)
+        stack.enter_context(_fsdp_init.parameters_on_meta())
         stack.enter_context(self.precision.module_init_context())
         return stack
 
@@ -111,9 +111,15 @@ class FSDPStrategy(DDPStrategy):
         return {
             "mesh": mesh,
             "reshard_after_forward": self._reshard_after_forward,
-            "mp_policy": _mp_policy(self.precision.name),
+            "mp_policy": self._mp_policy(),
             "offload_policy": offload,
         }
+
+    def _mp_policy(self) -> Any:
+        """The policy passed as `mixed_precision`, or one that casts nothing."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return self._mixed_precision if self._mixed_precision is not None else MixedPrecisionPolicy()
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
@@ -181,22 +187,16 @@ class FSDPStrategy(DDPStrategy):
         return f"{type(self).__name__}(state_dict_type={self.state_dict_type!r}, timeout={self.timeout})"
 
 
-class _ShardedMixedPrecision(Precision):
-    """Mixed precision carried out by `fully_shard`'s policy: nothing to do around the forward."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _mp_policy(precision: str) -> Any:
-    """The `MixedPrecisionPolicy` for Lite's precision name: compute in the low dtype, reduce
-    gradients and return outputs in float32, keep the sharded (optimizer) weights in float32."""
+def _check_policy(policy: Any) -> None:
+    if policy is None:
+        return
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dtype = _MIXED_DTYPES.get(precision)
-    if dtype is None:
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    if not isinstance(policy, MixedPrecisionPolicy):
+        raise ConfigurationError(
+            f"mixed_precision={policy!r} is not a policy: pass a torch.distributed.fsdp.MixedPrecisionPolicy"
+            " such as MixedPrecisionPolicy(param_dtype=torch.bfloat16), or None."
+        )
 
 
 @contextmanager

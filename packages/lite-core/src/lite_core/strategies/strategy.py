@@ -233,9 +233,14 @@ class Strategy:
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
                             norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
-        """Scale gradients so that their total norm is at most `max_norm`; returns the norm."""
+        """Scale gradients so that their total norm is at most `max_norm`; returns the norm.
+
+        A non-finite norm raises only when the precision would not skip the step anyway (a
+        gradient scaler's overflow is not an error: the step is skipped and the scale lowered).
+        """
         self.precision.unscale_gradients(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
                                               error_if_nonfinite=error_if_nonfinite)
 
