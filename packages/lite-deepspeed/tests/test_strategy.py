@@ -59,11 +59,32 @@ def test_a_json_config_path_is_read(tmp_path):
     assert full["gradient_clipping"] == 0.0  # Lite clips only when asked
 
 
-@pytest.mark.parametrize(("precision", "section"), [("16-mixed", "fp16"), ("bf16-mixed", "bf16"), ("bf16-true", "bf16")])
+def _cpu_has_fp16() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
+
+
+_NO_FP16 = pytest.mark.skipif("not _cpu_has_fp16()", reason="this CPU has no float16 that DeepSpeed accepts"
+                                                             " (AVX512-FP16 or AMX-FP16)")
+
+
+@pytest.mark.parametrize(("precision", "section"), [pytest.param("16-mixed", "fp16", marks=_NO_FP16),
+                                                    ("bf16-mixed", "bf16"), ("bf16-true", "bf16")])
 def test_precision_maps_onto_deepspeed_sections(precision, section):
     strategy = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2, precision=precision).strategy
     assert strategy._full_config()[section] == {"enabled": True}
     assert type(strategy.precision).__name__ == "DeepSpeedPrecision"
+
+
+def test_fp16_on_a_cpu_without_it_is_refused_at_construction():
+    if _cpu_has_fp16():
+        assert LightningLite(accelerator="cpu", strategy="deepspeed", devices=2, precision="16-mixed")
+        return
+    with pytest.raises(ConfigurationError) as err:  # DeepSpeed raised inside deepspeed.initialize
+        LightningLite(accelerator="cpu", strategy="deepspeed", devices=2, precision="16-mixed")
+    assert _one_sentence(err.value).startswith("precision='16-mixed' needs float16 support that DeepSpeed does not"
+                                               " find on accelerator='cpu' here")
 
 
 def test_32_true_adds_no_low_precision_section():

@@ -97,6 +97,8 @@ def test_bf16_trains_within_tolerance_of_fp32(job, plain, run_name):
 def test_fp16_trains_with_deepspeed_loss_scaling(job):
     # DeepSpeed's dynamic loss scale starts high and skips the steps that overflow, so the
     # losses are not compared with fp32 training; they must stay finite and resume exactly.
+    if "deepspeed_stage_2-16-mixed" not in job["runs"]:
+        pytest.skip("this CPU has no float16 that DeepSpeed accepts (AVX512-FP16 or AMX-FP16)")
     run = job["runs"]["deepspeed_stage_2-16-mixed"]
     assert all(math.isfinite(v) for v in run["losses"])
     assert run["resumed"]["losses"] == run["losses"][6:]

@@ -90,6 +90,8 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def build_precision(self, name: str) -> Precision:
         _config.with_precision(self._config, name)  # refuses a config that contradicts it, now
+        if name == "16-mixed":
+            _refuse_unsupported_fp16(self.accelerator)
         return DeepSpeedPrecision(name)
 
     # -- environment -----------------------------------------------------------------------------
@@ -317,3 +319,15 @@ def _batch_size_of(dataloader: Any) -> int | None:
     if size is None:
         size = getattr(getattr(dataloader, "batch_sampler", None), "batch_size", None)
     return size if isinstance(size, int) and size > 0 else None
+
+
+def _refuse_unsupported_fp16(accelerator: Any) -> None:
+    """DeepSpeed refuses fp16 deep inside `deepspeed.initialize` on a device without it (on a CPU:
+    no oneDNN float16, i.e. no AVX512-FP16 or AMX-FP16); refuse at construction instead."""
+    from deepspeed.accelerator import get_accelerator
+
+    if not get_accelerator().is_fp16_supported():
+        raise ConfigurationError(
+            f"precision='16-mixed' needs float16 support that DeepSpeed does not find on accelerator="
+            f"{accelerator.name!r} here: use precision='bf16-mixed' or '32-true'."
+        )
