@@ -1,5 +1,7 @@
-"""Checkpoints that move between strategies: save under `fsdp` on 2 processes (sharded and
-full), resume under `fsdp`, `ddp` and `single_device`, each continuing the uninterrupted loss curve."""
+"""The same loop under `fsdp` and `ddp` (optimizer with two param groups and an LR scheduler built
+before `setup(model, optimizer)`), and checkpoints that move between strategies: save under `fsdp`
+on 2 processes (sharded and full), resume under `fsdp`, `ddp` and `single_device`, each continuing
+the uninterrupted loss curve."""
 
 from __future__ import annotations
 
@@ -21,11 +23,19 @@ RESUME_AT = 3
 @pytest.fixture(scope="module")
 def saved(run_script, output_of, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("fsdp-save")
-    proc = run_script("sharded_resume.py", "save", out_dir)
+    proc = run_script("sharded_resume.py", "save", "fsdp", out_dir)
     assert proc.returncode == 0, output_of(proc)
     losses = json.loads((out_dir / "uninterrupted.json").read_text())
     assert len(losses) == 6
     return out_dir, losses
+
+
+def test_the_same_loop_under_fsdp_and_ddp_has_the_same_loss_curve(saved, run_script, output_of, tmp_path):
+    _, fsdp_losses = saved
+    proc = run_script("sharded_resume.py", "save", "ddp", tmp_path)
+    assert proc.returncode == 0, output_of(proc)
+    ddp_losses = json.loads((tmp_path / "uninterrupted.json").read_text())
+    torch.testing.assert_close(torch.tensor(fsdp_losses), torch.tensor(ddp_losses), atol=1e-6, rtol=0)
 
 
 def resumed_losses(run_script, output_of, strategy: str, devices: int, checkpoint, out_json) -> list[float]:
@@ -60,6 +70,8 @@ def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved)
     assert full["step"] == RESUME_AT
     assert full["model"]["0.weight"].shape == (16, 4)  # gathered, not a shard
     assert set(full["optimizer"]["state"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert [group["lr"] for group in full["optimizer"]["param_groups"]] == [0.025, 0.005]  # halved at step 2
+    assert full["scheduler"]["last_epoch"] == RESUME_AT  # the scheduler's state, loadable with weights_only
 
 
 def test_consolidate_writes_one_torch_loadable_file_that_resumes(saved, run_script, output_of, tmp_path):
