@@ -87,6 +87,29 @@ class Train(LightningLite):
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         if self.global_rank == 0:
             Path(out_json).write_text(json.dumps(losses))
+        if mode == "save" and self.strategy.name == "fsdp":
+            self.fail_to_save(state, Path(checkpoint))
+
+
+    def fail_to_save(self, state: dict, out_dir: Path) -> None:
+        """Saving under a path whose parent is a file fails on rank 0: every rank must raise."""
+        blocker = out_dir / "a_file"
+        if self.global_rank == 0:
+            blocker.write_text("in the way")
+        self.barrier()
+        errors = {}
+        for kind in ("sharded", "full"):
+            self.strategy.state_dict_type = kind
+            try:
+                self.save(state, blocker / "ckpt")
+            except Exception as err:
+                errors[kind] = {"type": type(err).__name__, "message": str(err),
+                                "cause": type(err.__cause__).__name__ if err.__cause__ else None}
+        self.strategy.state_dict_type = "sharded"
+        Path(out_dir, f"failed_saves_rank{self.global_rank}.json").write_text(json.dumps(errors))
+        self.barrier()
+        if self.global_rank == 0:
+            blocker.unlink()
 
 
 def main() -> None:

@@ -30,6 +30,17 @@ def saved(run_script, output_of, tmp_path_factory):
     return out_dir, losses
 
 
+def test_a_save_that_fails_on_rank_0_raises_on_every_rank_under_fsdp(saved):
+    out_dir, _ = saved
+    errors = [json.loads((out_dir / f"failed_saves_rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, by_kind in enumerate(errors):
+        assert set(by_kind) == {"sharded", "full"}, by_kind
+        for error in by_kind.values():
+            assert error["type"] == "CheckpointError" and "failed on rank 0 with" in error["message"], error
+            assert error["cause"] == (None if rank else error["cause"])
+    assert all(error["cause"] for error in errors[0].values())  # rank 0 chains its own error
+
+
 def test_the_same_loop_under_fsdp_and_ddp_has_the_same_loss_curve(saved, run_script, output_of, tmp_path):
     _, fsdp_losses = saved
     proc = run_script("sharded_resume.py", "save", "ddp", tmp_path)
@@ -64,7 +75,8 @@ def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved)
     assert is_sharded(sharded)
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     # Saving again to the same path replaced the older checkpoint and left no staging directory.
-    assert sorted(p.name for p in out_dir.iterdir()) == ["full.pt", "sharded", "uninterrupted.json"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "failed_saves_rank0.json", "failed_saves_rank1.json", "full.pt", "sharded", "uninterrupted.json"]
     assert torch.load(sharded / "lite_extra.pt", weights_only=True)["step"] == RESUME_AT
     full = torch.load(out_dir / "full.pt", weights_only=True)
     assert full["step"] == RESUME_AT

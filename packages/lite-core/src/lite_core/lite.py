@@ -284,13 +284,13 @@ class LightningLite:
         if self._plain_backward:
             tensor.backward(*args, **kwargs)
             return
-        if self._strategy.is_distributed:
-            self._check_loss_came_through_setup(args, kwargs)
         if model is None and len(self._models) > 1 and self._strategy.backward_needs_model:
             raise MisuseError(
                 f"{len(self._models)} models are set up and strategy={self._strategy.name!r} runs backward"
                 " through the model the loss belongs to: call backward(loss, model=model)."
             )
+        if self._strategy.is_distributed:
+            self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
