@@ -58,7 +58,8 @@ class Train(LightningLite):
         return model, optimizer, scheduler
 
     def run(self, mode: str, checkpoint: str, out_json: str) -> None:
-        style = "setup_module" if mode == "resume" and self.strategy.name == "fsdp" and self.world_size == 2 else "setup"
+        other_way = mode == "resume" and self.strategy.name == "fsdp" and self.world_size == 2
+        style = "setup_module" if other_way else "setup"
         model, optimizer, scheduler = self.build(style)
         state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
         if mode == "resume":
