@@ -7,6 +7,7 @@ the same data from the same initial weights with a plain one-process PyTorch loo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ class Job:
         self.sampling = [json.loads((out_dir / f"sampling_rank{r}.json").read_text()) for r in (0, 1)]
         self.grads = [json.loads((out_dir / f"grads_rank{r}.json").read_text()) for r in (0, 1)]
         self.training = torch.load(out_dir / "training.pt", weights_only=True)
+        self.checks = [json.loads((out_dir / f"checks_rank{r}.json").read_text()) for r in (0, 1)]
 
     def shards(self, case: str, epoch: int = 0) -> list[list[int]]:
         """Per rank, the flat list of indexes it saw in `epoch`."""
@@ -109,6 +111,51 @@ def test_own_distributed_sampler_is_left_alone(strategy, training_job):
     # The user's DistributedSampler already shards; sharding it again would halve each shard.
     zero, one = job.shards("own_distributed_sampler")
     assert zero == [0, 2, 4, 6, 8] and one == [1, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dataloader_subclass_made_in_run_gets_a_distributed_sampler(strategy, training_job):
+    job = training_job(strategy)
+    zero, one = job.shards("custom_loader")  # MyLoader(dataset, my_arg, batch_size) in train.py
+    assert zero == [0, 2, 4, 6, 8] and one == [1, 3, 5, 7, 9]
+    for rank in (0, 1):
+        record = job.sampling[rank]["custom_loader"]
+        assert record["sampler"] == "DistributedSampler" and record["my_arg"] == "mine"
+
+
+# -- the code users write ---------------------------------------------------------------------------
+def _one_sentence(message: str) -> None:
+    assert "\n" not in message and message.endswith("."), message
+    assert not re.search(r"[.!?]\s+[A-Z][a-z]", message[:-1]), f"more than one sentence: {message!r}"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_training_the_model_whose_setup_result_was_discarded_fails_at_backward(strategy, training_job):
+    for checks in training_job(strategy).checks:
+        error = checks["discarded_setup"]
+        assert error is not None, "backward through the original model ran without synchronising gradients"
+        assert error["type"] == "MisuseError"
+        _one_sentence(error["message"])
+        assert "call the model that setup() returned" in error["message"]
+        assert checks["retain_graph"] is None, "two backward passes through one forward were refused"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_lr_schedulers_round_trip_through_a_checkpoint(strategy, training_job):
+    for checks in training_job(strategy).checks:
+        assert checks["schedulers"] == {"step": 2, "before_equal": True, "after_equal": True, "lrs_equal": True,
+                                        "saved_as_state": True}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_save_that_fails_on_rank_0_raises_on_every_rank(strategy, training_job):
+    checks = training_job(strategy).checks
+    for rank, record in enumerate(checks):
+        error = record["failed_save"]
+        assert error is not None and error["type"] == "CheckpointError", error
+        _one_sentence(error["message"])
+        assert "failed on rank 0 with IsADirectoryError" in error["message"]
+    assert checks[0]["failed_save"]["cause"] == "IsADirectoryError"  # rank 0 chains its own error
 
 
 # -- parity with plain PyTorch -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`fsdp` with one process: misuse errors, and bf16-mixed (autocast over float32 parameters).
+"""`fsdp` with one process: misuse errors, bf16-mixed (autocast over float32 parameters), and
+`setup(model, optimizer)` with an optimizer (and scheduler) built before setup.
 
     python fsdp_single_process.py
 
@@ -6,6 +7,8 @@ Prints one `OK <check>` line per check that passed; exits non-zero on the first 
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -36,9 +39,6 @@ def expect_misuse(check: str, fn, *words: str) -> None:
 
 
 def misuse(lite: LightningLite) -> None:
-    model = nn.Linear(3, 3)
-    expect_misuse("optimizer before setup", lambda: lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.1)),
-                  "setup_module(model)", "setup_optimizers")
     other = nn.Linear(3, 3)
     wrapped = lite.setup_module(nn.Linear(3, 3))
     expect_misuse("optimizer of unsharded parameters",
@@ -106,6 +106,67 @@ def load_position_keyed(lite: LightningLite, path: str) -> None:
     print("OK position-keyed checkpoint: restored under fsdp")
 
 
+def param_groups(model: nn.Module) -> list[dict]:
+    return [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.01, "betas": (0.5, 0.9)}]
+
+
+def setup_with_optimizer(lite: LightningLite, folder: str) -> None:
+    """The loop a user writes for ddp: optimizer and scheduler built before setup(model, optimizer)."""
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    model = copy.deepcopy(reference)
+    plain_optimizer = torch.optim.Adam(param_groups(reference), lr=0.05)
+    optimizer = torch.optim.Adam(param_groups(model), lr=0.05)
+    x = torch.randn(8, 4)
+    for module, opt in ((reference, plain_optimizer), (model, optimizer)):  # state made before setup
+        module(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    plain_scheduler = torch.optim.lr_scheduler.StepLR(plain_optimizer, step_size=1, gamma=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, set_up = lite.setup(model, optimizer)
+    assert set_up.optimizer is optimizer and isinstance(set_up, torch.optim.Adam)
+    assert [g["betas"] for g in optimizer.param_groups] == [(0.9, 0.999), (0.5, 0.9)], optimizer
+    for _ in range(3):
+        set_up.zero_grad()
+        lite.backward(model(x).pow(2).mean())
+        set_up.step()
+        scheduler.step()
+        plain_optimizer.zero_grad()
+        reference(x).pow(2).mean().backward()
+        plain_optimizer.step()
+        plain_scheduler.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in plain_optimizer.param_groups] == [
+        0.05 / 8, 0.01 / 8]
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name].full_tensor(), tensor, atol=1e-6, rtol=0)
+    print("OK setup(model, optimizer): groups, state and a scheduler built before setup carry over")
+
+    # A checkpoint written with setup_module + setup_optimizers loads into setup(model, optimizer).
+    lite.save({"model": model, "optimizer": set_up, "scheduler": scheduler}, f"{folder}/by_setup")
+    torch.manual_seed(1)
+    other = lite.setup_module(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)))
+    other_optimizer = lite.setup_optimizers(torch.optim.Adam(param_groups(other), lr=0.05))
+    state = {"model": other, "optimizer": other_optimizer,
+             "scheduler": torch.optim.lr_scheduler.StepLR(other_optimizer, step_size=1, gamma=0.5)}
+    lite.load(f"{folder}/by_setup", state)
+    lite.save(state, f"{folder}/by_setup_module")
+    torch.manual_seed(2)
+    again = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    again_optimizer = torch.optim.Adam(param_groups(again), lr=0.05)
+    again_scheduler = torch.optim.lr_scheduler.StepLR(again_optimizer, step_size=1, gamma=0.5)
+    again, again_optimizer = lite.setup(again, again_optimizer)
+    lite.load(f"{folder}/by_setup_module", {"model": again, "optimizer": again_optimizer, "scheduler": again_scheduler})
+    assert again_scheduler.state_dict() == scheduler.state_dict()
+    assert [g["lr"] for g in again_optimizer.param_groups] == [g["lr"] for g in optimizer.param_groups]
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(again.state_dict()[name].full_tensor(), model.state_dict()[name].full_tensor()), name
+    for mine, theirs in zip(again_optimizer.param_groups[1]["params"], optimizer.param_groups[1]["params"]):
+        assert torch.equal(again_optimizer.state[mine]["exp_avg"].full_tensor(),
+                           optimizer.state[theirs]["exp_avg"].full_tensor())
+    print("OK checkpoints across setup styles: written either way, loaded either way")
+
+
 if __name__ == "__main__":
     import sys
     import tempfile
@@ -117,4 +178,5 @@ if __name__ == "__main__":
     LightningLite(accelerator="cpu", strategy=FSDPStrategy(cpu_offload=True), devices=1).launch(cpu_offload)
     with tempfile.TemporaryDirectory() as folder:
         LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(load_position_keyed, f"{folder}/plain.pt")
+        LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(setup_with_optimizer, folder)
     sys.exit(0)

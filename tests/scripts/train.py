@@ -3,8 +3,10 @@
     python train.py STRATEGY OUT_DIR
 
 Writes, per rank, `OUT_DIR/sampling_rank{r}.json` (the sample indexes each set-up dataloader
-gave this rank, per epoch) and `OUT_DIR/grads_rank{r}.json` (gradient checks during
-accumulation); rank 0 also writes `OUT_DIR/training.pt` with the data, the initial weights and
+gave this rank, per epoch), `OUT_DIR/grads_rank{r}.json` (gradient checks during accumulation)
+and `OUT_DIR/checks_rank{r}.json` (the errors of training through a model whose setup result was
+discarded and of a save that fails on rank 0, and a round trip of LR schedulers through a
+checkpoint); rank 0 also writes `OUT_DIR/training.pt` with the data, the initial weights and
 the final weights of plain DDP training and of training with gradient accumulation, so that the
 test can replay both with a plain one-process PyTorch loop.
 """
@@ -57,6 +59,14 @@ class FixedPermutation(Sampler[int]):
         return iter(self.order)
 
 
+class MyLoader(DataLoader):
+    """A user's DataLoader subclass whose __init__ takes its own arguments, not DataLoader's."""
+
+    def __init__(self, dataset: Dataset, my_arg: str, batch_size: int) -> None:
+        self.my_arg = my_arg
+        super().__init__(dataset, batch_size=batch_size, shuffle=False)
+
+
 def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, 1))
 
@@ -73,6 +83,7 @@ class Train(LightningLite):
         self.check_sampling(out_dir)
         self.train_plain()
         self.train_accumulating(out_dir)
+        self.check_setup_and_checkpoints(out_dir)
         return json.dumps({"rank": self.global_rank, "pid": os.getpid()})
 
     # -- sampler injection --------------------------------------------------------------------
@@ -100,6 +111,9 @@ class Train(LightningLite):
         loader = self.setup_dataloaders(DataLoader(RangeDataset(10), batch_size=2, sampler=mine))
         record["own_distributed_sampler"] = self.epochs_of(loader)
         record["own_distributed_sampler"]["same_object"] = loader.dataloader.sampler is mine
+        loader = self.setup_dataloaders(MyLoader(RangeDataset(10), my_arg="mine", batch_size=2))
+        record["custom_loader"] = self.epochs_of(loader)
+        record["custom_loader"]["my_arg"] = loader.dataloader.my_arg
         Path(out_dir, f"sampling_rank{self.global_rank}.json").write_text(json.dumps(record))
 
     # -- training --------------------------------------------------------------------------------
@@ -157,6 +171,77 @@ class Train(LightningLite):
         )
         if self.global_rank == 0:
             torch.save(self.results, Path(out_dir, "training.pt"))
+
+
+    # -- the code users write: discarded setup results, schedulers in checkpoints, failed saves -----
+    def check_setup_and_checkpoints(self, out_dir: str) -> None:
+        x, y = make_data()
+        checks = {"discarded_setup": self.error_of(lambda: self.train_without_setup_result(x, y))}
+        model, optimizer, _ = self.fresh()
+
+        def twice_through_one_forward() -> None:  # legitimate: no error
+            with self.no_backward_sync(model):  # DDP reduces once per forward; here it does not reduce
+                loss = nn.functional.mse_loss(model(x[:4]), y[:4])
+                self.backward(loss, retain_graph=True)
+                self.backward(2 * loss)
+
+        checks["retain_graph"] = self.error_of(twice_through_one_forward)
+        checks["schedulers"] = self.scheduler_round_trip(out_dir, x, y)
+        in_the_way = Path(out_dir, "in_the_way.pt")
+        if self.global_rank == 0:
+            in_the_way.mkdir()
+        self.barrier()
+        checks["failed_save"] = self.error_of(lambda: self.save({"model": model}, in_the_way))
+        Path(out_dir, f"checks_rank{self.global_rank}.json").write_text(json.dumps(checks))
+
+    def error_of(self, action) -> dict | None:
+        try:
+            action()
+        except Exception as err:
+            cause = err.__cause__
+            return {"type": type(err).__name__, "message": str(err), "cause": type(cause).__name__ if cause else None}
+        return None
+
+    def train_without_setup_result(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        self.setup(model, optimizer)  # the result is thrown away: `model` is still the original
+        optimizer.zero_grad()
+        self.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+
+    def with_schedulers(self) -> dict:
+        torch.manual_seed(0)
+        model = make_model()
+        raw = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}], lr=LR)
+        before = torch.optim.lr_scheduler.StepLR(raw, step_size=1, gamma=0.5)  # built on the raw optimizer
+        model, optimizer = self.setup(model, raw)
+        after = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.9 ** epoch)  # on the set-up one
+        return {"model": model, "optimizer": optimizer, "before": before, "after": after, "step": 0}
+
+    def scheduler_round_trip(self, out_dir: str, x: torch.Tensor, y: torch.Tensor) -> dict:
+        state = self.with_schedulers()
+        for step in range(2):
+            state["optimizer"].zero_grad()
+            self.backward(nn.functional.mse_loss(state["model"](x), y))
+            state["optimizer"].step()
+            state["before"].step()
+            state["after"].step()
+            state["step"] = step + 1
+        path = Path(out_dir, "schedulers.pt")
+        self.save(state, path)
+        fresh = self.with_schedulers()
+        self.load(path, fresh)  # weights_only
+        saved = torch.load(path, weights_only=True)
+        return {
+            "step": fresh["step"],
+            "before_equal": fresh["before"].state_dict() == state["before"].state_dict(),
+            "after_equal": {k: v for k, v in fresh["after"].state_dict().items() if k != "lr_lambdas"}
+            == {k: v for k, v in state["after"].state_dict().items() if k != "lr_lambdas"},
+            "lrs_equal": [g["lr"] for g in fresh["optimizer"].param_groups]
+            == [g["lr"] for g in state["optimizer"].param_groups] != [LR, 0.5],
+            "saved_as_state": isinstance(saved["before"], dict) and isinstance(saved["after"], dict),
+        }
 
 
 def main() -> None:

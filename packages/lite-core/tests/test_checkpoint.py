@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -124,3 +125,66 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], timeout=50)
     assert result.returncode == 9
     assert _lite().load(path) == {"version": 1}
+
+
+class Counter:
+    """A user object with state: saved through its state_dict(), never pickled itself."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seen = state["seen"]
+
+
+def _training_objects(lite: LightningLite) -> dict:
+    """What a user keeps in a checkpoint: schedulers built on the raw optimizer before setup and
+    on the set-up one after it, a gradient scaler and an object of their own."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    raw = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.5}], lr=0.1)
+    before = torch.optim.lr_scheduler.StepLR(raw, step_size=2, gamma=0.5)
+    model, optimizer = lite.setup(model, raw)
+    after = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.9 ** epoch)
+    return {"model": model, "optimizer": optimizer, "before": before, "after": after,
+            "scaler": torch.amp.GradScaler("cpu", init_scale=64.0), "counter": Counter()}
+
+
+def test_schedulers_scalers_and_user_objects_round_trip_with_weights_only(tmp_path: Path) -> None:
+    lite = _lite()
+    state = _training_objects(lite)
+    for _ in range(3):
+        lite.backward(state["model"](torch.ones(1, 3)).sum())
+        state["optimizer"].step()
+        state["before"].step()
+        state["after"].step()
+        state["counter"].seen += 1
+    state["scaler"].scale(torch.ones(1))
+    state["scaler"].update(16.0)
+    lite.save(state, tmp_path / "ckpt.pt")
+    saved_lrs = [group["lr"] for group in state["optimizer"].param_groups]
+
+    fresh = _training_objects(_lite())
+    content = _lite().load(tmp_path / "ckpt.pt", fresh)  # weights_only by default
+    for key in ("before", "after", "scaler", "counter"):
+        assert fresh[key].state_dict() == state[key].state_dict(), key
+        assert isinstance(content[key], dict), key  # the state, not the object, was saved
+    assert fresh["before"].last_epoch == 3 and fresh["counter"].seen == 3
+    assert fresh["scaler"].get_scale() == 16.0
+    assert [group["lr"] for group in fresh["optimizer"].param_groups] == saved_lrs
+    fresh["after"].step()  # the restored scheduler keeps driving the restored optimizer
+    assert fresh["optimizer"].param_groups[1]["lr"] != saved_lrs[1]
+
+
+def test_failed_save_raises_one_checkpoint_error_caused_by_the_original(tmp_path: Path) -> None:
+    (tmp_path / "ckpt.pt").mkdir()  # a directory in the way
+    with pytest.raises(CheckpointError) as info:
+        _lite().save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")
+    message = str(info.value)
+    assert "\n" not in message and message.endswith(".") and not re.search(r"[.!?]\s+[A-Z][a-z]", message), message
+    assert "failed on rank 0 with IsADirectoryError" in str(info.value)
+    assert isinstance(info.value.__cause__, IsADirectoryError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from lite_core import LightningLite, seed_everything
-from lite_core._data import ShardedSampler, distribute
+from lite_core._data import ShardedSampler, distribute, recording_loader_arguments
 from lite_core.errors import MisuseError
 
 DATA = list(range(10))
@@ -96,8 +96,30 @@ def test_dataloader_subclass_that_cannot_be_rebuilt() -> None:
         def __init__(self, data: list[int]) -> None:
             super().__init__(data, batch_size=2)
 
-    with pytest.raises(MisuseError, match="replace_sampler=False"):
+    with pytest.raises(MisuseError, match="created outside run().*create it inside run().*replace_sampler=False"):
         distribute(Special(DATA), 2, 0, 0)
+
+
+class MyLoader(DataLoader):
+    """A user's loader whose __init__ takes its own arguments, not DataLoader's."""
+
+    def __init__(self, dataset: list[int], my_arg: str, batch_size: int) -> None:
+        self.my_arg = my_arg
+        super().__init__(dataset, batch_size=batch_size, shuffle=True)
+
+
+def test_dataloader_subclass_created_inside_run_is_rebuilt_with_a_distributed_sampler() -> None:
+    with recording_loader_arguments():  # what run() does around the user's code
+        loaders = [MyLoader(DATA, my_arg="mine", batch_size=3) for _ in range(2)]
+    shards = [distribute(loader, 2, rank, 0) for rank, loader in enumerate(loaders)]
+    for rank, shard in enumerate(shards):
+        assert type(shard) is MyLoader and shard.my_arg == "mine" and shard.batch_size == 3
+        assert isinstance(shard.sampler, DistributedSampler) and shard.sampler.rank == rank
+        assert shard.sampler.shuffle  # the loader's own shuffle=True is kept
+    seen = [[i for batch in shard for i in batch.tolist()] for shard in shards]
+    assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == DATA
+    with pytest.raises(MisuseError, match="created outside run()"):  # made after run() ended: not recorded
+        distribute(MyLoader(DATA, my_arg="late", batch_size=3), 2, 0, 0)
 
 
 class _Worker(torch.utils.data.Dataset):

@@ -264,3 +264,15 @@ def test_wrapper_attribute_lookup_before_init_raises_attribute_error() -> None:
 
     bare = LiteModule.__new__(LiteModule)
     assert not hasattr(bare, "_ds_child_entered")
+
+
+def test_one_process_pays_nothing_for_the_discarded_setup_check() -> None:
+    """Only distributed strategies note each forward pass (to refuse a loss from the original model)."""
+    from lite_core.wrappers import LiteModule
+
+    lite = LightningLite(accelerator="cpu")
+    model = lite.setup(nn.Linear(2, 1))
+    assert type(model).__call__ is LiteModule.__call__
+    original = nn.Linear(2, 1)
+    lite.backward(original(torch.ones(1, 2)).sum())  # one process: no synchronisation to miss
+    assert original.weight.grad is not None

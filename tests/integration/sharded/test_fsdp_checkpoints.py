@@ -1,5 +1,7 @@
-"""Checkpoints that move between strategies: save under `fsdp` on 2 processes (sharded and
-full), resume under `fsdp`, `ddp` and `single_device`, each continuing the uninterrupted loss curve."""
+"""The same loop under `fsdp` and `ddp` (optimizer with two param groups and an LR scheduler built
+before `setup(model, optimizer)`), and checkpoints that move between strategies: save under `fsdp`
+on 2 processes (sharded and full), resume under `fsdp`, `ddp` and `single_device`, each continuing
+the uninterrupted loss curve."""
 
 from __future__ import annotations
 
@@ -21,11 +23,30 @@ RESUME_AT = 3
 @pytest.fixture(scope="module")
 def saved(run_script, output_of, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("fsdp-save")
-    proc = run_script("sharded_resume.py", "save", out_dir)
+    proc = run_script("sharded_resume.py", "save", "fsdp", out_dir)
     assert proc.returncode == 0, output_of(proc)
     losses = json.loads((out_dir / "uninterrupted.json").read_text())
     assert len(losses) == 6
     return out_dir, losses
+
+
+def test_a_save_that_fails_on_rank_0_raises_on_every_rank_under_fsdp(saved):
+    out_dir, _ = saved
+    errors = [json.loads((out_dir / f"failed_saves_rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, by_kind in enumerate(errors):
+        assert set(by_kind) == {"sharded", "full"}, by_kind
+        for error in by_kind.values():
+            assert error["type"] == "CheckpointError" and "failed on rank 0 with" in error["message"], error
+            assert error["cause"] == (None if rank else error["cause"])
+    assert all(error["cause"] for error in errors[0].values())  # rank 0 chains its own error
+
+
+def test_the_same_loop_under_fsdp_and_ddp_has_the_same_loss_curve(saved, run_script, output_of, tmp_path):
+    _, fsdp_losses = saved
+    proc = run_script("sharded_resume.py", "save", "ddp", tmp_path)
+    assert proc.returncode == 0, output_of(proc)
+    ddp_losses = json.loads((tmp_path / "uninterrupted.json").read_text())
+    torch.testing.assert_close(torch.tensor(fsdp_losses), torch.tensor(ddp_losses), atol=1e-6, rtol=0)
 
 
 def resumed_losses(run_script, output_of, strategy: str, devices: int, checkpoint, out_json) -> list[float]:
@@ -54,12 +75,15 @@ def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved)
     assert is_sharded(sharded)
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     # Saving again to the same path replaced the older checkpoint and left no staging directory.
-    assert sorted(p.name for p in out_dir.iterdir()) == ["full.pt", "sharded", "uninterrupted.json"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "failed_saves_rank0.json", "failed_saves_rank1.json", "full.pt", "sharded", "uninterrupted.json"]
     assert torch.load(sharded / "lite_extra.pt", weights_only=True)["step"] == RESUME_AT
     full = torch.load(out_dir / "full.pt", weights_only=True)
     assert full["step"] == RESUME_AT
     assert full["model"]["0.weight"].shape == (16, 4)  # gathered, not a shard
     assert set(full["optimizer"]["state"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert [group["lr"] for group in full["optimizer"]["param_groups"]] == [0.025, 0.005]  # halved at step 2
+    assert full["scheduler"]["last_epoch"] == RESUME_AT  # the scheduler's state, loadable with weights_only
 
 
 def test_consolidate_writes_one_torch_loadable_file_that_resumes(saved, run_script, output_of, tmp_path):

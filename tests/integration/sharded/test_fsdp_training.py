@@ -54,10 +54,10 @@ def test_empty_init_builds_on_meta_and_equals_a_normal_build(fsdp_job, reference
     assert torch.equal(fsdp_job["empty_buffers"]["scale"], torch.full((4,), 3.0))
 
 
-def test_fsdp_misuse_errors_bf16_mixed_cpu_offload_and_position_keyed_loading(run_script, output_of):
+def test_fsdp_misuse_bf16_mixed_cpu_offload_setup_with_optimizer_and_position_keyed_loading(run_script, output_of):
     proc = run_script("fsdp_single_process.py")
     assert proc.returncode == 0, output_of(proc)
-    for check in ("optimizer before setup", "optimizer of unsharded parameters",
+    for check in ("setup(model, optimizer)", "checkpoints across setup styles", "optimizer of unsharded parameters",
                   "empty_init without reset_parameters", "bf16-mixed", "cpu_offload",
                   "position-keyed checkpoint"):
         assert f"OK {check}" in proc.stdout, output_of(proc)

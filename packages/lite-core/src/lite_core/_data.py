@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import weakref
 from collections.abc import Iterator, Sized
+from contextlib import contextmanager
 from typing import Any, Callable
 
 from torch.utils.data import (
@@ -95,6 +97,9 @@ def _sharded(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) ->
 
 
 def _rebuild(dataloader: DataLoader, sampler: Sampler[Any]) -> DataLoader:
+    arguments = _recorded.get(dataloader)
+    if arguments is not None:
+        return _replay(dataloader, arguments, sampler)
     kwargs = {name: getattr(dataloader, name) for name in _LOADER_ARGUMENTS if hasattr(dataloader, name)}
     if dataloader.num_workers == 0:
         kwargs.pop("prefetch_factor", None)
@@ -103,10 +108,84 @@ def _rebuild(dataloader: DataLoader, sampler: Sampler[Any]) -> DataLoader:
     if type(dataloader) is not DataLoader and not all(name in accepted for name in ("dataset", *kwargs)):
         raise MisuseError(
             f"Lite cannot rebuild your {type(dataloader).__name__} with a distributed sampler because its"
-            " __init__ does not accept DataLoader's arguments: pass replace_sampler=False and give it a"
+            " __init__ does not accept DataLoader's arguments and it was created outside run(), where Lite"
+            " does not record them: create it inside run(), or pass replace_sampler=False and give it a"
             " DistributedSampler yourself."
         )
     return type(dataloader)(dataloader.dataset, **kwargs)
+
+
+# -- DataLoader subclasses created inside run() ----------------------------------------------------
+# While `run()` executes, the arguments each DataLoader subclass is constructed with are recorded,
+# so that it can be rebuilt with a distributed sampler whatever its own `__init__` takes: it is
+# constructed again with the same arguments, and when its `__init__` reaches `DataLoader.__init__`
+# the sampler there is replaced by this rank's.
+
+_Arguments = tuple[tuple[Any, ...], dict[str, Any]]
+_recorded: weakref.WeakKeyDictionary[DataLoader, _Arguments] = weakref.WeakKeyDictionary()
+_recording = 0
+
+
+def _recording_new(cls: type[DataLoader], *args: Any, **kwargs: Any) -> DataLoader:
+    loader = object.__new__(cls)
+    if _recording and cls is not DataLoader and _inherits_new(cls):
+        _recorded[loader] = (args, kwargs)
+    return loader
+
+
+def _inherits_new(cls: type[DataLoader]) -> bool:
+    """Whether `cls` leaves `__new__` to DataLoader (its own might not pass the arguments on)."""
+    mro = cls.__mro__
+    return all("__new__" not in vars(k) for k in mro[: mro.index(DataLoader)])
+
+
+@contextmanager
+def recording_loader_arguments() -> Iterator[None]:
+    """Record the constructor arguments of DataLoader subclasses created inside this context.
+
+    The hook is installed on `DataLoader.__new__` the first time and then stays (idle outside this
+    context): CPython cannot give a class back its inherited `object.__new__` once replaced.
+    """
+    global _recording
+    if vars(DataLoader).get("__new__") is None:
+        DataLoader.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign,assignment]
+    _recording += 1
+    try:
+        yield
+    finally:
+        _recording -= 1
+
+
+def _replay(dataloader: DataLoader, arguments: _Arguments, sampler: Sampler[Any]) -> DataLoader:
+    """`dataloader`'s class constructed again with its recorded arguments, but with `sampler`."""
+    cls = type(dataloader)
+    overrides = {"sampler": sampler, "shuffle": None, "batch_sampler": None,
+                 "batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+    args, kwargs = arguments
+    with _overriding_base_init(cls, overrides):
+        return cls(*args, **kwargs)
+
+
+@contextmanager
+def _overriding_base_init(cls: type[DataLoader], overrides: dict[str, Any]) -> Iterator[None]:
+    """While inside, the first `DataLoader.__init__` call for a new `cls` gets `overrides`."""
+    original = DataLoader.__init__
+    signature = inspect.signature(original)
+    pending = [True]
+
+    def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        if pending and type(self) is cls:
+            pending.clear()
+            bound = signature.bind(self, *args, **kwargs)
+            bound.arguments.update(overrides)
+            return original(*bound.args, **bound.kwargs)
+        return original(self, *args, **kwargs)
+
+    DataLoader.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = original  # type: ignore[method-assign]
 
 
 def with_worker_seeding(dataloader: DataLoader, rank: int) -> DataLoader:

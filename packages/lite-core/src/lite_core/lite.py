@@ -23,7 +23,13 @@ from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
-from lite_core.wrappers import LiteDataLoader, LiteModule, _LiteOptimizerBase, wrap_optimizer
+from lite_core.wrappers import (
+    LiteDataLoader,
+    LiteModule,
+    _LiteOptimizerBase,
+    forward_ran_since_backward,
+    wrap_optimizer,
+)
 
 T = TypeVar("T")
 
@@ -68,8 +74,9 @@ class LightningLite:
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
         self._inside_run = False
-        # Neither the strategy nor the precision changes backward: call it directly.
-        self._plain_backward = _is_plain_backward(self._strategy)
+        # Neither the strategy nor the precision changes backward, and with one process there is
+        # no gradient synchronisation that a loss from the original model would skip: call it directly.
+        self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,7 +174,7 @@ class LightningLite:
         self._strategy.setup_environment()
         outer, self._inside_run = self._inside_run, True
         try:
-            with self._strategy.run_context():
+            with self._strategy.run_context(), _data.recording_loader_arguments():
                 return fn(*args, **kwargs)
         except BaseException as err:
             self._strategy.mark_failed()
@@ -285,9 +292,22 @@ class LightningLite:
                 f"{len(self._models)} models are set up and strategy={self._strategy.name!r} runs backward"
                 " through the model the loss belongs to: call backward(loss, model=model)."
             )
+        if self._strategy.is_distributed:
+            self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
+
+    def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+        if retain is None:
+            retain = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+        if not forward_ran_since_backward(self._models, bool(retain)):
+            raise MisuseError(
+                "backward() got a loss that no model returned by setup() computed since the last backward(), so"
+                f" strategy={self._strategy.name!r} would not synchronise its gradients: call the model that"
+                " setup() returned (model, optimizer = self.setup(model, optimizer)) instead of the original one."
+            )
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,

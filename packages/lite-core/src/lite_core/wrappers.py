@@ -38,6 +38,9 @@ class LiteModule(nn.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LiteModule:
         original = args[1] if len(args) > 1 else kwargs.get("original_module")
+        strategy = args[2] if len(args) > 2 else kwargs.get("strategy")
+        if cls is LiteModule and getattr(strategy, "is_distributed", False):
+            cls = _TrackedLiteModule
         if original is not None:
             cls = _with_container_methods(cls, type(original))
         return super().__new__(cls)
@@ -50,6 +53,7 @@ class LiteModule(nn.Module):
         # Kept outside `_modules` so the per-step lookup skips `nn.Module.__getattr__`.
         self.__dict__["_forward_call"] = forward_module
         self.__dict__["_plain_forward"] = not strategy.precision.changes_forward
+        self.__dict__["_forward_ran"] = False
 
     @property
     def module(self) -> nn.Module:
@@ -91,6 +95,30 @@ class LiteModule(nn.Module):
 
     def __repr__(self) -> str:
         return f"LiteModule({self._original_module!r})"
+
+
+class _TrackedLiteModule(LiteModule):
+    """A set-up module under a distributed strategy: notes each forward pass, so that `backward`
+    can refuse a loss computed through the user's original module instead (its gradients would
+    never be synchronised). One-process strategies use `LiteModule` and pay nothing for this."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.__dict__["_forward_ran"] = True
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.__dict__["_forward_ran"] = True
+        return super().forward(*args, **kwargs)
+
+
+def forward_ran_since_backward(modules: list[LiteModule], retain: bool) -> bool:
+    """Whether any of `modules` ran a forward pass since the last call; forgets it unless `retain`
+    (a backward with `retain_graph=True` may be followed by another through the same graph)."""
+    ran = any(module.__dict__["_forward_ran"] for module in modules)
+    if not retain:
+        for module in modules:
+            module.__dict__["_forward_ran"] = False
+    return ran
 
 
 @cache

@@ -13,7 +13,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
-from lite_core.checkpoint._state import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore
+from lite_core.checkpoint._rank_zero import on_rank_zero
+from lite_core.checkpoint._state import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore, state_of
 from lite_core.errors import CheckpointError
 from lite_core.wrappers import forward_module, unwrap_optimizer
 
@@ -58,8 +59,11 @@ def _load_into(strategy: FSDPStrategy, obj: Any, value: Any, full: bool, strict:
 
 
 def _extra(strategy: FSDPStrategy, plain: dict[str, Any]) -> dict[str, Any]:
+    """The values saved besides modules and optimizers: stateful objects (an LR scheduler, a
+    scaler) as their `state_dict()`, plus the precision plugin's state."""
+    extra = {key: state_of(value) for key, value in plain.items()}
     precision_state = strategy.precision.state_dict()
-    return {**plain, PRECISION_KEY: precision_state} if precision_state else dict(plain)
+    return {**extra, PRECISION_KEY: precision_state} if precision_state else extra
 
 
 # -- save ---------------------------------------------------------------------------------------
@@ -67,9 +71,8 @@ def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Non
     """Gather everything to rank 0 and write one file there."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
-    if strategy.global_rank == 0:
-        strategy.checkpoint_io.save({**state, **_extra(strategy, plain)}, path)
-    strategy.barrier("save_checkpoint")
+    extra = _extra(strategy, plain)
+    on_rank_zero(strategy, path, lambda: strategy.checkpoint_io.save({**state, **extra}, path))
 
 
 def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> None:
@@ -79,13 +82,16 @@ def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> 
 
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
+    extra = _extra(strategy, plain)
     target = Path(path)
-    staging = strategy.broadcast(_staging_directory(target) if strategy.global_rank == 0 else None)
+    staging = on_rank_zero(strategy, path, lambda: _staging_directory(target))
     dcp.save(state, checkpoint_id=staging)
-    if strategy.global_rank == 0:
-        strategy.checkpoint_io.save(_extra(strategy, plain), os.path.join(staging, EXTRA_FILE))
+
+    def finish() -> None:
+        strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
         _replace(Path(staging), target)
-    strategy.barrier("save_checkpoint")
+
+    on_rank_zero(strategy, path, finish)
 
 
 def _staging_directory(target: Path) -> str:

@@ -19,18 +19,29 @@ PRECISION_KEY = "lite_precision"
 
 
 def to_state(content: dict[str, Any], strategy: Strategy) -> dict[str, Any]:
-    """`content` with every module and optimizer replaced by its `state_dict()`."""
-    state = {key: _state_of(value) for key, value in content.items()}
+    """`content` with every stateful object replaced by its `state_dict()`.
+
+    Stateful means a module, an optimizer, or any object with both `state_dict()` and
+    `load_state_dict()` (an LR scheduler, a `GradScaler`, your own class); other values are kept
+    as they are. The objects themselves are never pickled, so the file loads with `weights_only`.
+    """
+    state = {key: state_of(value) for key, value in content.items()}
     precision_state = strategy.precision.state_dict()
     if precision_state:
         state[PRECISION_KEY] = precision_state
     return state
 
 
-def _state_of(value: Any) -> Any:
-    if isinstance(value, (nn.Module, Optimizer)):
-        return value.state_dict()
-    return value
+def is_stateful(value: Any) -> bool:
+    """Whether `value` is saved as its `state_dict()` and restored with `load_state_dict()`."""
+    if isinstance(value, type):  # a class has the methods, but unbound
+        return False
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
+def state_of(value: Any) -> Any:
+    """`value.state_dict()` for a stateful object (see `is_stateful`), else `value` itself."""
+    return value.state_dict() if is_stateful(value) else value
 
 
 def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import to_state
+from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
 from lite_core.strategies.ddp import DDPStrategy
 
@@ -88,10 +90,7 @@ class DDPShardedStrategy(DDPStrategy):
             inner = getattr(value, "optimizer", value)
             if hasattr(inner, "consolidate_state_dict"):
                 inner.consolidate_state_dict(recipient_rank=0)
-        if self.global_rank == 0:
-            super().save_checkpoint(path, content)
-        else:
-            self.barrier("save_checkpoint")
+        on_rank_zero(self, path, lambda: self.checkpoint_io.save(to_state(content, self), path))
 
 
 class DDPShardedSpawnStrategy(DDPShardedStrategy):

@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _fsdp_init
+from lite_core.strategies import _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 
 _STATE_DICT_TYPES = ("sharded", "full")
@@ -24,7 +24,8 @@ class FSDPStrategy(DDPStrategy):
     """`strategy="fsdp"`: shards each process's share of the model with `fully_shard`.
 
     Processes are started and grouped exactly as for `ddp` (the script is re-run for the other
-    local ranks). Optimizers must be created from the model that `setup_module` returns.
+    local ranks). `setup(model, optimizer)` re-points an optimizer created before setup at the
+    shards in place; with `setup_module`, create the optimizer from the returned model.
 
     Args:
         auto_wrap_policy: module classes that become their own sharded unit (e.g. your
@@ -134,13 +135,14 @@ class FSDPStrategy(DDPStrategy):
 
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
                                     ) -> tuple[nn.Module, list[Optimizer]]:
-        if optimizers:
-            raise MisuseError(
-                "strategy='fsdp' replaces the parameters with shards, so an optimizer created before"
-                " setup would update nothing: call setup_module(model), create the optimizer from the"
-                " returned model's parameters, then call setup_optimizers(optimizer)."
-            )
-        return self.setup_module(module), []
+        """Shard `module` and re-point each optimizer, in place, at the shards of the parameters
+        it held: the same object keeps its class, param groups, hyperparameters and state
+        (sharded like the parameters), so LR schedulers built on it before setup keep working."""
+        moves = [_fsdp_optimizers.capture(optimizer, module) for optimizer in optimizers]
+        sharded = self.setup_module(module)
+        for move in moves:
+            move.onto(sharded)
+        return sharded, [self.setup_optimizer(optimizer) for optimizer in optimizers]
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         from torch.distributed.tensor import DTensor

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_map_only
 
 from lite_core._move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
+from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
 
@@ -276,12 +277,13 @@ class Strategy:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
-        """Write `content` to `path` on rank 0; modules and optimizers (wrapped or not) are saved
-        as their state dicts, with the user's keys."""
+        """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other
+        objects with `state_dict()` are saved as their state dicts, with the user's keys.
+
+        If writing fails on rank 0, every rank raises a `CheckpointError` naming that failure.
+        """
         state = to_state(content, self)
-        if self.global_rank == 0:
-            self.checkpoint_io.save(state, path)
-        self.barrier("save_checkpoint")
+        on_rank_zero(self, path, lambda: self.checkpoint_io.save(state, path))
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
