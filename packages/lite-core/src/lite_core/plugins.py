@@ -14,8 +14,9 @@ What is here, by purpose:
   `torch.distributed` process group, e.g. DeepSpeed's), `Launcher`, `Precision`
   (`MixedPrecision`, `TruePrecision`), `ClusterEnvironment`, `CheckpointIO` (`TorchCheckpointIO`).
 - Errors to raise: `LiteError` and its subclasses.
-- Checkpoints: `to_state` (content with modules and optimizers replaced by their state),
-  `restore` (load state back into live objects), `read_checkpoint`, `PRECISION_KEY`.
+- Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
+  by their state), `restore` (load state back into live objects), `read_checkpoint`,
+  `on_rank_zero` (a rank-0 write whose failure every rank raises), `PRECISION_KEY`.
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `stop_processes`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
         PRECISION_KEY,
         CheckpointIO,
         TorchCheckpointIO,
+        on_rank_zero,
         read_checkpoint,
         restore,
         to_state,
@@ -85,7 +87,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
     **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
     **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "read_checkpoint", "restore",
-                     "to_state"], "lite_core.checkpoint"),
+                     "to_state", "on_rank_zero"], "lite_core.checkpoint"),
     **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),

@@ -20,6 +20,7 @@ turning content into plain state and back (`to_state`, `restore`), the sharded f
 from __future__ import annotations
 
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
+from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
 from lite_core.checkpoint._state import PRECISION_KEY, read_checkpoint, restore, to_state
 
@@ -30,6 +31,7 @@ __all__ = [
     "TorchCheckpointIO",
     "consolidate",
     "is_sharded",
+    "on_rank_zero",
     "read_checkpoint",
     "read_sharded",
     "restore",
