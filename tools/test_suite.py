@@ -2,7 +2,10 @@
 
 Test environments are the hatch environments whose name is `test` or starts with `test-`.
 `python tools/test_suite.py` runs them all; `python tools/test_suite.py test-cuda` runs one.
-Exits non-zero if any environment failed (one that collects no test fails too: pytest exits 5).
+Exits non-zero if any environment failed (one that collects no test fails too: pytest exits 5),
+or, when every environment ran, if a matrix cell passed in none of them (skipped or deselected
+everywhere): only cells that need hardware absent from this machine (CUDA) may, and the report
+lists those by name with the reason.
 
 Two tables follow the run: one row per environment (exit code, seconds), then the matrix
 (`tests/matrix`): per cell and environment, passed, skipped (with the reason, as a numbered
@@ -12,6 +15,7 @@ folder (through `PYTEST_ADDOPTS`), which the second table reads.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -23,6 +27,9 @@ from pathlib import Path
 
 #: JUnit class names of the matrix's tests (pytest's importlib mode names them by path).
 _MATRIX_PREFIX = "tests.matrix."
+_MATRIX_DIR = Path(__file__).resolve().parents[1] / "tests" / "matrix"
+#: Outcomes that count as a cell having run.
+_RAN = ("passed", "xfail")
 
 
 def test_environments() -> list[str]:
@@ -98,6 +105,39 @@ def matrix_table(outcomes: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
     return lines
 
 
+def matrix_tests() -> dict[str, bool]:
+    """Every matrix test id the cells declare, and whether it needs hardware this machine lacks
+    (a CUDA device: such a test may skip in every environment). Reads `tests/matrix/cells.py`."""
+    sys.path.insert(0, str(_MATRIX_DIR))
+    try:
+        import cells
+    finally:
+        sys.path.remove(str(_MATRIX_DIR))
+    tests = {f"test_training_matches_plain_pytorch[{c.id}]": _needs_absent_hardware(c) for c in cells.CELLS}
+    for move in cells.RESUMES:
+        hardware = _needs_absent_hardware(move.saved_by) or _needs_absent_hardware(move.resumed_by)
+        tests[f"test_resume_under_another_strategy[{move.id}]"] = hardware
+    return tests
+
+
+def _needs_absent_hardware(cell: object) -> bool:
+    return getattr(cell, "accelerator", None) == "cuda" and not glob.glob("/dev/nvidia[0-9]*")
+
+
+def unrun_tests(outcomes: dict[str, dict[str, tuple[str, str]]], declared: dict[str, bool]
+                ) -> tuple[list[str], list[str]]:
+    """(tests that ran in no environment although this machine could run them, tests that need
+    absent hardware and ran nowhere), each as `test: why` lines."""
+    refused, excused = [], []
+    for test, hardware in declared.items():
+        seen = [per_env[test] for per_env in outcomes.values() if test in per_env]
+        if any(outcome in _RAN for outcome, _ in seen):
+            continue
+        reasons = sorted({reason for outcome, reason in seen if reason}) or ["deselected or not collected"]
+        (excused if hardware else refused).append(f"{_short(test)}: {'; '.join(reasons)}")
+    return refused, excused
+
+
 def _short(test: str) -> str:
     """`test_training_matches_plain_pytorch[ddp-2-32-true]` -> `train ddp-2-32-true`."""
     name, _, cell = test.partition("[")
@@ -119,7 +159,14 @@ def main(argv: list[str]) -> int:
     table = matrix_table(outcomes)
     if table:
         print("\n" + "\n".join(table))
-    return 0 if all(code == 0 for code, _ in results.values()) else 1
+    refused: list[str] = []
+    if not argv:  # every environment ran: each cell this machine can run must have run somewhere
+        refused, excused = unrun_tests(outcomes, matrix_tests())
+        if excused:
+            print("\nSkipped everywhere, as they need hardware this machine lacks:\n" + "\n".join(f"- {t}" for t in excused))
+        if refused:
+            print("\nFAILED: matrix cells that no environment ran:\n" + "\n".join(f"- {t}" for t in refused))
+    return 0 if all(code == 0 for code, _ in results.values()) and not refused else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 from pathlib import Path
 
@@ -52,3 +53,30 @@ def test_table_has_a_row_per_cell_a_column_per_environment_and_numbered_reasons(
     assert "| resume fsdp-2-32-true-to-ddp-2-32-true | FAILED [3] | not run |" in lines
     assert lines[-3:] == ["[1] needs lite-deepspeed, not installed in this environment",
                           "[2] known parity gap", "[3] AssertionError: losses after resuming"]
+
+
+def test_a_cell_that_ran_nowhere_fails_the_suite_unless_it_needs_absent_hardware() -> None:
+    declared = {"test_training_matches_plain_pytorch[ddp-2-32-true]": False,
+                "test_training_matches_plain_pytorch[fsdp-2-32-true]": False,
+                "test_training_matches_plain_pytorch[tpu-xla-2-32-true]": False,
+                "test_training_matches_plain_pytorch[cuda-ddp-2-32-true]": True}
+    outcomes = {
+        "test": {"test_training_matches_plain_pytorch[ddp-2-32-true]": ("passed", ""),
+                 "test_training_matches_plain_pytorch[tpu-xla-2-32-true]": ("skipped", "runs in `test-xla`"),
+                 "test_training_matches_plain_pytorch[cuda-ddp-2-32-true]": ("skipped", "needs 2 CUDA device(s)")},
+        "test-xla": {"test_training_matches_plain_pytorch[tpu-xla-2-32-true]": ("skipped", "needs torch-xla")},
+    }
+    refused, excused = suite.unrun_tests(outcomes, declared)
+    assert refused == ["train fsdp-2-32-true: deselected or not collected",
+                       "train tpu-xla-2-32-true: needs torch-xla; runs in `test-xla`"]
+    assert excused == ["train cuda-ddp-2-32-true: needs 2 CUDA device(s)"]
+
+
+def test_every_declared_matrix_test_is_known_with_its_hardware_need() -> None:
+    declared = suite.matrix_tests()
+    assert declared["test_training_matches_plain_pytorch[ddp-2-32-true]"] is False
+    assert declared["test_training_matches_plain_pytorch[tpu-xla-2-32-true]"] is False  # XLA runs on the CPU here
+    assert any(name.startswith("test_resume_under_another_strategy[") for name in declared)
+    cuda = [name for name in declared if "cuda-" in name]
+    has_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
+    assert cuda and all(declared[name] is not has_gpu for name in cuda)  # excused only without a GPU
