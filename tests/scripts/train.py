@@ -192,7 +192,33 @@ class Train(LightningLite):
             in_the_way.mkdir()
         self.barrier()
         checks["failed_save"] = self.error_of(lambda: self.save({"model": model}, in_the_way))
+        checks["shuffled_resume"] = self.shuffled_resume(out_dir)
         Path(out_dir, f"checks_rank{self.global_rank}.json").write_text(json.dumps(checks))
+
+    def shuffled_resume(self, out_dir: str, epochs: int = 3, save_after: int = 2) -> dict:
+        """Shuffled training saved at an epoch boundary and resumed (fresh model, loader and
+        optimizer, as a restarted script has) against the uninterrupted run."""
+        path = Path(out_dir, "shuffled_resume.pt")
+
+        def train(resume: bool) -> list[float]:
+            model, optimizer, _ = self.fresh()
+            x, y = make_data()
+            loader = self.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2, shuffle=True))
+            state = {"model": model, "optimizer": optimizer, "loader": loader, "epoch": 0}
+            if resume:
+                self.load(path, state)
+            for epoch in range(state["epoch"], epochs):
+                for xb, yb in loader:
+                    optimizer.zero_grad()
+                    self.backward(nn.functional.mse_loss(model(xb), yb))
+                    optimizer.step()
+                state["epoch"] = epoch + 1
+                if not resume and epoch + 1 == save_after:
+                    self.save(state, path)
+            return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+        uninterrupted, resumed = train(resume=False), train(resume=True)
+        return {"max_difference": max(abs(a - b) for a, b in zip(uninterrupted, resumed))}
 
     def error_of(self, action) -> dict | None:
         try:

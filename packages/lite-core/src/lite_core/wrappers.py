@@ -16,6 +16,7 @@ from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
 from lite_core._move import already_on, move_to_device
+from lite_core._position import LoaderPosition
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -229,13 +230,15 @@ def _moves_batches_plainly(strategy: Strategy) -> bool:
 class LiteDataLoader:
     """Iterates the user's dataloader, moving each batch to the device.
 
-    Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch.
+    Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch
+    (a `set_epoch` the user called since wins). `state_dict()`/`load_state_dict()` carry its
+    position through a checkpoint, so a resumed run shuffles as the uninterrupted one did.
     """
 
     def __init__(self, dataloader: DataLoader, strategy: Strategy | None) -> None:
         self._dataloader = dataloader
         self._strategy = strategy
-        self._epoch = 0
+        self._position = LoaderPosition(dataloader)
 
     @property
     def dataloader(self) -> DataLoader:
@@ -245,11 +248,21 @@ class LiteDataLoader:
     def __len__(self) -> int:
         return len(self._dataloader)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: the epoch its next pass runs, and the loader's own state if it
+        has one (torchdata's `StatefulDataLoader`: the position inside the epoch)."""
+        return self._position.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at the position `state_dict()` returned."""
+        self._position.load_state_dict(state_dict)
+
     def __iter__(self) -> Iterator[Any]:
-        for sampler in (getattr(self._dataloader, "sampler", None), getattr(self._dataloader, "batch_sampler", None)):
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(self._epoch)
-        self._epoch += 1
+        self._position.start_epoch()
+        yield from self._batches()
+        self._position.end_epoch()
+
+    def _batches(self) -> Iterator[Any]:
         if self._strategy is None:
             yield from self._dataloader
             return
@@ -266,6 +279,6 @@ class LiteDataLoader:
             yield batch if already_on(batch, device) else move_to_device(batch, device)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "_dataloader":
+        if name in ("_dataloader", "_position"):
             raise AttributeError(name)
         return getattr(self._dataloader, name)
