@@ -59,6 +59,18 @@ def test_missing_file(tmp_path: Path) -> None:
         _lite().load(tmp_path / "nope.pt")
 
 
+def test_missing_ok_resumes_nothing_when_there_is_no_checkpoint_yet(tmp_path: Path) -> None:
+    lite = _lite()
+    state = {"epoch": 0, "model": nn.Linear(2, 2)}
+    before = {k: v.clone() for k, v in state["model"].state_dict().items()}
+    assert lite.load(tmp_path / "nope.pt", state, missing_ok=True) == {}
+    assert state["epoch"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in state["model"].state_dict().items())
+    lite.save({"epoch": 3, "model": nn.Linear(2, 2)}, tmp_path / "ckpt.pt")  # once it exists, it is loaded
+    assert lite.load(tmp_path / "ckpt.pt", state, missing_ok=True)["epoch"] == 3
+    assert state["epoch"] == 3
+
+
 def test_a_directory_of_another_format_is_refused_in_one_sentence(tmp_path: Path) -> None:
     # e.g. a DeepSpeed checkpoint directory given to a strategy that reads Lite's own formats
     (tmp_path / "ckpt").mkdir()

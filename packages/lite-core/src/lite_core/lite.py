@@ -375,12 +375,23 @@ class LightningLite:
         self._strategy.save_checkpoint(os.fspath(filepath), content)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
-             weights_only: bool = True) -> dict[str, Any]:
+             weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
         """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content.
 
         `filepath` may be a file or a sharded checkpoint directory (written under `fsdp`), saved
         under any strategy and process count.
+
+        Args:
+            filepath: the checkpoint file or sharded checkpoint directory.
+            state: objects to restore in place (modules, optimizers, plain values), by key.
+            strict: whether every key of `state` must be in the checkpoint.
+            weights_only: load with `torch.load(..., weights_only=True)` (safe for untrusted files).
+            missing_ok: when nothing exists at `filepath`, return `{}` and leave `state` untouched
+                instead of raising. With it, `self.load(path, state, missing_ok=True)` at the top
+                of `run()` resumes a restarted job and starts a fresh one alike.
         """
+        if missing_ok and not os.path.exists(filepath):
+            return {}
         return self._strategy.load_checkpoint(os.fspath(filepath), state, strict=strict, weights_only=weights_only)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
