@@ -114,7 +114,7 @@ def test_explicit_argument_in_code_wins_with_a_warning(run_script, tmp_path, out
 
 def test_failing_rank_ends_the_job_with_its_exit_code(run_script, tmp_path, output_of):
     started = time.monotonic()
-    proc = lite_run(run_script, tmp_path, "--accelerator", "cpu", "--devices", "2", mode="fail1")
+    proc = lite_run(run_script, tmp_path, "--max-restarts", "0", "--accelerator", "cpu", "--devices", "2", mode="fail1")
     assert proc.returncode == 7, output_of(proc)
     assert time.monotonic() - started < 60  # not the 20 s collective timeout twice over, nor a hang
     assert "lite run: local rank 1 failed with exit code 7; stopping every rank." in proc.stderr
