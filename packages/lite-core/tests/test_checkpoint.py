@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,31 @@ def test_pickled_code_is_refused_by_default_and_allowed_on_request(tmp_path: Pat
 def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
     _lite().save({"x": torch.ones(1)}, tmp_path / "sub" / "ckpt.pt")
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["ckpt.pt"]
+
+
+def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    host = socket.gethostname().replace(".", "_")
+    dead_pid = 2**22 + 1  # above Linux's largest pid: no such process
+    now, old = time.time(), time.time() - 3600
+    leftovers = {  # name -> whether the next save removes it
+        f".ckpt.pt.{host}-{dead_pid}.abc_1234.tmp": True,  # its writer on this host is gone
+        f".ckpt.pt.{host}-{os.getppid()}.abc_1234.tmp": False,  # a live writer on this host
+        ".ckpt.pt.otherhost-12.abc_1234.tmp": True,  # another host's, untouched since long ago
+        ".ckpt.pt.busyhost-12.abc_1234.tmp": False,  # another host's, still being written
+        ".ckpt.pt.abc_1234.tmp": True,  # an older version's, untouched since long ago
+        f".ckpt.pt.bak.{host}-{dead_pid}.abc_1234.tmp": False,  # another file's
+        f".other.pt.{host}-{dead_pid}.abc_1234.tmp": False,
+    }
+    for name in leftovers:
+        (tmp_path / name).write_bytes(b"partial")
+        written = now + 60 if "busyhost" in name else old
+        os.utime(tmp_path / name, (written, written))
+    _lite().save({"x": 1}, tmp_path / "ckpt.pt")
+    kept = {p.name for p in tmp_path.iterdir()}
+    assert kept == {"ckpt.pt", *(name for name, removed in leftovers.items() if not removed)}
 
 
 @pytest.mark.timeout(60)
