@@ -137,8 +137,9 @@ def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_pa
         (tmp_path / name).write_bytes(b"partial")
         written = now + 60 if "busyhost" in name else old
         os.utime(tmp_path / name, (written, written))
+    (tmp_path / ".ckpt.pt.abcd_123.tmp").mkdir()  # a sharded save's staging folder: not this save's business
     _lite().save({"x": 1}, tmp_path / "ckpt.pt")
-    kept = {p.name for p in tmp_path.iterdir()}
+    kept = {".ckpt.pt.abcd_123.tmp"} ^ {p.name for p in tmp_path.iterdir()}
     assert kept == {"ckpt.pt", *(name for name, removed in leftovers.items() if not removed)}
 
 

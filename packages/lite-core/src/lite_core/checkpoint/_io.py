@@ -87,13 +87,13 @@ def remove_stale_temporaries(target: Path, started: float) -> None:
     longer runs. A temporary of another host (a shared file system), or one without a writer in
     its name (written by an older version), is removed only if nothing wrote to it since
     `started` (when the current save began): a concurrent writer that is still writing keeps
-    touching its file. Temporaries of other paths and of live writers on this host are never
-    touched.
+    touching its file. Temporaries of other paths, of live writers on this host, and folders
+    (a sharded save's staging folder) are never touched.
     """
     pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.tmp")
     for candidate in target.parent.iterdir():
         match = pattern.fullmatch(candidate.name)
-        if match is not None and _is_stale(candidate, match, started):
+        if match is not None and candidate.is_file() and _is_stale(candidate, match, started):
             candidate.unlink(missing_ok=True)
 
 
