@@ -80,3 +80,20 @@ def test_a_rank_that_fails_on_every_attempt_ends_the_job_after_the_last_restart(
     assert "rank 0 finished epoch 0" in proc.stdout
     assert not list(tmp_path.glob("rank*.json"))
     assert survivors(marker, 3.0) == []
+
+
+def test_plain_python_restarts_with_lite_max_restarts(run_script, marker, survivors, tmp_path, output_of):
+    proc = run_script("restart_job.py", tmp_path, "exit", env={
+        "LITE_TEST_JOB": marker, "LITE_MAX_RESTARTS": "1", "LITE_ACCELERATOR": "cpu", "LITE_STRATEGY": "ddp",
+        "LITE_DEVICES": "2"})
+    assert proc.returncode == 0, output_of(proc)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("lite: ")]
+    assert said == ["lite: local rank 1 failed with exit code 3; stopping every rank.",
+                    "lite: restarting every rank (restart 1 of 1)."], output_of(proc)
+    expected = uninterrupted_weights()
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record["restart"] == "1"
+        for got, want in zip(record["weight"], expected):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+    assert survivors(marker, 3.0) == []

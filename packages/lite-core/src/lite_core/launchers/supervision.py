@@ -319,12 +319,14 @@ class Job:
     `fresh_port`; otherwise on the same `MASTER_PORT`), else returns that rank's code (128 + N
     for a rank killed by signal N). SIGTERM, SIGINT or SIGHUP sent to `lite run` stop every rank
     and are never followed by a restart. With `log_dir`, local rank N writes its output to
-    `log_dir/rankG.log` (G its global rank), also on the terminal with `tee`.
+    `log_dir/rankG.log` (G its global rank), also on the terminal with `tee`. Its messages start
+    with `name`.
     """
 
     def __init__(self, command: list[str], env: dict[str, str], per_node: int, num_nodes: int,
                  node_rank: int, max_restarts: int = 0, fresh_port: bool = False,
-                 log_dir: str | None = None, tee: bool = False) -> None:
+                 log_dir: str | None = None, tee: bool = False, name: str = "lite run") -> None:
+        self._name = name
         self._command = command
         self._env = dict(env)
         self._per_node = per_node
@@ -342,7 +344,8 @@ class Job:
         """Start the ranks and supervise them until they end, restarting them after a failure
         while restarts are left; returns the exit code of the last attempt."""
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals} if in_main_thread else {}
         try:
             restart = 0
             while True:
@@ -350,7 +353,7 @@ class Job:
                 if code == 0 or self._signal is not None or restart >= self._max_restarts:
                     return code
                 restart += 1
-                _say(f"restarting every rank (restart {restart} of {self._max_restarts}).")
+                self._say(f"restarting every rank (restart {restart} of {self._max_restarts}).")
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -390,12 +393,12 @@ class Job:
     def _supervise(self) -> int:
         failure = self._ranks.watch(interrupted=lambda: self._signal is not None)
         if self._signal is not None:
-            _say(f"received {signal.Signals(self._signal).name}; stopping every rank.")
+            self._say(f"received {signal.Signals(self._signal).name}; stopping every rank.")
             return 128 + self._signal
         if failure is None:
             return 0
         local_rank, code = failure
-        _say(self._blame(local_rank, code))
+        self._say(self._blame(local_rank, code))
         return exit_code(code)
 
     def _blame(self, local_rank: int, code: int) -> str:
@@ -417,7 +420,6 @@ class Job:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
 
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"lite run: {message}\n")
-    sys.stderr.flush()
+    def _say(self, message: str) -> None:
+        sys.stderr.write(f"{self._name}: {message}\n")
+        sys.stderr.flush()
