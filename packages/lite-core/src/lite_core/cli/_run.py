@@ -77,7 +77,9 @@ def _check(args: argparse.Namespace) -> None:
     """Refuse a command line that names no script or combines options that contradict each other."""
     if args.script is None:
         if args.module:
-            raise ConfigurationError("MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`.")
+            raise ConfigurationError(
+                "MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`."
+            )
         raise ConfigurationError("SCRIPT is missing: name the Python file to run after the options, e.g."
                                  " `lite run --devices 2 train.py`.")
     if args.max_restarts < 0:
