@@ -114,7 +114,7 @@ def test_explicit_argument_in_code_wins_with_a_warning(run_script, tmp_path, out
 
 def test_failing_rank_ends_the_job_with_its_exit_code(run_script, tmp_path, output_of):
     started = time.monotonic()
-    proc = lite_run(run_script, tmp_path, "--accelerator", "cpu", "--devices", "2", mode="fail1")
+    proc = lite_run(run_script, tmp_path, "--max-restarts", "0", "--accelerator", "cpu", "--devices", "2", mode="fail1")
     assert proc.returncode == 7, output_of(proc)
     assert time.monotonic() - started < 60  # not the 20 s collective timeout twice over, nor a hang
     assert "lite run: local rank 1 failed with exit code 7; stopping every rank." in proc.stderr
@@ -155,6 +155,11 @@ def test_several_nodes_need_a_main_port(run_script, tmp_path):
 
 
 # -- lite env -----------------------------------------------------------------------------------------
+def with_path(folder: Path) -> str:
+    """PYTHONPATH with `folder` in front of what the tests already run with."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
 def write_incompatible_backend(root: Path) -> None:
     info = root / "lite_fake_future-0.0.1.dist-info"
     info.mkdir()
@@ -170,7 +175,7 @@ def write_incompatible_backend(root: Path) -> None:
 @pytest.mark.parametrize("fake_available", ["0", "1"])
 def test_lite_env_reports_backends_and_their_compatibility(run_script, tmp_path, output_of, fake_available):
     write_incompatible_backend(tmp_path)
-    env = {"PYTHONPATH": str(tmp_path), "LITE_FAKE_AVAILABLE": fake_available}
+    env = {"PYTHONPATH": with_path(tmp_path), "LITE_FAKE_AVAILABLE": fake_available}
     proc = run_script(command=[*LITE, "env", "--json"], env=env)
     assert proc.returncode == 0, output_of(proc)
     report = json.loads(proc.stdout)
@@ -190,6 +195,9 @@ def test_lite_env_reports_backends_and_their_compatibility(run_script, tmp_path,
     assert fake["version"] == "0.0.1" and fake["compatible"] and fake["problem"] is None
     assert [(a["name"], a["available"]) for a in fake["accelerators"]] == [("fake", fake_available == "1")]
     assert fake["strategies"] == ["fake_broken", "fake_single"]
+    assert fake["strategy_problems"]["fake_broken"].startswith("failed to import (ImportError: ")
+    assert report["numpy"] and report["memory"]["total_gib"] > 0
+    assert report["lite_variables"]["LITE_FAKE_AVAILABLE"] == fake_available
 
     future = packages["lite-fake-future"]
     assert future["compatible"] is False
@@ -202,11 +210,26 @@ def test_lite_env_reports_backends_and_their_compatibility(run_script, tmp_path,
 @pytest.mark.timeout(60)
 def test_lite_env_text_report(run_script, tmp_path, output_of):
     write_incompatible_backend(tmp_path)
-    proc = run_script(command=[*LITE, "env"], env={"PYTHONPATH": str(tmp_path)})
+    proc = run_script(command=[*LITE, "env"], env={"PYTHONPATH": with_path(tmp_path), "LITE_STRATEGY": "ddp"})
     assert proc.returncode == 0, output_of(proc)
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("Python ")
-    assert lines[1].startswith("torch ")
+    assert lines[0] == "Paste this whole report, from this line on, into your bug report."
+    assert lines[2].startswith("Python ")
+    assert lines[3].startswith("torch ")
+    import numpy
+
+    assert f"numpy         {numpy.__version__}" in lines
+    assert any(line.startswith("RAM           ") and line.endswith(" GiB available") for line in lines)
+    assert any(line.startswith("LITE_*        ") and "LITE_STRATEGY=ddp" in line for line in lines)
+    # A strategy whose dependency is missing says what to install.
+    strategies = next(line for line in lines if line.startswith("    strategies: ddp"))
+    import importlib.util
+
+    if importlib.util.find_spec("fairscale") is None:
+        assert "ddp_sharded (needs fairscale: pip install 'lite-core[fairscale]')" in strategies
+    else:
+        assert ", ddp_sharded, " in strategies
+    assert ", ddp_spawn," in strategies  # the others are listed plainly
     assert "  lite-core 0.1.0  [compatible]" in lines
     assert "  lite-fake-backend 0.0.1  [compatible]" in lines
     assert any(line.startswith("  lite-fake-future 0.0.1  [INCOMPATIBLE: lite-fake-future 0.0.1 needs lite-core>=9.0")

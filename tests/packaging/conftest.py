@@ -88,7 +88,12 @@ class Venv:
         return run_checked([str(self.bin / "python"), "-m", "pip", *args], timeout=timeout, env=self.env())
 
     def install_from(self, dist: Path, requirement: str, report: Path) -> dict[str, Any]:
-        """Install `requirement` from the local wheels only; returns pip's installation report."""
+        """Install `requirement` from the local wheels only; returns pip's installation report.
+
+        The command docs/index.md gives (`pip install --find-links dist 'lite-core[cuda]'`, torch
+        installed first), with `--no-index` added so that a Lite package missing from dist/ fails
+        here instead of coming from an index.
+        """
         self.pip("install", "--no-index", "--find-links", str(dist), "--report", str(report), requirement)
         return json.loads(report.read_text())
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,18 @@ def test_missing_file(tmp_path: Path) -> None:
         _lite().load(tmp_path / "nope.pt")
 
 
+def test_missing_ok_resumes_nothing_when_there_is_no_checkpoint_yet(tmp_path: Path) -> None:
+    lite = _lite()
+    state = {"epoch": 0, "model": nn.Linear(2, 2)}
+    before = {k: v.clone() for k, v in state["model"].state_dict().items()}
+    assert lite.load(tmp_path / "nope.pt", state, missing_ok=True) == {}
+    assert state["epoch"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in state["model"].state_dict().items())
+    lite.save({"epoch": 3, "model": nn.Linear(2, 2)}, tmp_path / "ckpt.pt")  # once it exists, it is loaded
+    assert lite.load(tmp_path / "ckpt.pt", state, missing_ok=True)["epoch"] == 3
+    assert state["epoch"] == 3
+
+
 def test_a_directory_of_another_format_is_refused_in_one_sentence(tmp_path: Path) -> None:
     # e.g. a DeepSpeed checkpoint directory given to a strategy that reads Lite's own formats
     (tmp_path / "ckpt").mkdir()
@@ -103,6 +116,32 @@ def test_pickled_code_is_refused_by_default_and_allowed_on_request(tmp_path: Pat
 def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
     _lite().save({"x": torch.ones(1)}, tmp_path / "sub" / "ckpt.pt")
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["ckpt.pt"]
+
+
+def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    host = socket.gethostname().replace(".", "_")
+    dead_pid = 2**22 + 1  # above Linux's largest pid: no such process
+    now, old = time.time(), time.time() - 3600
+    leftovers = {  # name -> whether the next save removes it
+        f".ckpt.pt.{host}-{dead_pid}.abc_1234.tmp": True,  # its writer on this host is gone
+        f".ckpt.pt.{host}-{os.getppid()}.abc_1234.tmp": False,  # a live writer on this host
+        ".ckpt.pt.otherhost-12.abc_1234.tmp": True,  # another host's, untouched since long ago
+        ".ckpt.pt.busyhost-12.abc_1234.tmp": False,  # another host's, still being written
+        ".ckpt.pt.abc_1234.tmp": True,  # an older version's, untouched since long ago
+        f".ckpt.pt.bak.{host}-{dead_pid}.abc_1234.tmp": False,  # another file's
+        f".other.pt.{host}-{dead_pid}.abc_1234.tmp": False,
+    }
+    for name in leftovers:
+        (tmp_path / name).write_bytes(b"partial")
+        written = now + 60 if "busyhost" in name else old
+        os.utime(tmp_path / name, (written, written))
+    (tmp_path / ".ckpt.pt.abcd_123.tmp").mkdir()  # a sharded save's staging folder: not this save's business
+    _lite().save({"x": 1}, tmp_path / "ckpt.pt")
+    kept = {".ckpt.pt.abcd_123.tmp"} ^ {p.name for p in tmp_path.iterdir()}
+    assert kept == {"ckpt.pt", *(name for name, removed in leftovers.items() if not removed)}
 
 
 @pytest.mark.timeout(60)

@@ -132,11 +132,37 @@ def test_precision_unsupported_by_the_accelerator_names_the_supported_ones(monke
 @pytest.mark.parametrize(
     ("given", "name"),
     [(64, "64-true"), (32, "32-true"), (16, "16-mixed"), ("bf16", "bf16-mixed"), ("16", "16-mixed"),
-     ("32", "32-true"), ("64", "64-true"), ("bf16-true", "bf16-true"), ("32-true", "32-true")],
+     ("32", "32-true"), ("64", "64-true")],
 )
-def test_precision_spellings_map_to_names(given: Any, name: str) -> None:
-    lite = LightningLite(accelerator="cpu", precision=given)
+def test_legacy_precision_values_work_with_a_warning_that_names_the_new_value(given: Any, name: str) -> None:
+    with pytest.warns(FutureWarning, match=rf"^precision={given!r} is deprecated: pass precision='{name}' instead\.$") \
+            as caught:
+        lite = LightningLite(accelerator="cpu", precision=given)
     assert lite.strategy.precision.name == name
+    assert caught[0].filename == __file__  # attributed to the line that constructed LightningLite
+
+
+def test_current_precision_names_give_no_warning(recwarn: pytest.WarningsRecorder) -> None:
+    for name in ("bf16-true", "32-true", "64-true"):
+        assert LightningLite(accelerator="cpu", precision=name).strategy.precision.name == name
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+@pytest.mark.parametrize(("given", "guess"), [("fp16", "16-mixed"), ("bfloat16", "bf16-mixed"), ("FP32", "32-true"),
+                                              ("16-mixd", "16-mixed"), ("double", "64-true")])
+def test_a_misspelt_precision_gets_a_guess(given: str, guess: str) -> None:
+    config_error(rf"^precision='{given}' is not supported: did you mean '{guess}'\? choose one of \[", precision=given)
+
+
+def test_accelerator_and_strategy_names_are_case_insensitive(monkeypatch: pytest.MonkeyPatch,
+                                                             recwarn: pytest.WarningsRecorder) -> None:
+    lite = LightningLite(accelerator="CPU", strategy="DDP", devices=2)
+    assert (lite.strategy.name, lite.strategy.accelerator.name) == ("ddp", "cpu")
+    monkeypatch.setenv("LITE_ACCELERATOR", "Cpu")
+    monkeypatch.setenv("LITE_STRATEGY", "DDP")
+    lite = LightningLite(strategy="ddp", devices=2)  # the same name as the variable's: no "ignored" warning
+    assert (lite.strategy.name, lite.strategy.accelerator.name) == ("ddp", "cpu")
+    assert not [str(w.message) for w in recwarn if "is ignored" in str(w.message)]
 
 
 # --- instances are used as given -------------------------------------------------------------------

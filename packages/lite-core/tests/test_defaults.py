@@ -158,3 +158,16 @@ def test_legacy_deprecation_warning_points_at_the_callers_line() -> None:
     with pytest.warns(DeprecationWarning) as record, pytest.raises(ConfigurationError):
         LightningLite(tpu_cores=8)
     assert record[0].filename == __file__
+
+
+def test_the_constructor_signature_names_real_types() -> None:
+    """The API reference (griffe, reading the source) shows these annotations: none may be `Any`."""
+    import inspect
+
+    from lite_core import LightningLite
+
+    parameters = list(inspect.signature(LightningLite.__init__).parameters.values())[1:]
+    assert [p.name for p in parameters][:5] == ["accelerator", "strategy", "devices", "num_nodes", "precision"]
+    assert {p.name: str(p.annotation) for p in parameters if "Any" in str(p.annotation)} == {}
+    annotations = {p.name: str(p.annotation) for p in parameters}
+    assert annotations["accelerator"] == "str | Accelerator" and annotations["strategy"] == "str | Strategy"

@@ -1,5 +1,6 @@
 """A 2-process `ddp` job killed (SIGKILL) while rank 0 writes a checkpoint leaves the previous
-checkpoint whole: it loads, with the weights of the first save."""
+checkpoint whole: it loads, with the weights of the first save; the next save removes the
+temporary file the killed one left behind."""
 
 from __future__ import annotations
 
@@ -32,3 +33,6 @@ def test_kill_during_save_in_a_ddp_job_keeps_the_previous_checkpoint(run_script,
     expected = torch.load(tmp_path / "ckpt.pt.expected.pt")
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
+
+    LightningLite(accelerator="cpu").save(state, path)  # the killed writer's temporary file goes
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -27,7 +27,11 @@ _PLUGIN_KINDS = (Precision, ClusterEnvironment, CheckpointIO)
 
 def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any,
             plugins: Any) -> Strategy:
-    """Resolve every choice and return the strategy with accelerator, environment and precision."""
+    """Resolve every choice and return the strategy with accelerator, environment and precision.
+
+    Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`).
+    """
+    accelerator, strategy = _lowercase(accelerator), _lowercase(strategy)
     given = _sort_plugins(precision, plugins)
     _check_num_nodes(num_nodes)
     if isinstance(strategy, Strategy):
@@ -48,6 +52,10 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
     return chosen
+
+
+def _lowercase(name: Any) -> Any:
+    return name.strip().lower() if isinstance(name, str) else name
 
 
 def _sort_plugins(precision: Any, plugins: Any) -> dict[type, Any]:

@@ -74,4 +74,5 @@ def parse(name: str, variable: str, raw: str) -> Any:
 
 
 def _same(value: Any, parsed: Any) -> bool:
-    return value == parsed or str(value) == str(parsed)
+    """Whether the code's value and the variable's mean the same (names are case-insensitive)."""
+    return value == parsed or str(value).lower() == str(parsed).lower()

@@ -9,7 +9,7 @@ import sys
 import weakref
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import torch
 from torch import nn
@@ -30,6 +30,13 @@ from lite_core.wrappers import (
     forward_ran_since_backward,
     wrap_optimizer,
 )
+
+if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ import annotations`)
+    from lite_core.accelerators.accelerator import Accelerator
+    from lite_core.checkpoint import CheckpointIO
+    from lite_core.environments.environment import ClusterEnvironment
+    from lite_core.loggers.logger import Logger
+    from lite_core.precision.precision import Precision
 
 T = TypeVar("T")
 
@@ -53,7 +60,7 @@ class LightningLite:
         devices: how many devices (processes) per node, a list of indexes, or `"auto"`.
         num_nodes: how many machines the job spans.
         precision: `"64-true"`, `"32-true"`, `"16-mixed"`, `"bf16-mixed"`, `"16-true"`,
-            `"bf16-true"` (legacy `64`, `32`, `16`, `"bf16"` accepted) or a `Precision`.
+            `"bf16-true"` (the legacy `64`, `32`, `16`, `"bf16"` still work, with a `FutureWarning`) or a `Precision`.
         plugins: a `Precision`, `ClusterEnvironment` or `CheckpointIO` instance, or a list.
         loggers: a `Logger` (e.g. `CSVLogger`, `TensorBoardLogger`) or a list of them: objects with
             `log_metrics(metrics, step)` and optionally `finalize()`; only rank 0 logs.
@@ -63,10 +70,13 @@ class LightningLite:
     """
 
     @_defaults.from_environment
-    def __init__(self, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
-                 num_nodes: int = 1, precision: Any = "32-true", plugins: Any = None,
-                 loggers: Any = None, callbacks: Any = None, *, gpus: Any = None,
-                 tpu_cores: Any = None) -> None:
+    def __init__(self, accelerator: str | Accelerator = "auto", strategy: str | Strategy = "auto",
+                 devices: int | str | list[int] = "auto", num_nodes: int = 1,
+                 precision: str | int | Precision = "32-true",
+                 plugins: Precision | ClusterEnvironment | CheckpointIO
+                 | list[Precision | ClusterEnvironment | CheckpointIO] | None = None,
+                 loggers: Logger | list[Logger] | None = None, callbacks: object | list[object] | None = None, *,
+                 gpus: int | str | list[int] | None = None, tpu_cores: int | list[int] | None = None) -> None:
         accelerator, devices = _arguments.legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
         self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._loggers = _arguments.checked_loggers(_arguments.as_list(loggers))
@@ -432,12 +442,23 @@ class LightningLite:
         self._strategy.save_checkpoint(os.fspath(filepath), content)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
-             weights_only: bool = True) -> dict[str, Any]:
+             weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
         """Read a checkpoint; restore `state`'s modules, optimizers and values in place; return the content.
 
         `filepath` may be a file or a sharded checkpoint directory (written under `fsdp`), saved
         under any strategy and process count.
+
+        Args:
+            filepath: the checkpoint file or sharded checkpoint directory.
+            state: objects to restore in place (modules, optimizers, plain values), by key.
+            strict: whether every key of `state` must be in the checkpoint.
+            weights_only: load with `torch.load(..., weights_only=True)` (safe for untrusted files).
+            missing_ok: when nothing exists at `filepath`, return `{}` and leave `state` untouched
+                instead of raising. With it, `self.load(path, state, missing_ok=True)` at the top
+                of `run()` resumes a restarted job and starts a fresh one alike.
         """
+        if missing_ok and not os.path.exists(filepath):
+            return {}
         return self._strategy.load_checkpoint(os.fspath(filepath), state, strict=strict, weights_only=weights_only)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:

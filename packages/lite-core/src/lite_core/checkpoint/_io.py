@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import socket
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,16 @@ class CheckpointIO(ABC):
 class TorchCheckpointIO(CheckpointIO):
     """`torch.save` to a temporary file renamed into place; `torch.load` with `weights_only`.
 
-    A crash while writing leaves the previous file at `path` intact.
+    A crash while writing leaves the previous file at `path` intact, and its temporary file
+    (`.NAME.HOST-PID.XXXXXXXX.tmp` beside `path`) behind; the next successful save of the same
+    path removes such leftovers (see `remove_stale_temporaries`).
     """
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        started = time.time()
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{_writer()}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
                 torch.save(checkpoint, handle)
@@ -46,6 +52,7 @@ class TorchCheckpointIO(CheckpointIO):
             Path(tmp).unlink(missing_ok=True)
             raise
         _fsync_directory(target.parent)
+        remove_stale_temporaries(target, started)
 
     def load(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
         source = Path(path)
@@ -62,6 +69,51 @@ class TorchCheckpointIO(CheckpointIO):
             raise _unreadable(source) from err
         except Exception as err:  # torch raises many types for a damaged or foreign file
             raise _unreadable(source) from err
+
+
+def _writer() -> str:
+    """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
+    return f"{_host()}-{os.getpid()}"
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")
+
+
+def remove_stale_temporaries(target: Path, started: float) -> None:
+    """Remove the temporary files that interrupted saves of `target` left beside it.
+
+    A leftover is removed when its writer is known to be gone: a process of this host that no
+    longer runs. A temporary of another host (a shared file system), or one without a writer in
+    its name (written by an older version), is removed only if nothing wrote to it since
+    `started` (when the current save began): a concurrent writer that is still writing keeps
+    touching its file. Temporaries of other paths, of live writers on this host, and folders
+    (a sharded save's staging folder) are never touched.
+    """
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.tmp")
+    for candidate in target.parent.iterdir():
+        match = pattern.fullmatch(candidate.name)
+        if match is not None and candidate.is_file() and _is_stale(candidate, match, started):
+            candidate.unlink(missing_ok=True)
+
+
+def _is_stale(candidate: Path, match: re.Match[str], started: float) -> bool:
+    if match["host"] == _host():
+        return int(match["pid"]) != os.getpid() and not _running(int(match["pid"]))
+    try:
+        return candidate.stat().st_mtime < started
+    except OSError:  # gone already
+        return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _unreadable(source: Path) -> CheckpointError:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
-from importlib.metadata import Distribution, distributions
+from importlib.metadata import Distribution, PackageNotFoundError, distributions, version
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
 _GROUPS = {"accelerators": "lite_core.accelerators", "strategies": "lite_core.strategies"}
+#: The report's first line, so that whoever runs `lite env` knows what it is for.
+OPENING = "Paste this whole report, from this line on, into your bug report."
 
 
 def register(commands: Any) -> None:
@@ -34,8 +37,38 @@ def collect() -> dict[str, Any]:
     return {
         "python": f"{platform.python_version()} ({platform.platform()})",
         "torch": _torch(),
+        "numpy": _version("numpy"),
+        "memory": _memory(),
+        "lite_variables": {name: value for name, value in sorted(os.environ.items()) if name.startswith("LITE_")},
         "packages": [_package(dist) for dist in _lite_distributions()],
     }
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def _memory() -> dict[str, float | None]:
+    """Total and available RAM in GiB, from /proc/meminfo (Linux), else the total from sysconf."""
+    found: dict[str, float | None] = {"total_gib": None, "available_gib": None}
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        found["total_gib"] = _gib(int(fields["MemTotal"].split()[0]) * 1024)
+        found["available_gib"] = _gib(int(fields["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        try:
+            found["total_gib"] = _gib(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    return found
+
+
+def _gib(size: int) -> float:
+    return round(size / 2**30, 1)
 
 
 def _torch() -> dict[str, Any]:
@@ -73,13 +106,15 @@ def _package(dist: Distribution) -> dict[str, Any]:
     from lite_core.errors import IncompatibleBackendError
 
     entry = {"name": dist.metadata["Name"], "version": dist.version, "compatible": True, "problem": None,
-             "accelerators": [], "strategies": _names(dist, "strategies")}
+             "accelerators": [], "strategies": _names(dist, "strategies"), "strategy_problems": {}}
     try:
         check_compatible(dist)
     except IncompatibleBackendError as err:
         entry.update(compatible=False, problem=str(err))
         return entry  # never import a backend the core refuses
     entry["accelerators"] = [_accelerator(ep) for ep in _entry_points(dist, "accelerators")]
+    problems = {ep.name: _strategy_problem(ep) for ep in _entry_points(dist, "strategies")}
+    entry["strategy_problems"] = {name: problem for name, problem in problems.items() if problem}
     return entry
 
 
@@ -102,13 +137,29 @@ def _accelerator(ep: Any) -> dict[str, Any]:
                 "problem": f"failed to import or query ({type(err).__name__}: {err})"}
 
 
+def _strategy_problem(ep: Any) -> str | None:
+    """Why the strategy registered as `ep` cannot run here (a dependency it declares is missing), or None."""
+    try:
+        missing = ep.load().missing_requirements()
+    except Exception as err:
+        return f"failed to import ({type(err).__name__}: {err})"
+    return "; ".join(f"needs {module}: {command}" for module, command in missing.items()) or None
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as the text `lite env` prints."""
     torch = report["torch"]
+    memory = report["memory"]
+    variables = report["lite_variables"]
     lines = [
+        OPENING,
+        "",
         f"Python        {report['python']}",
         f"torch         {torch['version']} ({torch['build']} build); CUDA available: {torch['cuda_available']},"
         f" {torch['cuda_devices']} device(s); distributed: {', '.join(torch['distributed_backends']) or 'none'}",
+        f"numpy         {report['numpy'] or 'not installed'}",
+        f"RAM           {memory['total_gib']} GiB total, {memory['available_gib']} GiB available",
+        f"LITE_*        {', '.join(f'{k}={v}' for k, v in variables.items()) or 'none set'}",
         "",
         "Packages:",
     ]
@@ -125,7 +176,9 @@ def _render_package(package: dict[str, Any]) -> list[str]:
         state = "available" if accelerator["available"] else "not available"
         lines.append(f"    accelerator {accelerator['name']}: {state} - {detail}")
     if package["strategies"]:
-        lines.append(f"    strategies: {', '.join(package['strategies'])}")
+        problems = package["strategy_problems"]
+        names = [f"{name} ({problems[name]})" if name in problems else name for name in package["strategies"]]
+        lines.append(f"    strategies: {', '.join(names)}")
     return lines
 
 

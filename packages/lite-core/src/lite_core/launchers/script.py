@@ -11,7 +11,11 @@ from typing import Any, Callable
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
 from lite_core.launchers.launcher import Launcher
-from lite_core.launchers.supervision import RankProcesses, describe_exit, exit_code, on_interrupt
+from lite_core.launchers.supervision import Job, RankProcesses, describe_exit, exit_code, on_interrupt
+
+#: Set to N > 0 to supervise the ranks from the process the user started and restart them all,
+#: up to N times, when one fails (as `lite run --max-restarts N` does).
+MAX_RESTARTS_VARIABLE = "LITE_MAX_RESTARTS"
 
 
 class ScriptLauncher(Launcher):
@@ -20,6 +24,10 @@ class ScriptLauncher(Launcher):
     A watchdog thread ends the whole job, with the failing rank's exit code, as soon as any rank
     fails; the other ranks die with this process (Linux parent-death signal). Ctrl-C (SIGINT)
     stops the other ranks at once, even while this process waits in a collective.
+
+    With `LITE_MAX_RESTARTS=N` (N > 0) in the environment this process runs no rank itself: it
+    starts every local rank as a child, restarts them all when one fails, up to N times, and
+    exits with the last attempt's code (the code after `run()` runs only in the ranks).
     """
 
     needs_function = False
@@ -45,10 +53,14 @@ class ScriptLauncher(Launcher):
         if len(self._ranks) or self._environment.creates_processes_externally:
             return
         command = _script_command(self._strategy_name)
+        restarts = _max_restarts()
+        chosen_port = "MASTER_PORT" in os.environ
         os.environ["MASTER_ADDR"] = self._environment.main_address
         os.environ["MASTER_PORT"] = str(self._environment.main_port)
         os.environ["NODE_RANK"] = str(self._environment.node_rank())
         os.environ["WORLD_SIZE"] = str(self._num_processes * self._num_nodes)
+        if restarts:
+            self._supervise(command, restarts, fresh_port=not chosen_port and self._num_nodes == 1)
         for local_rank in range(1, self._num_processes):
             self._ranks.start(local_rank, command, {**os.environ, "LOCAL_RANK": str(local_rank)})
         os.environ["LOCAL_RANK"] = "0"
@@ -56,6 +68,12 @@ class ScriptLauncher(Launcher):
         self._watchdog.start()
         on_interrupt(self.stop)
         atexit.register(self._wait_for_children)
+
+    def _supervise(self, command: list[str], restarts: int, fresh_port: bool) -> None:
+        """Run every local rank as a child with up to `restarts` restarts, then exit with the job's code."""
+        job = Job(command, dict(os.environ), self._num_processes, num_nodes=self._num_nodes,
+                  node_rank=self._environment.node_rank(), max_restarts=restarts, fresh_port=fresh_port, name="lite")
+        raise SystemExit(job.run())
 
     def _watch(self) -> None:
         failure = self._ranks.watch()
@@ -78,6 +96,15 @@ class ScriptLauncher(Launcher):
         self._ranks.wait()
         if self._watchdog is not None:  # let the watchdog see the last exit codes
             self._watchdog.join()
+
+
+def _max_restarts() -> int:
+    raw = os.environ.get(MAX_RESTARTS_VARIABLE, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise MisuseError(f"{MAX_RESTARTS_VARIABLE}={raw!r} is not a number of restarts: set it to 0 or more.")
+    return int(raw)
 
 
 def can_rerun_script() -> bool:

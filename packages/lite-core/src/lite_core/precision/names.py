@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 from lite_core._suggest import closest
@@ -11,19 +14,45 @@ PRECISIONS: frozenset[str] = frozenset(
     {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
 )
 
+#: LightningLite 1.5's values: still accepted, with a `FutureWarning` naming the new value.
 _LEGACY = {64: "64-true", 32: "32-true", 16: "16-mixed", "64": "64-true", "32": "32-true",
            "16": "16-mixed", "bf16": "bf16-mixed"}
+#: What other libraries call a precision: only used to guess what a refused value meant.
+_OTHER_SPELLINGS = {"fp16": "16-mixed", "float16": "16-mixed", "half": "16-mixed", "amp": "16-mixed",
+                    "mixed": "16-mixed", "bfloat16": "bf16-mixed", "fp32": "32-true", "float32": "32-true",
+                    "float": "32-true", "single": "32-true", "fp64": "64-true", "float64": "64-true",
+                    "double": "64-true"}
 
 
 def normalize_precision(precision: Any) -> str:
-    """Map `precision` (including the legacy 64/32/16/"bf16") onto one of `PRECISIONS`."""
+    """Map `precision` (including the legacy 64/32/16/"bf16", with a warning) onto one of `PRECISIONS`."""
     if isinstance(precision, str) and precision in PRECISIONS:
         return precision
-    if isinstance(precision, (int, str)) and not isinstance(precision, bool):
-        if precision in _LEGACY:
-            return _LEGACY[precision]
-    guess = closest(precision, PRECISIONS) if isinstance(precision, str) else None
-    hint = f"did you mean {guess!r}? " if guess else ""
+    if isinstance(precision, (int, str)) and not isinstance(precision, bool) and precision in _LEGACY:
+        name = _LEGACY[precision]
+        # FutureWarning, not DeprecationWarning: Python shows it by default wherever the call is
+        # (a DeprecationWarning only shows when triggered directly in __main__).
+        warnings.warn(f"precision={precision!r} is deprecated: pass precision={name!r} instead.", FutureWarning,
+                      stacklevel=_callers_level())
+        return name
+    hint = f"did you mean {_guess(precision)!r}? " if _guess(precision) else ""
     raise ConfigurationError(
         f"precision={precision!r} is not supported: {hint}choose one of {sorted(PRECISIONS)}."
     )
+
+
+def _guess(precision: Any) -> str | None:
+    if not isinstance(precision, str):
+        return None
+    spellings = {**{name: name for name in PRECISIONS}, **{str(k): v for k, v in _LEGACY.items()}, **_OTHER_SPELLINGS}
+    key = closest(precision.strip().lower(), spellings)
+    return spellings[key] if key is not None else None
+
+
+def _callers_level() -> int:
+    """The `stacklevel` that attributes a warning to the first frame outside lite_core."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level

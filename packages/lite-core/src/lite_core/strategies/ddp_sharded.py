@@ -36,6 +36,7 @@ class DDPShardedStrategy(DDPStrategy):
 
     name = "ddp_sharded"
     supported_process_group_backends = frozenset({"gloo", "nccl"})  # what fairscale talks
+    requirements = {"fairscale": "pip install 'lite-core[fairscale]'"}
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
 
     def __init__(self, timeout: float | timedelta | None = None, process_group_backend: str | None = None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from contextlib import ExitStack, nullcontext
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
@@ -63,6 +65,9 @@ class Strategy:
     #: Whether `backward` must be told which model the loss belongs to when several are set up
     #: (e.g. DeepSpeed, where each model has its own engine that runs the backward pass).
     backward_needs_model: ClassVar[bool] = False
+    #: Modules the strategy imports when it runs, each with the command that installs it
+    #: (`lite env` marks a strategy whose module is missing).
+    requirements: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def why_not_on(cls, accelerator: Accelerator | type[Accelerator]) -> str | None:
@@ -294,6 +299,18 @@ class Strategy:
             restore(state, content, strict=strict, strategy=self)
         return content
 
+    @classmethod
+    def missing_requirements(cls) -> dict[str, str]:
+        """The entries of `requirements` whose module is not installed."""
+        return {module: command for module, command in cls.requirements.items() if not _importable(module)}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package, or `sys.modules[name] = None`
+        return False
