@@ -38,6 +38,16 @@ def uninterrupted_weights() -> list[list[float]]:
     return [p.detach().flatten().tolist() for p in model.parameters()]
 
 
+def assert_each_rank_finished_like_an_uninterrupted_run(out_dir: Path) -> None:
+    """Both ranks ran a second attempt and ended with the weights of a run that never failed."""
+    expected = uninterrupted_weights()
+    for rank in (0, 1):
+        record = json.loads((out_dir / f"rank{rank}.json").read_text())
+        assert record["restart"] == "1"
+        for got, want in zip(record["weight"], expected):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+
+
 def test_a_restart_resumes_the_job_as_if_nothing_happened(run_script, marker, survivors, tmp_path, output_of):
     logs = tmp_path / "logs"
     proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--nproc-per-node", "2", "--standalone",
@@ -50,12 +60,7 @@ def test_a_restart_resumes_the_job_as_if_nothing_happened(run_script, marker, su
     ], output_of(proc)
     assert proc.stdout == ""  # the ranks' output went to their files only
 
-    expected = uninterrupted_weights()
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert record["restart"] == "1"
-        for got, want in zip(record["weight"], expected):
-            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+    assert_each_rank_finished_like_an_uninterrupted_run(tmp_path)
     # Both attempts' output, appended: epoch 0 before the failure, then epochs 1 and 2 after it.
     assert (logs / "rank1.log").read_text().splitlines() == [
         "rank 1 finished epoch 0", "rank 1 finished epoch 1", "rank 1 finished epoch 2"]
@@ -94,10 +99,5 @@ def test_plain_python_restarts_with_lite_max_restarts(run_script, marker, surviv
     said = [line for line in proc.stderr.splitlines() if line.startswith("lite: ")]
     assert said == ["lite: local rank 1 failed with exit code 3; stopping every rank.",
                     "lite: restarting every rank (restart 1 of 1)."], output_of(proc)
-    expected = uninterrupted_weights()
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert record["restart"] == "1"
-        for got, want in zip(record["weight"], expected):
-            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+    assert_each_rank_finished_like_an_uninterrupted_run(tmp_path)
     assert survivors(marker, 3.0) == []
