@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,18 @@ def test_without_the_variable_nothing_is_noted(tmp_path: Path, monkeypatch: pyte
     record_failure(0)
     assert rank_to_blame(str(tmp_path), exited=0) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rank_killed_by_someone_else_while_the_ranks_are_stopped_is_still_a_failure() -> None:
+    # The ddp launcher stops the other ranks when its own rank fails, which is often because a
+    # peer was just killed: that peer's death must still be reported (its waiter thread holds
+    # the process, so `poll()` said "running" and the kill was taken for the launcher's own).
+    from lite_core.launchers.supervision import RankProcesses
+
+    ranks = RankProcesses()
+    ranks.start(1, [sys.executable, "-c", "import time; time.sleep(60)"], env={})
+    ranks.start(2, [sys.executable, "-c", "import time; time.sleep(60)"], env={})
+    time.sleep(0.5)
+    ranks._processes[1].send_signal(signal.SIGKILL)  # someone else kills rank 1
+    ranks.stop()  # then the launcher stops every rank
+    assert ranks.watch() == (1, -signal.SIGKILL)

@@ -202,7 +202,7 @@ class RankProcesses:
 
     def __init__(self) -> None:
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
-        self._stopped: set[int] = set()  # local ranks that `stop` ended: not failures
+        self._signalled: dict[int, set[int]] = {}  # the signals `stop` sent each rank: not failures
         self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
         self._copiers: list[threading.Thread] = []
 
@@ -237,13 +237,29 @@ class RankProcesses:
         return None
 
     def _was_stopped(self, local_rank: int, code: int) -> bool:
-        return local_rank in self._stopped and code in (-signal.SIGTERM, -signal.SIGKILL)
+        # Only the signal `stop` sent: a rank SIGKILLed by someone else while `stop` was sending it
+        # SIGTERM (it may already have been dead, not yet reaped) still failed.
+        return code < 0 and -code in self._signalled.get(local_rank, set())
 
-    def stop(self) -> None:
-        """SIGTERM every rank still running, SIGKILL after the grace period."""
-        running = {r: p for r, p in self._processes.items() if p.poll() is None}
-        self._stopped.update(running)
-        stop_processes(running.values())
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
+        """SIGTERM every rank still running, SIGKILL those not gone after `grace` seconds."""
+        # `returncode`, not `poll()`: while a waiter thread is in `wait()`, `poll()` answers None
+        # even for a rank that has died.
+        running = {r: p for r, p in self._processes.items() if p.returncode is None}
+        for local_rank, process in running.items():
+            self._send(local_rank, process, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for local_rank, process in running.items():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._send(local_rank, process, signal.SIGKILL)
+                process.wait()
+
+    def _send(self, local_rank: int, process: subprocess.Popen[bytes], signum: int) -> None:
+        self._signalled.setdefault(local_rank, set()).add(signum)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
 
     def wait(self) -> None:
         """Wait until every rank has ended and its output has been written out."""
