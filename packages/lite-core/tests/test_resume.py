@@ -77,3 +77,26 @@ def test_a_set_epoch_the_user_calls_is_respected() -> None:
     loader.sampler.set_epoch(7)  # the user's own epoch wins ...
     assert next(iter(loader))[0].long().tolist() == order_of(7)
     assert next(iter(loader))[0].long().tolist() == order_of(8)  # ... and counting goes on from it
+
+
+def test_a_stateful_dataloader_resumes_inside_the_epoch(tmp_path: Path) -> None:
+    stateful = __import__("pytest").importorskip("torchdata.stateful_dataloader")
+    data = TensorDataset(torch.arange(12.0))
+
+    def loader(lite: LightningLite) -> object:
+        torch.manual_seed(3)
+        return lite.setup_dataloaders(stateful.StatefulDataLoader(data, batch_size=2, shuffle=True))
+
+    lite = LightningLite(accelerator="cpu")
+    uninterrupted = [batch[0].tolist() for batch in loader(lite)]
+    interrupted = loader(lite)
+    seen = []
+    for batch in interrupted:
+        seen.append(batch[0].tolist())
+        if len(seen) == 2:
+            lite.save({"loader": interrupted}, tmp_path / "ckpt.pt")  # in the middle of the epoch
+            break
+    resumed = loader(lite)
+    lite.load(tmp_path / "ckpt.pt", {"loader": resumed})
+    assert seen + [batch[0].tolist() for batch in resumed] == uninterrupted
+    assert resumed.state_dict()["epoch"] == 1  # the interrupted epoch counted once
