@@ -110,11 +110,45 @@ def test_batch_size_is_filled_in_from_the_dataloader(job, preset):
     assert (micro, global_batch) == (2, 4)  # batch_size=2 per rank, 2 ranks, no DeepSpeed accumulation
 
 
-@pytest.mark.parametrize("preset", ["deepspeed_stage_3", "deepspeed_stage_3_offload"])
-def test_zero3_model_built_in_run_is_partitioned(job, preset):
-    for held, whole, shard in job["runs"][preset]["partition"]:
-        assert held == 0, "the parameter was materialised whole on this rank"
+@pytest.mark.parametrize("preset", ["deepspeed_stage_3", "deepspeed_stage_3_offload", "deepspeed_stage_3-bf16-mixed"])
+def test_zero3_model_built_in_run_outside_init_module_is_partitioned_by_setup(job, preset):
+    run = job["runs"][preset]
+    assert run["held_before_setup"] == [p.numel() for p in _model().parameters()]  # plain torch until setup
+    for held, whole, shard in run["partition"]:
+        assert held == 0, "the parameter was left whole on this rank by setup"
         assert shard == math.ceil(whole / 2)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_initial_weights_equal_plain_pytorch_from_the_same_seed(job, preset):
+    assert _max_difference(job["runs"][preset]["initial"], dict(_model().named_parameters())) == 0.0
+
+
+def test_zero3_bf16_starts_from_plain_pytorch_weights_rounded_to_bf16(job):
+    plain = {k: v.detach().to(torch.bfloat16).float() for k, v in _model().named_parameters()}
+    assert _max_difference(job["runs"]["deepspeed_stage_3-bf16-mixed"]["initial"], plain) == 0.0
+
+
+def test_rest_of_run_is_plain_torch_under_zero3_bf16(job):
+    made = job["plain_torch"]["made"]
+    assert made == {name: (torch.float32, "cpu") for name in ("tensor", "randn_cpu_generator", "zeros")}
+
+
+def test_foreach_adamw_trains_under_zero3_bf16_with_in_place_output_edits(job):
+    losses = job["plain_torch"]["losses"]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses) and len(set(losses)) == 3
+
+
+def test_config_activation_checkpointing_is_applied(job):
+    assert job["plain_torch"]["activation_checkpointing"] == {
+        "partition_activations": True, "cpu_checkpointing": True, "number_checkpoints": 3,
+        "synchronize": True, "profile": True}
+
+
+def test_content_key_deepspeed_uses_itself_is_refused(job):
+    message = job["misuse"]["reserved_key"]
+    assert message.startswith("The key 'global_steps' in save()'s content is one DeepSpeed uses in its own"
+                              " checkpoint: rename it") and "\n" not in message, message
 
 
 @pytest.mark.parametrize("preset", ["deepspeed_stage_1", "deepspeed_stage_2"])

@@ -22,6 +22,18 @@ if TYPE_CHECKING:
 #: Key of the client state that records which entries DeepSpeed itself saved.
 _LAYOUT_KEY = "lite_deepspeed"
 
+#: Keys that DeepSpeed's `save_checkpoint` writes beside the client state (read from
+#: `DeepSpeedEngine._save_checkpoint`/`_common_checkpoint_state`/`_save_moe_checkpoint` and
+#: `load_checkpoint` of DeepSpeed 0.19, plus older versions' `sparse_tensor_module_names` and
+#: `zero_stage`): a client entry of the same name overwrites DeepSpeed's and breaks `load`.
+RESERVED_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "lr_scheduler", "param_shapes", "frozen_param_shapes",
+    "shared_params", "frozen_param_fragments", "sparse_tensor_module_names", "data_sampler", "random_ltd",
+    "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "zero_stage",
+    "checkpoint_parallel_dimensions", "universal_checkpoint_info", "ds_config", "ds_version", "num_experts",
+    "ds_autoep_layers", "autoep_layers", "folding", _LAYOUT_KEY,
+})
+
 
 def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
     """The one `(key, engine)` of a DeepSpeed model set up by Lite in `content`, if any."""
@@ -51,9 +63,20 @@ def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> Non
     key, engine = find_engine(content)  # type: ignore[misc]
     optimizer_keys = _optimizer_keys(content, engine)
     rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
+    refuse_reserved_keys(rest)
     client_state = to_state(rest, strategy)
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
     engine.save_checkpoint(path, client_state=client_state)
+
+
+def refuse_reserved_keys(rest: dict[str, Any]) -> None:
+    """Refuse entries saved beside the model and optimizer whose key DeepSpeed uses itself."""
+    taken = sorted(key for key in rest if key in RESERVED_KEYS)
+    if taken:
+        raise MisuseError(
+            f"The key {taken[0]!r} in save()'s content is one DeepSpeed uses in its own checkpoint: rename it"
+            f" (e.g. 'my_{taken[0]}'), or, for an optimizer, pass the one setup(model, optimizer) returned."
+        )
 
 
 def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
