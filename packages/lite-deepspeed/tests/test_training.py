@@ -7,6 +7,7 @@ processes, which saves DeepSpeed's slow start-up; each test here checks one beha
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -165,18 +166,25 @@ def test_checkpoint_resumes_to_the_same_losses(job, preset):
     assert resumed["losses"] == run["losses"][6:]  # a fresh model with other weights, resumed exactly
 
 
-def test_resuming_with_another_number_of_processes_is_refused(job, run_script, output_of):
+@pytest.fixture(scope="module")
+def one_process_resumes(job, run_script, output_of):
+    """The ZeRO-2 checkpoint of 2 processes resumed by 1 process under ZeRO-2 and ZeRO-3."""
     script = SCRIPT.with_name("resume_other_world.py")
     proc = run_script(command=[sys.executable, str(script), str(job["out"] / "ckpt_deepspeed_stage_2")], timeout=120)
     assert proc.returncode == 0, output_of(proc)
-    assert proc.stdout.strip().splitlines()[-1].endswith(
-        "was saved by 2 processes but 1 are loading it: resume with the same number of processes, or convert"
-        " it with convert_to_fp32_state_dict and load that.")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_zero3_bf16_resume_on_cpu_is_refused_not_corrupted(job):
-    message = job["runs"]["deepspeed_stage_3-bf16-mixed"]["resumed"]
-    assert isinstance(message, str) and "corrupted weights" in message and "\n" not in message
+@pytest.mark.parametrize("stage", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_checkpoint_resumes_with_another_number_of_processes_and_stage(job, one_process_resumes, stage):
+    expected = job["runs"]["deepspeed_stage_2"]["losses"][6:]
+    assert max(abs(a - b) for a, b in zip(one_process_resumes[stage], expected, strict=True)) < 1e-5
+
+
+def test_zero3_bf16_checkpoint_resumes_on_cpu_to_the_same_losses(job):
+    run = job["runs"]["deepspeed_stage_3-bf16-mixed"]  # DeepSpeed's own load corrupts it: read whole
+    assert isinstance(run["resumed"], dict), run["resumed"]
+    assert max(abs(a - b) for a, b in zip(run["resumed"]["losses"], run["losses"][6:], strict=True)) < 1e-2
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -210,6 +218,10 @@ def test_convert_command_line(job, tmp_path):
 def test_misuse_is_one_sentence_error(job, case, expected):
     message = job["misuse"][case]
     assert message.startswith(expected) and "\n" not in message, message
+
+
+def test_in_place_edit_of_a_model_output_works_as_in_plain_pytorch(job):
+    assert job["misuse"]["in_place_on_output"] == "no error"
 
 
 def test_setup_optimizers_alone_is_refused(job):

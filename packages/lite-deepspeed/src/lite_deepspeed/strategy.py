@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision
+from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision, read_checkpoint
 from lite_deepspeed import _checkpoint, _config
 from lite_deepspeed._guard import BackwardGuard
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
@@ -247,12 +247,24 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
-        """Resume from a directory written by `save_checkpoint` (same world size): the model and
-        optimizer in `state` through DeepSpeed, the other entries as the core restores them."""
-        if not Path(path).is_dir():
-            _checkpoint.refuse_full_file(path, state or {})
+        """Resume the DeepSpeed model and optimizer in `state` from any checkpoint: a directory
+        written by `save_checkpoint` (any ZeRO stage, any number of processes), a one-file or an
+        fsdp checkpoint; the other entries are restored as the core restores them."""
+        if _checkpoint.find_engine(state or {}) is None:
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
-        return _checkpoint.load(path, state or {}, strict, self)
+        if _checkpoint.is_deepspeed_directory(path):
+            return _checkpoint.load(path, state or {}, strict, self)
+        content = read_checkpoint(path, self.checkpoint_io, weights_only)
+        return _checkpoint.load_whole(content, state or {}, strict, self)
+
+    @classmethod
+    def read_whole_checkpoint(cls, path: str) -> dict[str, Any]:
+        """A DeepSpeed checkpoint directory read in one process as a one-file checkpoint holds it
+        (the model as a full fp32 state dict, the optimizer's fp32 state keyed by parameter name),
+        so that `ddp`, `single_device`, `fsdp` and the other strategies load it."""
+        from lite_deepspeed._portable import read_whole
+
+        return read_whole(path)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(stage={self.stage})"

@@ -179,9 +179,17 @@ class Misuse(LightningLite):
         messages["module_alone"] = _message(lambda: self.setup_module(make_model()))
         messages["optimizers_alone"] = _message(lambda: self.setup_optimizers(torch.optim.SGD(make_model().parameters())))
         messages["direct_backward"] = _message(lambda: first(x).sum().backward())
+        messages["in_place_on_output"] = _message(lambda: self.in_place_backward(first, x))
         messages["reserved_key"] = _message(lambda: self.save(
             {"model": first, "optimizer": opt1, "global_steps": 3}, OUT / "ckpt_reserved"))
         return messages
+
+
+    def in_place_backward(self, model, x) -> None:
+        out = model(x)  # 32-true: the engine's own output, not a cast copy
+        out.mul_(2.0)
+        out[0] += 1.0
+        self.backward(out.sum(), model=model)
 
 
 class NestedInit(LightningLite):
@@ -200,7 +208,7 @@ class NestedInit(LightningLite):
 def _message(action) -> str:
     try:
         action()
-    except MisuseError as err:
+    except (MisuseError, RuntimeError) as err:
         return str(err)
     return "no error"
 
