@@ -98,7 +98,7 @@ def test_devices_list_puts_the_engine_and_zero3_shards_on_that_gpu():
         def run(self):
             with self.init_module():
                 model = nn.Linear(8, 8)
-            model, optimizer = self.setup(model, torch.optim.Adam(model.parameters()))
+            model, _ = self.setup(model, torch.optim.Adam(model.parameters()))
             engine = model._forward_module
             return str(engine.device), str(next(engine.module.parameters()).ds_tensor.device)
 

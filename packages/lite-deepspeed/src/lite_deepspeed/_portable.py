@@ -145,11 +145,11 @@ def _load_weights(engine: Any, model_state: dict[str, torch.Tensor]) -> None:
     import deepspeed
 
     params = dict(engine.module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):  # whole under ZeRO-3
-        with torch.no_grad():
-            for name, param in params.items():
-                if name in model_state:
-                    param.copy_(model_state[name].reshape(param.shape))
+    # whole under ZeRO-3 while copying; rank 0's copy is what every rank keeps
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
+        for name, param in params.items():
+            if name in model_state:
+                param.copy_(model_state[name].reshape(param.shape))
     with torch.no_grad():
         for name, buffer in engine.module.named_buffers():
             if name in model_state:
