@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# The GPU check, prepared to run unattended on a machine with an NVIDIA GPU in under 5 minutes:
+# The GPU check, prepared to run unattended on a machine with an NVIDIA GPU in under 10 minutes
+# (give the call timeout_s=600):
 #   1. lite-cuda's tests, GPU tests included (the CPU ones run too: they take seconds);
-#   2. the benchmark Lite vs plain PyTorch on a GPT-style model in bf16 (benchmarks/gpu_bench.py).
+#   2. the benchmark Lite vs plain PyTorch on a GPT-style model in bf16 (benchmarks/gpu_bench.py);
+#   3. lite-deepspeed: its GPU tests (packages/lite-deepspeed/tests/test_gpu.py) and ZeRO 1-3 x
+#      32-true/bf16-mixed against plain PyTorch plus Lite's step time against deepspeed.initialize
+#      written by hand (benchmarks/gpu_deepspeed.py). DeepSpeed is installed from the wheels in
+#      $DS_WHEELS (default .whl, carried with the call; see benchmarks/install_wheels.sh) when it is
+#      not importable; without either, this part is skipped and says so.
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
-# receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json and summary.txt.
+# receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
+# deepspeed.txt, gpu_deepspeed.md/.json and summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -21,11 +28,15 @@ RESULTS=${RESULTS:-benchmarks/results/gpu_check}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 
-if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda')" 2>/dev/null; then
+DS_WHEELS=${DS_WHEELS:-.whl}
+if ! "$PY" -c "import deepspeed" 2>/dev/null && ls "$DS_WHEELS"/deepspeed-*.whl >/dev/null 2>&1; then
+  eval "$(bash benchmarks/install_wheels.sh "$DS_WHEELS" /tmp/lite_ds_site)" || exit 3
+fi
+if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda'); m.distribution('lite-deepspeed')" 2>/dev/null; then
   SITE=$(mktemp -d)
   trap 'rm -rf "$SITE"' EXIT
-  "$PY" benchmarks/_dev_site.py "$SITE" packages/lite-core packages/lite-cuda >/dev/null || exit 3
-  export PYTHONPATH="$SITE:$PWD/packages/lite-core/src:$PWD/packages/lite-cuda/src${PYTHONPATH:+:$PYTHONPATH}"
+  "$PY" benchmarks/_dev_site.py "$SITE" packages/lite-core packages/lite-cuda packages/lite-deepspeed >/dev/null || exit 3
+  export PYTHONPATH="$SITE:$PWD/packages/lite-core/src:$PWD/packages/lite-cuda/src:$PWD/packages/lite-deepspeed/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 {
@@ -54,9 +65,27 @@ timeout -k 5 150 "$PY" benchmarks/gpu_bench.py "${BENCH_ARGS[@]}" > "$RESULTS/be
 BENCH_RC=$?
 cat "$RESULTS/bench.txt"
 
+if "$PY" -c "import deepspeed" 2>/dev/null; then
+  DS_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_deepspeed")
+  [ "$DEVICE" = cpu ] && DS_ARGS+=(--quick)
+  echo "== lite-deepspeed GPU tests (at most 90 s)"
+  timeout -k 5 90 "$PY" -m pytest packages/lite-deepspeed/tests/test_gpu.py "${PYTEST_ARGS[@]:1}" > "$RESULTS/deepspeed_tests.txt" 2>&1
+  DS_TESTS_RC=$?
+  tail -n 12 "$RESULTS/deepspeed_tests.txt"
+  echo "== lite-deepspeed: ZeRO 1-3 vs plain PyTorch, step time vs deepspeed.initialize (at most 150 s)"
+  timeout -k 5 150 "$PY" benchmarks/gpu_deepspeed.py "${DS_ARGS[@]}" > "$RESULTS/deepspeed.txt" 2>&1
+  DS_RC=$?
+  grep -E "^ZeRO|Error|error" "$RESULTS/deepspeed.txt" | tail -n 20
+else
+  echo "== lite-deepspeed: skipped, deepspeed is not importable and $DS_WHEELS holds no deepspeed wheel"
+  DS_TESTS_RC=0 DS_RC=0
+fi
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
+  echo "deepspeed tests: exit $DS_TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/deepspeed_tests.txt" 2>/dev/null | tail -n 1))"
+  echo "deepspeed parity and step time: exit $DS_RC"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ]

@@ -135,12 +135,8 @@ _SHARDED = BY_ID["ddp_sharded-2-32-true"]
 _ZERO1, _ZERO2 = BY_ID["deepspeed_stage_1-2-32-true"], BY_ID["deepspeed_stage_2-2-32-true"]
 _ZERO3 = BY_ID["deepspeed_stage_3-2-32-true"]
 _XLA1, _XLA2 = BY_ID["tpu-auto-1-32-true"], BY_ID["tpu-xla-2-32-true"]
-#: The refusals, by design: a DeepSpeed directory under a strategy that reads Lite's own formats
-#: (convert it with `convert_to_fp32_state_dict`: weights only), a one-file checkpoint under
-#: DeepSpeed, and a ZeRO-3 directory under stage 1/2 or back (DeepSpeed's layouts differ).
-_DEEPSPEED_DIRECTORY = "is a directory but not a sharded checkpoint that Lite reads under every strategy"
-_ONE_FILE = "is a one-file checkpoint, and a DeepSpeed model resumes only from a DeepSpeed checkpoint"
-_OTHER_STAGE = "was saved under ZeRO stage 1 or 2 but this strategy uses stage 3"
+#: DeepSpeed checkpoints travel: a ZeRO directory is read whole (model and fp32 Adam state) by the
+#: other strategies, and a one-file, fsdp or other-stage ZeRO checkpoint is scattered into ZeRO.
 
 RESUMES: list[Resume] = [
     Resume(_DDP, _SINGLE),
@@ -150,10 +146,13 @@ RESUMES: list[Resume] = [
     Resume(_SHARDED, _SINGLE),
     Resume(_SINGLE, _SHARDED),
     Resume(_ZERO2, _ZERO1),
-    Resume(_ZERO3, _DDP, refused=_DEEPSPEED_DIRECTORY),
-    Resume(_ZERO3, _SINGLE, refused=_DEEPSPEED_DIRECTORY),
-    Resume(_ZERO2, _ZERO3, refused=_OTHER_STAGE),
-    Resume(_DDP, _ZERO3, refused=_ONE_FILE),
+    Resume(_ZERO3, _DDP),
+    Resume(_ZERO3, _SINGLE),
+    Resume(_ZERO2, _FSDP),
+    Resume(_ZERO2, _ZERO3),
+    Resume(_ZERO3, _ZERO2),
+    Resume(_DDP, _ZERO3),
+    Resume(_FSDP, _ZERO2),
     Resume(_XLA2, _DDP),
     Resume(_SINGLE, _XLA2),
     Resume(_XLA2, _XLA1),

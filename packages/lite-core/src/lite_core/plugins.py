@@ -16,7 +16,9 @@ What is here, by purpose:
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
   by their state), `restore` (load state back into live objects), `read_checkpoint`,
-  `on_rank_zero` (a rank-0 write whose failure every rank raises), `PRECISION_KEY`.
+  `on_rank_zero` (a rank-0 write whose failure every rank raises), `PRECISION_KEY`, and
+  `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
+  `read_whole_checkpoint` lets every strategy load that directory).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `stop_processes`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from lite_core.accelerators.cpu import CPUAccelerator
     from lite_core.checkpoint import (
         PRECISION_KEY,
+        READER_FILE,
         CheckpointIO,
         TorchCheckpointIO,
         on_rank_zero,
@@ -86,7 +89,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),
     **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
     **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
-    **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "read_checkpoint", "restore",
+    **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "READER_FILE", "read_checkpoint", "restore",
                      "to_state", "on_rank_zero"], "lite_core.checkpoint"),
     **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",

@@ -7,20 +7,35 @@ from typing import TYPE_CHECKING, Any
 
 from lite_core.plugins import (
     CheckpointError,
+    READER_FILE,
     MisuseError,
+    on_rank_zero,
     forward_module,
     is_set_up,
     restore,
     to_state,
     unwrap_optimizer,
 )
+from lite_deepspeed import _portable
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 
 if TYPE_CHECKING:
     from lite_deepspeed.strategy import DeepSpeedStrategy
 
 #: Key of the client state that records which entries DeepSpeed itself saved.
-_LAYOUT_KEY = "lite_deepspeed"
+_LAYOUT_KEY = _portable.LAYOUT_KEY
+
+#: Keys that DeepSpeed's `save_checkpoint` writes beside the client state (read from
+#: `DeepSpeedEngine._save_checkpoint`/`_common_checkpoint_state`/`_save_moe_checkpoint` and
+#: `load_checkpoint` of DeepSpeed 0.19, plus older versions' `sparse_tensor_module_names` and
+#: `zero_stage`): a client entry of the same name overwrites DeepSpeed's and breaks `load`.
+RESERVED_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "lr_scheduler", "param_shapes", "frozen_param_shapes",
+    "shared_params", "frozen_param_fragments", "sparse_tensor_module_names", "data_sampler", "random_ltd",
+    "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "zero_stage",
+    "checkpoint_parallel_dimensions", "universal_checkpoint_info", "ds_config", "ds_version", "num_experts",
+    "ds_autoep_layers", "autoep_layers", "folding", _LAYOUT_KEY,
+})
 
 
 def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
@@ -51,25 +66,32 @@ def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> Non
     key, engine = find_engine(content)  # type: ignore[misc]
     optimizer_keys = _optimizer_keys(content, engine)
     rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
+    refuse_reserved_keys(rest)
     client_state = to_state(rest, strategy)
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
     engine.save_checkpoint(path, client_state=client_state)
+    # Names the strategy that reads this directory whole, so that every strategy loads it.
+    on_rank_zero(strategy, path, lambda: (Path(path) / READER_FILE).write_text("deepspeed\n"))
+
+
+def refuse_reserved_keys(rest: dict[str, Any]) -> None:
+    """Refuse entries saved beside the model and optimizer whose key DeepSpeed uses itself."""
+    taken = sorted(key for key in rest if key in RESERVED_KEYS)
+    if taken:
+        raise MisuseError(
+            f"The key {taken[0]!r} in save()'s content is one DeepSpeed uses in its own checkpoint: rename it"
+            f" (e.g. 'my_{taken[0]}'), or, for an optimizer, pass the one setup(model, optimizer) returned."
+        )
 
 
 def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
-    """Restore the model (and optimizer, if `state` holds it) through DeepSpeed, then the rest."""
-    found = find_engine(state)
-    if found is None:
-        raise CheckpointError(
-            f"'{path}' is a DeepSpeed checkpoint, which loads into a set-up model: pass it in state,"
-            " e.g. load(path, {'model': model, 'optimizer': optimizer})."
-        )
-    _refuse_known_corruption(strategy)
+    """Restore the model (and optimizer, if `state` holds it) from the DeepSpeed checkpoint
+    directory `path`, then the rest: through DeepSpeed when it can read the shards as they are
+    (same ZeRO layout and number of ranks), else by reading the checkpoint whole."""
+    key, engine = find_engine(state)  # type: ignore[misc]
     saved = _latest_tag_dir(Path(path))
-    if saved is not None:
-        _check_world_size(path, saved, strategy.world_size)
-        _check_stage(path, saved, strategy.stage)
-    key, engine = found
+    if saved is None or not _deepspeed_reads_as_is(saved, strategy):
+        return load_whole(_portable.read_whole(path), state, strict, strategy)
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
         path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),
@@ -78,33 +100,82 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
     if load_path is None:
         raise CheckpointError(f"'{path}' holds no DeepSpeed checkpoint: point load() at a directory written by save().")
     # DeepSpeed returns its own bookkeeping too: keep what Lite saved.
-    saved = (client_state or {}).get(_LAYOUT_KEY, {}).get("saved", [])
-    client_state = {k: client_state[k] for k in saved}
+    saved_keys = (client_state or {}).get(_LAYOUT_KEY, {}).get("saved", [])
+    client_state = {k: client_state[k] for k in saved_keys}
     rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
     restore(rest, client_state, strict=strict, strategy=strategy)
     state.update(rest)
     return client_state
 
 
-def _refuse_known_corruption(strategy: DeepSpeedStrategy) -> None:
+def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
+    """Restore `state` from whole `content` (a one-file, fsdp or other-layout ZeRO checkpoint):
+    the DeepSpeed model and its optimizer by scattering full tensors into the shards, the rest as
+    the core does; returns the content other than the model and optimizer."""
+    key, engine = find_engine(state)  # type: ignore[misc]
+    optimizer_keys = _optimizer_keys(state, engine)
+    missing = [k for k in (key, *optimizer_keys) if k not in content]
+    if strict and missing:
+        raise CheckpointError(f"The checkpoint has no entry for {missing}: save them too, or load with strict=False.")
+    optimizer_state = next((content[k] for k in optimizer_keys if k in content), None)
+    if optimizer_state is not None and not _keyed_by_name(optimizer_state):
+        optimizer_state = _positions_to_names(optimizer_state, engine)
+    _portable.load_whole(engine, content.get(key, {}), optimizer_state, strict)
+    others = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
+    rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
+    restore(rest, others, strict=strict, strategy=strategy)
+    state.update(rest)
+    return others
+
+
+def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedStrategy) -> bool:
+    """Whether DeepSpeed's own `load_checkpoint` restores the save in `saved` correctly here."""
+    shards = list(saved.glob("*zero_pp_rank_*_optim_states.pt"))
+    if shards and len(shards) != strategy.world_size:
+        return False
+    saved_3 = _saved_stage_3(saved)
+    if saved_3 is not None and saved_3 != (strategy.stage == 3):
+        return False
+    if not shards and strategy.stage > 0:  # saved without ZeRO, loaded with it
+        return False
     # Measured with DeepSpeed 0.19.8 on the CPU accelerator: ZeRO-3 in bf16 restores the fp32
     # shards into the bf16 parameters byte for byte, i.e. garbage weights, without an error.
     assert strategy.accelerator is not None
-    if strategy.stage == 3 and strategy.accelerator.name == "cpu" and strategy.precision.name.startswith("bf16"):
-        raise CheckpointError(
-            "DeepSpeed restores ZeRO-3 bf16 checkpoints on the CPU with corrupted weights: resume with"
-            " precision='32-true', or load the converted full state dict (convert_to_fp32_state_dict) instead."
-        )
+    return not (strategy.stage == 3 and strategy.accelerator.name == "cpu" and strategy.precision.name.startswith("bf16"))
 
 
-def refuse_full_file(path: str, state: dict[str, Any]) -> None:
-    """A one-file checkpoint (another strategy's) cannot resume a DeepSpeed model and optimizer."""
-    if find_engine(state) is not None:
+def _keyed_by_name(optimizer_state: Any) -> bool:
+    groups = optimizer_state.get("param_groups") or [] if isinstance(optimizer_state, dict) else []
+    return any(isinstance(p, str) for group in groups for p in group.get("params", []))
+
+
+def _positions_to_names(optimizer_state: dict[str, Any], engine: Any) -> dict[str, Any]:
+    """A torch optimizer's state dict (parameters numbered in the optimizer's order) keyed by
+    parameter name; DeepSpeed's optimizer keeps the parameters of each group in that order."""
+    names = _names_in_optimizer_order(engine)
+    positions = [p for group in optimizer_state["param_groups"] for p in group["params"]]
+    if len(positions) != len(names):
         raise CheckpointError(
-            f"'{path}' is a one-file checkpoint, and a DeepSpeed model resumes only from a DeepSpeed"
-            " checkpoint directory: resume it with the strategy that saved it, or load its weights"
-            " into the model before setup (model.load_state_dict(torch.load(path)['model']))."
+            f"The checkpoint's optimizer holds {len(positions)} parameters but this model trains {len(names)}:"
+            " load the checkpoint into the model and optimizer it was saved from."
         )
+    by_position = dict(zip(positions, names))
+    return {"state": {by_position[p]: v for p, v in optimizer_state["state"].items()},
+            "param_groups": [{**g, "params": [by_position[p] for p in g["params"]]}
+                             for g in optimizer_state["param_groups"]]}
+
+
+def _names_in_optimizer_order(engine: Any) -> list[str]:
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    groups = getattr(engine.optimizer, "bit16_groups", None) or getattr(engine.optimizer, "fp16_groups", None)
+    if groups is None:  # no ZeRO: the user's optimizer, over the model's parameters
+        groups = [g["params"] for g in engine.optimizer.param_groups]
+    return [names[id(p)] for group in groups for p in group]
+
+
+def is_deepspeed_directory(path: str) -> bool:
+    """Whether `path` is a checkpoint directory that DeepSpeed wrote (it has DeepSpeed's `latest` file)."""
+    return (Path(path) / "latest").is_file()
 
 
 def _saved_stage_3(directory: Path) -> bool | None:
@@ -123,22 +194,3 @@ def _latest_tag_dir(path: Path) -> Path | None:
     return path / latest.read_text().strip() if latest.is_file() else None
 
 
-def _check_stage(path: str, saved: Path, stage: int) -> None:
-    """Refuse, before DeepSpeed reads anything, a checkpoint of ZeRO-3 under stage 1/2 or back."""
-    saved_3 = _saved_stage_3(saved)
-    if saved_3 is not None and saved_3 != (stage == 3):
-        saved = "ZeRO stage 3" if saved_3 else "ZeRO stage 1 or 2"
-        raise CheckpointError(
-            f"'{path}' was saved under {saved} but this strategy uses stage {stage}: resume with the stage"
-            " that saved it, or convert it with convert_to_fp32_state_dict and load that."
-        )
-
-
-def _check_world_size(path: str, saved: Path, world_size: int) -> None:
-    """Refuse, before DeepSpeed reads anything, a checkpoint sharded over another number of ranks."""
-    shards = list(saved.glob("*zero_pp_rank_*_optim_states.pt"))
-    if shards and len(shards) != world_size:
-        raise CheckpointError(
-            f"'{path}' was saved by {len(shards)} processes but {world_size} are loading it: resume with the"
-            " same number of processes, or convert it with convert_to_fp32_state_dict and load that."
-        )

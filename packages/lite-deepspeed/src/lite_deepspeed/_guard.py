@@ -2,8 +2,9 @@
 
 DeepSpeed must run the backward pass itself (loss scaling, gradient reduction into the shards);
 a plain `loss.backward()` could otherwise train silently wrong. Every floating-point output of
-the engine passes through an identity autograd function whose backward checks that the strategy
-is running the backward pass.
+the engine that requires a gradient gets a tensor hook that checks, when its gradient is
+computed, that the strategy is running the backward pass. The output itself is handed back
+unchanged (no view, no copy), so in-place operations on it work as in plain PyTorch.
 """
 
 from __future__ import annotations
@@ -24,31 +25,20 @@ class BackwardGuard:
         self.running = False
 
     def attach(self, engine: nn.Module) -> None:
-        """Route `engine`'s outputs through the check."""
+        """Check the backward passes through `engine`'s outputs."""
         engine.register_forward_hook(self._on_forward)
 
-    def _on_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return output
-        return tree_map_only(torch.Tensor, self._guard, output)
+    def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled():
+            tree_map_only(torch.Tensor, self._watch, output)
 
-    def _guard(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.requires_grad:
-            return tensor
-        return _RequireLiteBackward.apply(tensor, self)
+    def _watch(self, tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            tensor.register_hook(self._check)
 
-
-class _RequireLiteBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, guard: BackwardGuard) -> torch.Tensor:
-        ctx.guard = guard
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if not ctx.guard.running:
+    def _check(self, grad: torch.Tensor) -> None:
+        if not self.running:
             raise MisuseError(
                 "loss.backward() was called on a DeepSpeed model's output: call lite.backward(loss)"
                 " instead, so that DeepSpeed scales and reduces the gradients."
             )
-        return grad, None

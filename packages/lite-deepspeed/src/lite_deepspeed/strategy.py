@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, ContextManager
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision
+from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision, read_checkpoint
 from lite_deepspeed import _checkpoint, _config
 from lite_deepspeed._guard import BackwardGuard
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
@@ -30,8 +30,9 @@ class DeepSpeedStrategy(DDPStrategy):
 
     Pass either keyword options or a full DeepSpeed `config`; Lite adds the fp16/bf16 section for
     the chosen precision and, unless the config sets one, the micro-batch size of the first
-    dataloader iterated. Under stage 3, `run()` executes inside `deepspeed.zero.Init`, so models
-    built there are partitioned as they are created.
+    dataloader iterated. Under stage 3, a model built inside `init_module()` is partitioned as it
+    is created (`deepspeed.zero.Init`); one built elsewhere is partitioned by `setup`, and the
+    rest of `run()` sees plain torch (default dtype and device, the user's generators).
 
     Args:
         stage: ZeRO stage, 0-3 (default 2).
@@ -51,7 +52,6 @@ class DeepSpeedStrategy(DDPStrategy):
     name = "deepspeed"
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset(_DS_ACCELERATORS)
     supported_precisions: ClassVar[frozenset[str]] = frozenset(_config.PRECISION_SECTIONS)
-    runs_inside_init_context = True
     backward_needs_model = True
 
     def __init__(self, stage: int | None = None, offload_optimizer: bool | None = None,
@@ -86,6 +86,7 @@ class DeepSpeedStrategy(DDPStrategy):
         super().connect(accelerator, environment, device_indexes, num_nodes)
         _use_deepspeed_accelerator(_DS_ACCELERATORS[accelerator.name])
         _config.validate_sections(self._config)
+        device_rank(accelerator.name, self.root_device, self.local_rank, self._config)  # refuses now, not in setup
         logging.getLogger("DeepSpeed").setLevel(self._logging_level)
 
     def build_precision(self, name: str) -> Precision:
@@ -107,9 +108,6 @@ class DeepSpeedStrategy(DDPStrategy):
         deepspeed.init_distributed(dist_backend=self._backend or self.accelerator.distributed_backend,
                                    dist_init_required=False, timeout=self.timeout, verbose=False)
 
-    def run_context(self) -> ContextManager[Any]:
-        return self._zero_init() if self.stage == 3 else nullcontext()
-
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
         if self.stage == 3:
             return self._zero_init()
@@ -128,7 +126,14 @@ class DeepSpeedStrategy(DDPStrategy):
 
         config = _config.with_batch_size(self._full_config(), 1)
         remote = "cpu" if _config.offloads_parameters(config) else None
-        return deepspeed.zero.Init(config_dict_or_path=config, remote_device=remote)
+        with self._deepspeed_local_rank():  # zero.Init takes its device from LOCAL_RANK, now
+            return deepspeed.zero.Init(config_dict_or_path=config, remote_device=remote)
+
+    def _deepspeed_local_rank(self) -> ContextManager[None]:
+        """`LOCAL_RANK` naming this process's device while DeepSpeed picks its device from it."""
+        assert self.accelerator is not None
+        index = device_rank(self.accelerator.name, self.root_device, self.local_rank, self._config)
+        return _local_rank_env(index)
 
     def _full_config(self) -> dict[str, Any]:
         return _config.with_precision(_config.with_lite_defaults(self._config), self.precision.name)
@@ -166,8 +171,10 @@ class DeepSpeedStrategy(DDPStrategy):
         import deepspeed
 
         config = _config.with_batch_size(self._full_config(), self._micro_batch_size or 1)
-        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config,
-                                               dist_init_required=False)
+        _configure_activation_checkpointing(config)
+        with self._deepspeed_local_rank():
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config,
+                                                   dist_init_required=False)
         self._guard.attach(engine)
         self._engines.append(engine)
         return engine
@@ -240,12 +247,24 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
-        """Resume from a directory written by `save_checkpoint` (same world size): the model and
-        optimizer in `state` through DeepSpeed, the other entries as the core restores them."""
-        if not Path(path).is_dir():
-            _checkpoint.refuse_full_file(path, state or {})
+        """Resume the DeepSpeed model and optimizer in `state` from any checkpoint: a directory
+        written by `save_checkpoint` (any ZeRO stage, any number of processes), a one-file or an
+        fsdp checkpoint; the other entries are restored as the core restores them."""
+        if _checkpoint.find_engine(state or {}) is None:
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
-        return _checkpoint.load(path, state or {}, strict, self)
+        if _checkpoint.is_deepspeed_directory(path):
+            return _checkpoint.load(path, state or {}, strict, self)
+        content = read_checkpoint(path, self.checkpoint_io, weights_only)
+        return _checkpoint.load_whole(content, state or {}, strict, self)
+
+    @classmethod
+    def read_whole_checkpoint(cls, path: str) -> dict[str, Any]:
+        """A DeepSpeed checkpoint directory read in one process as a one-file checkpoint holds it
+        (the model as a full fp32 state dict, the optimizer's fp32 state keyed by parameter name),
+        so that `ddp`, `single_device`, `fsdp` and the other strategies load it."""
+        from lite_deepspeed._portable import read_whole
+
+        return read_whole(path)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(stage={self.stage})"
@@ -288,6 +307,51 @@ def _deepspeed_accelerator(name: str) -> Any:
     from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
 
     return CUDA_Accelerator()
+
+
+def device_rank(accelerator: str, device: torch.device, local_rank: int, config: dict[str, Any]) -> int | None:
+    """The GPU index DeepSpeed must take for this process when it is not `local_rank` (e.g.
+    `devices=[2, 3]`), or None when DeepSpeed's own choice (`LOCAL_RANK`) is already right.
+
+    DeepSpeed places the engine and ZeRO-3 parameters on the GPU numbered `LOCAL_RANK`, and with
+    `checkpoint.use_node_local_storage` it also takes that number as the rank that writes the
+    node's checkpoint files, so a device list unlike `[0, 1, ...]` cannot serve both.
+    """
+    if accelerator != "cuda" or device.index is None or device.index == local_rank:
+        return None
+    if (config.get("checkpoint") or {}).get("use_node_local_storage"):
+        raise ConfigurationError(
+            f"DeepSpeed's checkpoint.use_node_local_storage takes the GPU number as the local rank, but local"
+            f" rank {local_rank} runs on GPU {device.index}: pass devices=N (GPUs 0..N-1, e.g. with"
+            " CUDA_VISIBLE_DEVICES) or turn use_node_local_storage off."
+        )
+    return device.index
+
+
+@contextmanager
+def _local_rank_env(index: int | None) -> Iterator[None]:
+    if index is None:
+        yield
+        return
+    saved = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(index)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = saved
+
+
+def _configure_activation_checkpointing(config: dict[str, Any]) -> None:
+    """Apply the config's `activation_checkpointing` section to `deepspeed.checkpointing`, which
+    DeepSpeed's engine does not do by itself."""
+    if config.get("activation_checkpointing") is None:
+        return
+    import deepspeed
+
+    deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
 
 
 def _engine(module: nn.Module | None) -> Any:

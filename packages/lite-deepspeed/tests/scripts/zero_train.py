@@ -64,12 +64,12 @@ class ZeroRun(LightningLite):
     """Steps 0-1: one micro-batch each; steps 2-3: two accumulated micro-batches and clipping.
     Then a checkpoint; steps 4-5 as 2-3; then a fresh model resumes from the checkpoint."""
 
-    def run(self, tag: str, copy_weights: bool = False) -> dict:
-        model = make_model()
-        result = {"partition": partition_of(model)}
-        if copy_weights:  # bf16 under zero.Init starts from other weights: start from the fp32 ones
-            copy_into(model, _plain_state)
+    def run(self, tag: str) -> dict:
+        model = make_model()  # outside init_module(): plain torch, partitioned by setup under ZeRO-3
+        result = {"held_before_setup": [p.numel() for p in model.parameters()]}
         model, optimizer = self.setup(model, torch.optim.Adam(model.parameters(), lr=LR))
+        result["partition"] = partition_of(model)
+        result["initial"] = full_weights(model)
         loader = self.setup_dataloaders(DataLoader(make_data(), batch_size=MICRO_BATCH))
         batches = iter(loader)
         result["losses"] = self.train(model, optimizer, batches, steps=4)
@@ -118,12 +118,43 @@ class ZeroRun(LightningLite):
         return {"step": state["step"], "note": state["note"], "content_keys": sorted(content), "losses": losses}
 
 
-def copy_into(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
-        if dist.get_rank() == 0:
-            for name, p in params.items():
-                p.data.copy_(weights[name])
+class PlainTorchInRun(LightningLite):
+    """ZeRO-3 bf16-mixed: the rest of run() is plain torch, an in-place edit of the model's output
+    works, torch's foreach AdamW trains, and the config's activation_checkpointing is applied."""
+
+    def run(self) -> dict:
+        generator = torch.Generator().manual_seed(7)
+        made = {"tensor": torch.tensor(0.0), "randn_cpu_generator": torch.randn(2, generator=generator),
+                "zeros": torch.zeros(2)}
+        result = {"made": {k: (t.dtype, t.device.type) for k, t in made.items()}}
+        model = make_model()
+        model, optimizer = self.setup(model, torch.optim.AdamW(model.parameters(), lr=LR, foreach=True))
+        losses = []
+        for _ in range(3):
+            out = model(torch.randn(4, FEATURES, generator=generator))
+            out.mul_(2.0)  # in place on the output, as in plain PyTorch
+            out += 1.0
+            loss = out.float().pow(2).mean()
+            self.backward(loss, model=model)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        result["losses"] = losses
+        result["activation_checkpointing"] = _activation_checkpointing_state()
+        return result
+
+
+def _activation_checkpointing_state() -> dict:
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    return {"partition_activations": checkpointing.PARTITION_ACTIVATIONS,
+            "cpu_checkpointing": checkpointing.CPU_CHECKPOINT, "number_checkpoints": checkpointing.num_layers,
+            "synchronize": checkpointing.SYNCHRONIZE, "profile": checkpointing.PROFILE_TIME}
+
+
+#: ZeRO-3 with DeepSpeed's activation checkpointing section (none of these are its defaults).
+ACTIVATION_CHECKPOINTING = {"partition_activations": True, "cpu_checkpointing": True, "number_checkpoints": 3,
+                            "synchronize_checkpoint_boundary": True, "profile": True}
 
 
 class Misuse(LightningLite):
@@ -148,7 +179,17 @@ class Misuse(LightningLite):
         messages["module_alone"] = _message(lambda: self.setup_module(make_model()))
         messages["optimizers_alone"] = _message(lambda: self.setup_optimizers(torch.optim.SGD(make_model().parameters())))
         messages["direct_backward"] = _message(lambda: first(x).sum().backward())
+        messages["in_place_on_output"] = _message(lambda: self.in_place_backward(first, x))
+        messages["reserved_key"] = _message(lambda: self.save(
+            {"model": first, "optimizer": opt1, "global_steps": 3}, OUT / "ckpt_reserved"))
         return messages
+
+
+    def in_place_backward(self, model, x) -> None:
+        out = model(x)  # 32-true: the engine's own output, not a cast copy
+        out.mul_(2.0)
+        out[0] += 1.0
+        self.backward(out.sum(), model=model)
 
 
 class NestedInit(LightningLite):
@@ -167,7 +208,7 @@ class NestedInit(LightningLite):
 def _message(action) -> str:
     try:
         action()
-    except MisuseError as err:
+    except (MisuseError, RuntimeError) as err:
         return str(err)
     return "no error"
 
@@ -178,7 +219,6 @@ def _record_teardown() -> None:
         "destroyed" if not dist.is_initialized() else "still initialized")
 
 
-_plain_state = make_model().state_dict()  # built outside zero.Init: the fp32 initial weights
 atexit.register(_record_teardown)
 
 if __name__ == "__main__":
@@ -189,13 +229,18 @@ if __name__ == "__main__":
         results["runs"][preset] = runner.run(preset)
     from deepspeed.accelerator import get_accelerator
 
-    low = [("deepspeed_stage_2", "bf16-true", False), ("deepspeed_stage_3", "bf16-mixed", True)]
+    low = [("deepspeed_stage_2", "bf16-true"), ("deepspeed_stage_3", "bf16-mixed")]
     if get_accelerator().is_fp16_supported():  # a CPU without AVX512-FP16/AMX-FP16 has no fp16 here
-        low.append(("deepspeed_stage_2", "16-mixed", False))
-    for preset, precision, copy in low:
+        low.append(("deepspeed_stage_2", "16-mixed"))
+    for preset, precision in low:
         runner = ZeroRun(accelerator="cpu", strategy=preset, devices=2, precision=precision)
         runner.step_count = 0
-        results["runs"][f"{preset}-{precision}"] = runner.run(f"{preset}-{precision}", copy_weights=copy)
+        results["runs"][f"{preset}-{precision}"] = runner.run(f"{preset}-{precision}")
+    from lite_deepspeed import DeepSpeedStrategy
+
+    strategy = DeepSpeedStrategy(config={"zero_optimization": {"stage": 3},
+                                         "activation_checkpointing": ACTIVATION_CHECKPOINTING})
+    results["plain_torch"] = PlainTorchInRun(accelerator="cpu", strategy=strategy, devices=2, precision="bf16-mixed").run()
     results["misuse"] = Misuse(accelerator="cpu", strategy="deepspeed_stage_2", devices=2).run()
     results["nested_init"] = NestedInit(accelerator="cpu", strategy="deepspeed_stage_3", devices=2).run()
     if dist.get_rank() == 0:

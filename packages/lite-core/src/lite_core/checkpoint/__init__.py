@@ -22,11 +22,12 @@ from __future__ import annotations
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
-from lite_core.checkpoint._state import PRECISION_KEY, read_checkpoint, restore, to_state
+from lite_core.checkpoint._state import PRECISION_KEY, READER_FILE, read_checkpoint, restore, to_state
 
 __all__ = [
     "EXTRA_FILE",
     "PRECISION_KEY",
+    "READER_FILE",
     "CheckpointIO",
     "TorchCheckpointIO",
     "consolidate",

@@ -14,7 +14,14 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
 from lite_core.checkpoint._rank_zero import on_rank_zero
-from lite_core.checkpoint._state import PRECISION_KEY, is_keyed_by_name, positions_to_names, restore, state_of
+from lite_core.checkpoint._state import (
+    PRECISION_KEY,
+    is_keyed_by_name,
+    positions_to_names,
+    read_checkpoint,
+    restore,
+    state_of,
+)
 from lite_core.errors import CheckpointError
 from lite_core.wrappers import forward_module, unwrap_optimizer
 
@@ -122,12 +129,12 @@ def load(strategy: FSDPStrategy, path: str, state: dict[str, Any] | None, strict
     if state is None:
         if is_sharded(path):
             return read_sharded(path, strategy.checkpoint_io, weights_only)
-        return strategy.checkpoint_io.load(path, weights_only=weights_only)
+        return read_checkpoint(path, strategy.checkpoint_io, weights_only)
     objects, plain = _split(state)
     if is_sharded(path):
         content = _load_sharded(strategy, path, objects, strict, weights_only)
     else:
-        content = strategy.checkpoint_io.load(path, weights_only=weights_only)
+        content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
         _check_keys(objects, content, strict)
         for key, obj in objects.items():
             if key in content:

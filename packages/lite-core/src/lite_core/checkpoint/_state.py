@@ -44,6 +44,11 @@ def state_of(value: Any) -> Any:
     return value.state_dict() if is_stateful(value) else value
 
 
+#: A text file in a backend's checkpoint directory that names the strategy (registered in
+#: `lite_core.strategies`) whose `read_whole_checkpoint` reads the directory under any strategy.
+READER_FILE = "lite_reader"
+
+
 def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str, Any]:
     """The content of a full checkpoint file, or of a sharded checkpoint directory (read whole)."""
     from lite_core.checkpoint._sharded import is_sharded, read_sharded
@@ -53,12 +58,21 @@ def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str
     if os.path.isdir(path):
         if not os.listdir(path):
             raise CheckpointError(f"'{path}' is an empty directory, not a checkpoint: check the path.")
-        # e.g. a backend's own format, such as a DeepSpeed checkpoint directory
+        if os.path.isfile(os.path.join(path, READER_FILE)):  # a backend's own format, read by that backend
+            return _backend_reader(path)(path)
         raise CheckpointError(
             f"'{path}' is a directory but not a sharded checkpoint that Lite reads under every strategy:"
             " load it under the strategy that saved it, or convert it to one file with that backend's tool."
         )
     return io.load(path, weights_only=weights_only)
+
+
+def _backend_reader(path: str) -> Any:
+    from lite_core._registry import STRATEGIES
+
+    with open(os.path.join(path, READER_FILE)) as file:
+        name = file.read().strip()
+    return STRATEGIES.load(name).read_whole_checkpoint
 
 
 def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strategy: Strategy) -> None:

@@ -304,6 +304,17 @@ class Strategy:
         """The entries of `requirements` whose module is not installed."""
         return {module: command for module, command in cls.requirements.items() if not _importable(module)}
 
+    @classmethod
+    def read_whole_checkpoint(cls, path: str) -> dict[str, Any]:
+        """The whole content of a checkpoint directory in this strategy's own format, read in one
+        process as a one-file checkpoint holds it (modules as full state dicts, optimizers keyed by
+        parameter name), so that every strategy loads it. A strategy that writes such a directory
+        overrides this and writes `READER_FILE`, holding its registered name, into the directory."""
+        from lite_core.errors import CheckpointError
+
+        raise CheckpointError(f"'{path}' names strategy {cls.__name__}, which reads no checkpoint directory whole:"
+                              " load it under the strategy that saved it.")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
