@@ -13,7 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from lite_core.plugins import Launcher, LiteError, MisuseError, on_interrupt, read_result, run_rank
+from lite_core.plugins import Launcher, LiteError, MisuseError, on_interrupt, own_copy, read_result, run_rank
 
 if TYPE_CHECKING:
     from lite_core.plugins import Strategy
@@ -63,7 +63,9 @@ def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
             return  # a clean exit ends this replica only
         _stop_every_replica(ordinal)
 
-    run_rank(fn, args, kwargs, launcher_pid=launcher_pid, result_file=result_file,
+    # On a CPU host the replicas are threads that receive the very same `fn` (the user's
+    # LightningLite object and its strategy): each takes its own copy, as a process per chip does.
+    run_rank(own_copy(fn), args, kwargs, launcher_pid=launcher_pid, result_file=result_file,
              returns_result=lambda: ordinal == 0, on_failure=on_failure)
 
 

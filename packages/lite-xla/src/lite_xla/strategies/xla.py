@@ -133,8 +133,8 @@ class XLAStrategy(XLAStrategyBase):
         import torch_xla.core.xla_model as xm
 
         device = self.root_device
-        keep = _as_device_data(torch.tensor(float(self.global_rank == src)), device).reshape(())
-        moved = [t.to(device) for t in tensors]
+        keep = _device.as_data(torch.tensor(float(self.global_rank == src)), device).reshape(())
+        moved = [t if t.device.type == "xla" else _device.as_data(t, device).reshape(t.shape) for t in tensors]
         with torch.no_grad():
             masked = [t * keep.to(t.dtype) for t in moved]
             summed = xm.all_reduce(xm.REDUCE_SUM, masked, pin_layout=self.pin_layout)
@@ -153,7 +153,7 @@ class XLAStrategy(XLAStrategyBase):
             return tensor.unsqueeze(0)
         import torch_xla.core.xla_model as xm
 
-        tensor = _as_device_data(tensor, self.root_device).reshape(1, *tensor.shape)
+        tensor = _device.as_data(tensor, self.root_device).reshape(1, *tensor.shape)
         if sync_grads:
             import torch_xla.core.functions as xf
 
@@ -175,7 +175,7 @@ class XLAStrategy(XLAStrategyBase):
 
         ops = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX,
                "min": xm.REDUCE_MIN, "product": xm.REDUCE_MUL}
-        data = _as_device_data(tensor, self.root_device)
+        data = _device.as_data(tensor, self.root_device)
         result = xm.all_reduce(ops[reduce_op], data, pin_layout=self.pin_layout).reshape(tensor.shape)
         if reduce_op == "mean":
             result = result / self.world_size
@@ -197,14 +197,3 @@ def _check_cpu_replicas(count: int) -> None:
             f" unset CPU_NUM_DEVICES or pass devices={given}."
         )
 
-
-def _as_device_data(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`, entering the graph as data.
-
-    torch-xla bakes a 0-dim CPU tensor moved to the device into the graph as a constant; when its
-    value differs between replicas (a rank, a per-replica metric) each replica compiles its own
-    graph. A 1-element tensor is transferred as data, so every replica runs the same graph.
-    """
-    if tensor.device.type != "xla" and tensor.dim() == 0:
-        return tensor.reshape(1).to(device)
-    return tensor.to(device)
