@@ -44,8 +44,9 @@ def make(mode: str) -> Collectives:
         return Collectives(accelerator="cpu", strategy="ddp", devices=2)
     from lite_xla.strategies.xla import XLAStrategy
 
-    # pin_layout=False belongs to the CPU harness (see _cpu_harness.py); on TPUs: strategy="xla".
-    return Collectives(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2)
+    import _cpu_harness  # its settings are for XLA's CPU device only; on TPUs: strategy="xla"
+
+    return Collectives(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2)
 
 
 def main() -> None:

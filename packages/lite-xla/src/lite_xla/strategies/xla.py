@@ -40,6 +40,8 @@ class XLAStrategy(XLAStrategyBase):
         self.pin_layout = pin_layout
         self._start_method = start_method
         self._launcher: Launcher | None = None
+        #: ids of the optimizers whose gradients were averaged for clipping before their step
+        self._reduced: set[int] = set()
 
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
                 device_indexes: list[int], num_nodes: int) -> None:
@@ -94,9 +96,43 @@ class XLAStrategy(XLAStrategyBase):
 
 
     def reduce_gradients(self, optimizer: Optimizer) -> None:
+        """Average the gradients over the replicas, unless clipping did so since the last step."""
+        if id(optimizer) in self._reduced:
+            self._reduced.discard(id(optimizer))
+            return
         import torch_xla.core.xla_model as xm
 
         xm.reduce_gradients(optimizer, pin_layout=self.pin_layout)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Clip the averaged gradients (what the step applies), not this replica's own."""
+        self._reduce_for_clipping(optimizer)
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite=False)
+        self._check_finite(norm, norm_type, error_if_nonfinite)
+        return norm
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp the averaged gradients (what the step applies), not this replica's own."""
+        self._reduce_for_clipping(optimizer)
+        super().clip_gradients_value(module, optimizer, clip_val)
+
+    def _check_finite(self, norm: torch.Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
+        """Raise if the gradients' total norm is not finite (unless told not to, or the precision
+        skips such steps); reading it runs the collectives behind it first, on every replica."""
+        if not error_if_nonfinite or self.precision.skips_nonfinite_steps:
+            return
+        _device.cut_graph()
+        if not torch.isfinite(norm).all().item():
+            raise RuntimeError(
+                f"The total norm of order {norm_type} of the gradients is non-finite, so they cannot be"
+                " clipped: find the cause (e.g. a loss that overflowed) or pass error_if_nonfinite=False."
+            )
+
+    def _reduce_for_clipping(self, optimizer: Optimizer) -> None:
+        if id(optimizer) not in self._reduced:
+            self.reduce_gradients(optimizer)
+            self._reduced.add(id(optimizer))
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
