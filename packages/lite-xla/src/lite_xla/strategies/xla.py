@@ -25,7 +25,9 @@ class XLAStrategy(XLAStrategyBase):
     """Data parallel over XLA devices: torch-xla starts the replicas (`XLALauncher`).
 
     Each replica starts from rank 0's weights, and each optimizer step first averages the
-    gradients over the replicas.
+    gradients over the replicas. On a TPU pod (`num_nodes` = its host count) every host runs the
+    script; the TPU runtime joins them, and each host's `run()` returns what its first replica
+    (local rank 0) returned, and `save` writes there too (see the lite-xla documentation).
 
     Args:
         pin_layout: passed to torch-xla's collectives (keep the default on TPUs).
@@ -47,6 +49,10 @@ class XLAStrategy(XLAStrategyBase):
                 device_indexes: list[int], num_nodes: int) -> None:
         super().connect(accelerator, environment, device_indexes, num_nodes)
         _check_cpu_replicas(len(device_indexes))
+        if num_nodes > 1:
+            from lite_xla import _pod
+
+            _pod.check_hosts(num_nodes)
 
     @property
     def launcher(self) -> Launcher | None:
@@ -77,6 +83,15 @@ class XLAStrategy(XLAStrategyBase):
     @property
     def local_rank(self) -> int:
         return self._runtime("local_ordinal", 0)
+
+    @property
+    def node_rank(self) -> int:
+        """This host's index in the TPU pod (0 on one host)."""
+        if self.num_nodes == 1:
+            return 0
+        from lite_xla import _pod
+
+        return _pod.host_index()
 
     @property
     def world_size(self) -> int:
