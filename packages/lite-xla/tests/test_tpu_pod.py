@@ -16,6 +16,7 @@ import torch
 
 from lite_core import LightningLite
 from lite_core.errors import ConfigurationError
+from lite_xla import launcher
 from lite_xla.strategies.xla import XLAStrategy
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lite_xla"
@@ -51,8 +52,6 @@ def test_num_nodes_on_xlas_cpu_device_is_refused(clean_env: None) -> None:
 def test_the_first_replica_of_every_host_hands_its_host_the_result(monkeypatch: pytest.MonkeyPatch,
                                                                     local: int, returns: bool) -> None:
     import torch_xla.runtime as xr
-
-    from lite_xla import launcher
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(launcher, "run_rank", lambda *args, **kwargs: seen.update(kwargs))

@@ -42,9 +42,8 @@ class Collectives(LightningLite):
 def make(mode: str) -> Collectives:
     if mode == "cpu_ddp":
         return Collectives(accelerator="cpu", strategy="ddp", devices=2)
-    from lite_xla.strategies.xla import XLAStrategy
-
     import _cpu_harness  # its settings are for XLA's CPU device only; on TPUs: strategy="xla"
+    from lite_xla.strategies.xla import XLAStrategy
 
     return Collectives(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2)
 

@@ -37,9 +37,8 @@ class Job(LightningLite):
 
 
 if __name__ == "__main__":
+    import _cpu_harness  # its settings are for XLA's CPU device only
     from lite_xla.strategies.xla import XLAStrategy
 
     how = sys.argv[2] if len(sys.argv) > 2 else "raise"
-    import _cpu_harness  # its settings are for XLA's CPU device only
-
     Job(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2).run(sys.argv[1], how)

@@ -85,10 +85,9 @@ def make(mode: str) -> Train:
         return Train(accelerator="cpu", strategy="ddp", devices=2)
     if mode == "full_batch":
         return Train(accelerator="cpu", devices=1)
+    import _cpu_harness  # its settings are for XLA's CPU device only; on TPUs pass strategy="xla"
     from lite_xla.strategies.fsdp import XLAFSDPStrategy
     from lite_xla.strategies.xla import XLAStrategy
-
-    import _cpu_harness  # its settings are for XLA's CPU device only; on TPUs pass strategy="xla"
 
     strategy_class = XLAStrategy if mode == "xla" else XLAFSDPStrategy
     strategy = strategy_class(**_cpu_harness.STRATEGY_KWARGS)

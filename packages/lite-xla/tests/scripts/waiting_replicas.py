@@ -31,8 +31,7 @@ class Job(LightningLite):
 
 
 if __name__ == "__main__":
-    from lite_xla.strategies.xla import XLAStrategy
-
     import _cpu_harness  # its settings are for XLA's CPU device only
+    from lite_xla.strategies.xla import XLAStrategy
 
     Job(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2).run(sys.argv[1])
