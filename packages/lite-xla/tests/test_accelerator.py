@@ -98,3 +98,37 @@ def test_neither_import_nor_construction_starts_the_xla_runtime() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+@pytest.fixture
+def tpu_host_with_4_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    monkeypatch.setattr("lite_xla.accelerator._tpu_device_count", lambda: 4)
+
+
+@pytest.mark.usefixtures("tpu_host_with_4_devices")
+@pytest.mark.parametrize(("devices", "indexes"), [(1, [0]), (4, [0, 1, 2, 3]), ("auto", [0, 1, 2, 3]), ([3], [3])])
+def test_devices_the_tpu_host_has_are_accepted(devices: Any, indexes: list[int]) -> None:
+    assert XLAAccelerator.parse_devices(devices) == indexes
+
+
+@pytest.mark.usefixtures("tpu_host_with_4_devices")
+@pytest.mark.parametrize(("devices", "message"), [
+    (8, r"^devices=8 asks for 8 TPU devices but this host has 4, .* pass devices=4 \(or devices=1\)\.$"),
+    (2, r"^devices=2 asks for 2 TPU devices but this host has 4, .* pass devices=4 \(or devices=1\)\.$"),
+    ([4], r"^devices=\[4\] names TPU device 4 but this host has 4 \(0 to 3\): pass devices=\[index\] with an"),
+])
+def test_devices_the_tpu_host_lacks_are_refused_at_construction(devices: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="tpu", devices=devices)
+
+
+def test_tpu_devices_are_counted_from_the_pci_ids_of_the_chips(tmp_path: Any) -> None:
+    from lite_xla.accelerator import _tpu_device_count
+
+    chips = {"a": ("0x1ae0", "0x0027"), "b": ("0x1ae0", "0x0027"), "c": ("0x1ae0", "0x005e"), "d": ("0x8086", "0x0027")}
+    for name, (vendor, device) in chips.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+        (tmp_path / name / "device").write_text(device + "\n")
+    assert _tpu_device_count(str(tmp_path)) == 2 + 2 + 1  # v2/v3 chips hold two cores; not Google's: none

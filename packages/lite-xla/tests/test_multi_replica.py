@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+MAX_NORM = 0.05  # scripts/parity.py clips every step to it
 
 _XLA_ENV = {"PJRT_DEVICE": "CPU", "LITE_XLA_CPU_HARNESS": "1"}
 _TIMEOUT = 150
@@ -57,27 +58,34 @@ def test_using_the_device_before_launch_is_reported_in_one_sentence(
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(3 * _TIMEOUT + 30)
-def test_two_replicas_train_like_one_full_batch_process_and_like_ddp(
+def test_two_replicas_train_like_one_full_batch_process_and_like_ddp_with_clipping_groups_and_a_scheduler(
         run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
     full = _result(run_script, output_of, "parity.py", "full_batch", tmp_path / "full.json", {})
     ddp = _result(run_script, output_of, "parity.py", "cpu_ddp", tmp_path / "ddp.json", {})
     xla = _result(run_script, output_of, "parity.py", "xla", tmp_path / "xla.json", _XLA_ENV)
     assert (xla["strategy"], xla["world_size"], xla["ranks"], xla["samples_per_step"]) == ("xla", 2, [0, 1], 8)
     assert full["samples_per_step"] == 16 and len(xla["losses"]) == len(full["losses"]) == 4
+    assert min(full["norms"]) > 10 * MAX_NORM  # every step is clipped, hard
     for other in (full, ddp):
         assert xla["losses"] == pytest.approx(other["losses"], abs=1e-5)
+        assert xla["norms"] == pytest.approx(other["norms"], abs=1e-5)  # of the averaged gradients
+        assert xla["lrs"] == other["lrs"]
         for got, want in zip(xla["weights"], other["weights"]):
             assert got == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(2 * _TIMEOUT + 30)
-def test_two_fsdp_replicas_train_like_one_full_batch_process_and_save_consolidable_shards(
+def test_two_fsdp_replicas_clip_by_the_global_norm_keep_groups_and_scheduler_and_save_shards(
         run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
     full = _result(run_script, output_of, "parity.py", "full_batch", tmp_path / "full.json", {})
     sharded = tmp_path / "sharded"
     fsdp = _result(run_script, output_of, "parity.py", "xla_fsdp", tmp_path / "fsdp.json", _XLA_ENV, sharded)
     assert (fsdp["strategy"], fsdp["world_size"], fsdp["ranks"], fsdp["samples_per_step"]) == ("xla_fsdp", 2, [0, 1], 8)
+    assert min(full["norms"]) > 10 * MAX_NORM  # every step is clipped, hard
+    # Clipped by the norm over every shard; two groups with their own lr, a StepLR made before setup.
+    assert fsdp["norms"] == pytest.approx(full["norms"], abs=1e-5)
+    assert fsdp["lrs"] == full["lrs"] == [[1.0, 0.5], [1.0, 0.5], [0.1, 0.05], [0.1, 0.05]]
     assert fsdp["losses"] == pytest.approx(full["losses"], abs=1e-5)
     assert sorted(f.name for f in sharded.iterdir()) == ["shard-00000-of-00002.pt", "shard-00001-of-00002.pt"]
 

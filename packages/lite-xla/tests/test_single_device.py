@@ -176,7 +176,7 @@ def test_xla_fsdp_refuses_an_optimizer_on_unsharded_parameters() -> None:
         lite.launch(body)
 
 
-def test_xla_fsdp_rebuilds_the_optimizer_on_the_sharded_parameters() -> None:
+def test_xla_fsdp_points_the_optimizer_at_the_sharded_parameters() -> None:
     def body(lite: LightningLite) -> None:
         model = _model()
         model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.25, momentum=0.5))
@@ -185,6 +185,46 @@ def test_xla_fsdp_rebuilds_the_optimizer_on_the_sharded_parameters() -> None:
         assert optimizer.param_groups[0]["lr"] == 0.25 and optimizer.param_groups[0]["momentum"] == 0.5
 
     LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
+
+
+def _groups_state_and_scheduler(model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """Two groups with their own lr, momentum already held (one CPU step), a StepLR on top."""
+    optimizer = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.02}],
+                                lr=0.1, momentum=0.9)
+    x, y = next(iter(_data()))
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def _train_with_scheduler(model: nn.Module, optimizer: Any, scheduler: Any, loader: Any, backward: Any) -> list[float]:
+    losses = []
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        backward(loss)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_xla_fsdp_keeps_the_users_optimizer_with_its_groups_state_and_scheduler() -> None:
+    model = _model()
+    optimizer, scheduler = _groups_state_and_scheduler(model)
+    expected = _train_with_scheduler(model, optimizer, scheduler, _data(), lambda loss: loss.backward())
+
+    def body(lite: LightningLite) -> tuple[list[float], bool]:
+        model = _model()
+        optimizer, scheduler = _groups_state_and_scheduler(model)
+        model, wrapped = lite.setup(model, optimizer)
+        same = wrapped.optimizer is optimizer and scheduler.optimizer is optimizer
+        return _train_with_scheduler(model, wrapped, scheduler, lite.setup_dataloaders(_data()), lite.backward), same
+
+    losses, same_object = LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
+    assert same_object
+    assert losses == pytest.approx(expected, abs=1e-5)
 
 
 def test_xla_fsdp_saves_shards_that_load_back_and_consolidate(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
     _check_strategy(chosen, accel, len(indexes), num_nodes)
     environment.validate_settings(len(indexes), num_nodes)
-    _check_multi_node(environment, num_nodes)
+    _check_multi_node(environment, num_nodes, chosen)
     chosen.connect(accel, environment, indexes, num_nodes)
     chosen.precision = given.get(Precision) or _precision(chosen, accel, precision)
     accel.validate_precision(chosen.precision.name, indexes)
@@ -157,8 +157,10 @@ def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, nu
         )
 
 
-def _check_multi_node(environment: ClusterEnvironment, num_nodes: int) -> None:
-    if num_nodes > 1 and isinstance(environment, LocalEnvironment):
+def _check_multi_node(environment: ClusterEnvironment, num_nodes: int, strategy: Strategy) -> None:
+    # Only a torch.distributed process group meets at MASTER_ADDR; other strategies (e.g. XLA's,
+    # whose runtime knows the pod) find their nodes themselves.
+    if num_nodes > 1 and strategy.needs_process_group and isinstance(environment, LocalEnvironment):
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if v not in os.environ]
         if missing:
             raise ConfigurationError(

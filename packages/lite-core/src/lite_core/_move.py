@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -92,23 +92,32 @@ def _move_dataclass(obj: Any, device: torch.device) -> Any:
     return moved
 
 
-def collective_input(data: Any, device: torch.device, numbers: bool = True) -> Any:
+def collective_input(data: Any, device: torch.device, numbers: bool = True,
+                     move: Callable[[Tensor], Tensor] | None = None) -> Any:
     """`data` with every tensor on `device` and, with `numbers=True`, Python numbers as tensors.
 
     Containers (dicts, lists, tuples, namedtuples) keep their structure; other objects are
     returned unchanged. A `bool` becomes an int64 0 or 1, so that a sum counts the ranks where it
-    was true and a mean gives their fraction.
+    was true and a mean gives their fraction. `move` puts a tensor that is elsewhere on `device`
+    (the strategy's way, e.g. XLA's, which sends small values as data; `.to(device)` by default).
     """
+    to_device = move or (lambda tensor: tensor.to(device))
     if type(data) is Tensor:
-        return data if data.device == device else data.to(device)
-    return tree_map(lambda leaf: _leaf_for_collective(leaf, device, numbers), data)
+        return data if data.device == device else to_device(data)
+    return tree_map(lambda leaf: _leaf_for_collective(leaf, device, numbers, to_device), data)
 
 
-def _leaf_for_collective(leaf: Any, device: torch.device, numbers: bool) -> Any:
+def _leaf_for_collective(leaf: Any, device: torch.device, numbers: bool,
+                         to_device: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(leaf, Tensor):
-        return leaf if leaf.device == device else leaf.to(device)
+        return leaf if leaf.device == device else to_device(leaf)
     if not numbers:
         return leaf
+    if isinstance(leaf, bool):
+        return to_device(torch.tensor(int(leaf)))
+    if isinstance(leaf, (int, float)):
+        return to_device(torch.tensor(leaf))
+    return leaf
     if isinstance(leaf, bool):
         return torch.tensor(int(leaf), device=device)
     if isinstance(leaf, (int, float)):

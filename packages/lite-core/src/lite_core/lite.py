@@ -385,8 +385,9 @@ class LightningLite:
             src: the global rank whose `obj` every process receives.
         """
         self._require_collectives("broadcast")
-        received = self._strategy.broadcast(collective_input(obj, self.device, numbers=False), src)
-        return cast(T, collective_input(received, self.device, numbers=False))
+        move = self._strategy.batch_to_device
+        received = self._strategy.broadcast(collective_input(obj, self.device, numbers=False, move=move), src)
+        return cast(T, collective_input(received, self.device, numbers=False, move=move))
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Each tensor in `data` stacked from every process along a new first dimension.
@@ -402,7 +403,7 @@ class LightningLite:
             `(world_size, *shape)`.
         """
         self._require_collectives("all_gather")
-        data = collective_input(data, self.device)
+        data = collective_input(data, self.device, move=self._strategy.batch_to_device)
         return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
 
     def all_reduce(self, data: Any, group: Any = None, reduce_op: str = "mean") -> Any:
@@ -418,7 +419,7 @@ class LightningLite:
             `data`'s structure with each leaf a tensor on `self.device`; the input is not modified.
         """
         self._require_collectives("all_reduce")
-        data = collective_input(data, self.device)
+        data = collective_input(data, self.device, move=self._strategy.batch_to_device)
         return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
 
     def _require_collectives(self, method: str) -> None:

@@ -1,4 +1,5 @@
-"""Starts the XLA replicas through torch-xla's multiprocessing API and returns rank 0's result."""
+"""Starts the XLA replicas through torch-xla's multiprocessing API and returns the result of this
+host's first replica (rank 0's on a single host)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from lite_core.plugins import Launcher, LiteError, MisuseError, on_interrupt, read_result, run_rank
+from lite_core.plugins import Launcher, LiteError, MisuseError, on_interrupt, own_copy, read_result, run_rank
 
 if TYPE_CHECKING:
     from lite_core.plugins import Strategy
@@ -23,8 +24,9 @@ class XLALauncher(Launcher):
     """Runs `fn` once per XLA device with `torch_xla.distributed.xla_multiprocessing.spawn`.
 
     torch-xla starts one process per chip (on a CPU host: one process with a thread per device)
-    and can only do so while this process has not started the XLA runtime itself. Rank 0's
-    return value comes back through a temporary file, so it must be picklable. A replica that
+    and can only do so while this process has not started the XLA runtime itself. The return
+    value of this host's first replica (local rank 0: rank 0 on a single host, on a TPU pod each
+    host's own) comes back through a temporary file, so it must be picklable. A replica that
     raises ends its process at once (the others would wait for it in their next collective),
     which stops every replica, and `launch` raises `ReplicaFailedError`. The replica processes die
     with the launching process (SIGTERM, SIGKILL) and stop at once on its Ctrl-C.
@@ -63,8 +65,18 @@ def _replica(ordinal: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
             return  # a clean exit ends this replica only
         _stop_every_replica(ordinal)
 
-    run_rank(fn, args, kwargs, launcher_pid=launcher_pid, result_file=result_file,
-             returns_result=lambda: ordinal == 0, on_failure=on_failure)
+    # On a CPU host the replicas are threads that receive the very same `fn` (the user's
+    # LightningLite object and its strategy): each takes its own copy, as a process per chip does.
+    run_rank(own_copy(fn), args, kwargs, launcher_pid=launcher_pid, result_file=result_file,
+             returns_result=_first_on_this_host, on_failure=on_failure)
+
+
+def _first_on_this_host() -> bool:
+    """Whether this replica hands its result to this host's launching process: local ordinal 0
+    (on a TPU pod every host's launcher returns one; on one host it is rank 0's)."""
+    import torch_xla.runtime as xr
+
+    return xr.local_ordinal() == 0
 
 
 def _stop_every_replica(ordinal: int) -> NoReturn:

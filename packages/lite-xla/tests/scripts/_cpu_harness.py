@@ -24,7 +24,8 @@ replica after the first finds the first one's executable in the compilation cach
   drawing W1(rank 0), W1(rank 1), b1, W2, b2 (rank 0), ... from one seeded generator). Separate
   processes, one per chip, each have their own generator;
 - `XLA_THREAD_POOL_SIZE` >= N, so that no replica's execution waits for a free thread;
-- the scripts pass `pin_layout=False` to the strategies (pinned layouts fail on CPU), and any
+- the scripts pass `STRATEGY_KWARGS` (`pin_layout=False`) to the strategies (pinned layouts
+  fail on CPU), and any
   rank-dependent value reaches the graph as tensor data, never as a Python constant (Lite's
   collectives already send 0-dim values as 1-element data).
 """
@@ -37,6 +38,9 @@ import time
 from typing import Any
 
 REPLICAS = int(os.environ.get("CPU_NUM_DEVICES", "1"))
+#: What the scripts pass to `XLAStrategy`/`XLAFSDPStrategy` on XLA's CPU device only (pinned
+#: layouts fail there); on TPUs the strategies keep torch-xla's default, `pin_layout=True`.
+STRATEGY_KWARGS = {"pin_layout": False}
 #: Extra wait after replica 0's graph entered the cache, for good measure.
 _SETTLE_SECONDS = 0.05
 

@@ -42,10 +42,10 @@ class Collectives(LightningLite):
 def make(mode: str) -> Collectives:
     if mode == "cpu_ddp":
         return Collectives(accelerator="cpu", strategy="ddp", devices=2)
+    import _cpu_harness  # its settings are for XLA's CPU device only; on TPUs: strategy="xla"
     from lite_xla.strategies.xla import XLAStrategy
 
-    # pin_layout=False belongs to the CPU harness (see _cpu_harness.py); on TPUs: strategy="xla".
-    return Collectives(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2)
+    return Collectives(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2)
 
 
 def main() -> None:

@@ -37,8 +37,8 @@ class Job(LightningLite):
 
 
 if __name__ == "__main__":
+    import _cpu_harness  # its settings are for XLA's CPU device only
     from lite_xla.strategies.xla import XLAStrategy
 
     how = sys.argv[2] if len(sys.argv) > 2 else "raise"
-    # pin_layout=False is part of the CPU harness (see _cpu_harness.py).
-    Job(accelerator="tpu", strategy=XLAStrategy(pin_layout=False), devices=2).run(sys.argv[1], how)
+    Job(accelerator="tpu", strategy=XLAStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2).run(sys.argv[1], how)

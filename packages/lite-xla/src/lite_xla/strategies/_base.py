@@ -63,7 +63,10 @@ class XLAStrategyBase(Strategy):
         """Combine the replicas' gradients before the step (nothing to do on one device)."""
 
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        """The first replica of each host writes the file (replicas hold the same state), so
+        that every host of a TPU pod can load it without shared storage; on shared storage the
+        hosts' atomic writes of the same content replace each other."""
         state = _device.to_cpu(to_state(content, self))
-        if self.global_rank == 0:
+        if self.local_rank == 0:
             self.checkpoint_io.save(state, path)
         self.barrier("save_checkpoint")

@@ -19,7 +19,23 @@ def device_loader(dataloader: Iterable[Any], device: torch.device) -> Iterable[A
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move the tensors of `batch` that are not yet on an XLA device (the loader moved the rest)."""
-    return tree_map_only(torch.Tensor, lambda t: t if t.device.type == "xla" else t.to(device), batch)
+    return tree_map_only(torch.Tensor, lambda t: t if t.device.type == "xla" else as_data(t, device).reshape(t.shape),
+                         batch)
+
+
+def as_data(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`, entering the graph as data.
+
+    torch-xla (2.9.0) bakes a one-element CPU tensor moved to the device into the graph as a
+    constant: each new value compiles a new graph, and where values differ between replicas (a
+    rank, a per-replica metric) each replica compiles its own. Such a tensor travels as two
+    elements (the graph takes the first), so the graph is the same whatever the value; a 0-dim
+    tensor comes back with shape `(1,)`.
+    """
+    if tensor.device.type == "xla" or tensor.numel() != 1:
+        return tensor.to(device)
+    flat = tensor.reshape(1)
+    return torch.cat([flat, flat]).to(device)[:1]
 
 
 def cut_graph() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import MisuseError, restore, to_state
+from lite_core.plugins import MisuseError, forward_module, restore, to_state
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 
@@ -17,8 +18,11 @@ class XLAFSDPStrategy(XLAStrategy):
     """Wraps the model in torch-xla's `XlaFullyShardedDataParallel` across the replicas.
 
     Sharding replaces the model's parameters, so optimizers given to `setup(model, optimizer)`
-    are rebuilt on the sharded parameters (same class and hyperparameters); an optimizer made
-    before `setup_module()` and set up on its own is refused.
+    are pointed, in place, at the shards of their parameters: each parameter group keeps its own
+    hyperparameters, state already held (e.g. momentum) is sharded the same way, and a
+    learning-rate scheduler built on the optimizer keeps working. An optimizer made before
+    `setup_module()` and set up on its own is refused. `clip_gradients(max_norm=...)` clips by
+    the norm of the whole model's gradients, summed over the shards of every replica.
 
     Args:
         pin_layout: passed to torch-xla's collectives as `pin_layout_in_collective_ops`.
@@ -50,7 +54,13 @@ class XLAFSDPStrategy(XLAStrategy):
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
                                     ) -> tuple[nn.Module, list[Optimizer]]:
         sharded = self.setup_module(module)
-        return sharded, [_rebuild(optimizer, sharded) for optimizer in optimizers]
+        for optimizer in optimizers:
+            _point_at_shards(optimizer, sharded, self._on_device)
+        return sharded, optimizers
+
+    def _on_device(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter that replaced `param` when the model moved to the device (or itself)."""
+        return self._moved[id(param)][1] if id(param) in self._moved else param
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -64,6 +74,23 @@ class XLAFSDPStrategy(XLAStrategy):
 
     def reduce_gradients(self, optimizer: Optimizer) -> None:
         """Nothing to do: the sharded model reduce-scatters the gradients in backward."""
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Clip by the norm of all gradients, every replica's shard included (torch-xla's
+        `clip_grad_norm_` of the sharded model); returns that norm, the same on every replica."""
+        from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
+
+        self.precision.unscale_gradients(optimizer)
+        sharded = forward_module(module)
+        if not isinstance(sharded, XlaFullyShardedDataParallel):
+            raise MisuseError(
+                "clip_gradients() under strategy='xla_fsdp' needs the model that setup() returned:"
+                " pass that model, not the original one."
+            )
+        norm = sharded.clip_grad_norm_(max_norm, norm_type)
+        self._check_finite(norm, norm_type, error_if_nonfinite)
+        return norm
 
     # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
@@ -98,11 +125,45 @@ class XLAFSDPStrategy(XLAStrategy):
         return content
 
 
-def _rebuild(optimizer: Optimizer, sharded: nn.Module) -> Optimizer:
+def _point_at_shards(optimizer: Optimizer, sharded: nn.Module, on_device: Any) -> None:
+    """Replace the full parameters in `optimizer` (its groups and its state) by their shards, in
+    place, so that the object, its groups' hyperparameters and a scheduler on it carry over."""
+    shards = {id(p): _shard_of(on_device(p)) for group in optimizer.param_groups for p in group["params"]}
+    if None in shards.values():  # torch-xla's flatten_parameters=True joins parameters into one shard
+        _point_flattened(optimizer, sharded)
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [shards[id(p)] for p in group["params"]]
+    for param in [p for p in optimizer.state if id(p) in shards]:
+        shard = shards[id(param)]
+        optimizer.state[shard] = {key: _shard_like(value, param, shard)
+                                  for key, value in optimizer.state.pop(param).items()}
+
+
+def _shard_of(param: torch.Tensor) -> torch.Tensor | None:
+    """The shard torch-xla's FSDP made of `param` (it keeps it on the full parameter)."""
+    return getattr(param, "_sharded_param", None)
+
+
+def _shard_like(value: Any, param: torch.Tensor, shard: torch.Tensor) -> Any:
+    """This replica's part of a per-parameter state tensor, cut as FSDP cut `param`: flattened,
+    padded to a multiple of the replica count, and split evenly (scalars such as `step` stay)."""
+    if not isinstance(value, torch.Tensor) or value.shape != param.shape:
+        return value
+    import torch_xla.runtime as xr
+
+    size = shard.numel()
+    flat = torch.nn.functional.pad(value.detach().flatten(), (0, size * xr.world_size() - value.numel()))
+    start = size * xr.global_ordinal()
+    return flat[start:start + size].clone().to(shard.device)
+
+
+def _point_flattened(optimizer: Optimizer, sharded: nn.Module) -> None:
     if len(optimizer.param_groups) != 1 or optimizer.state:
         raise MisuseError(
-            "strategy='xla_fsdp' can rebuild only a fresh optimizer with one parameter group on the"
-            " sharded model: create the optimizer from the model that setup_module() returned and"
-            " pass it to setup_optimizers()."
+            "strategy='xla_fsdp' with flatten_parameters=True joins the parameters into one shard, so"
+            " this optimizer's parameter groups or state cannot follow them: leave flatten_parameters"
+            " at torch-xla's default (False), or create the optimizer from the model that"
+            " setup_module() returned."
         )
-    return type(optimizer)(sharded.parameters(), **optimizer.defaults)
+    optimizer.param_groups[0]["params"] = list(sharded.parameters())

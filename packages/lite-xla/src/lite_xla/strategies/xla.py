@@ -25,7 +25,9 @@ class XLAStrategy(XLAStrategyBase):
     """Data parallel over XLA devices: torch-xla starts the replicas (`XLALauncher`).
 
     Each replica starts from rank 0's weights, and each optimizer step first averages the
-    gradients over the replicas.
+    gradients over the replicas. On a TPU pod (`num_nodes` = its host count) every host runs the
+    script; the TPU runtime joins them, and each host's `run()` returns what its first replica
+    (local rank 0) returned, and `save` writes there too (see the lite-xla documentation).
 
     Args:
         pin_layout: passed to torch-xla's collectives (keep the default on TPUs).
@@ -40,11 +42,17 @@ class XLAStrategy(XLAStrategyBase):
         self.pin_layout = pin_layout
         self._start_method = start_method
         self._launcher: Launcher | None = None
+        #: ids of the optimizers whose gradients were averaged for clipping before their step
+        self._reduced: set[int] = set()
 
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
                 device_indexes: list[int], num_nodes: int) -> None:
         super().connect(accelerator, environment, device_indexes, num_nodes)
         _check_cpu_replicas(len(device_indexes))
+        if num_nodes > 1:
+            from lite_xla import _pod
+
+            _pod.check_hosts(num_nodes)
 
     @property
     def launcher(self) -> Launcher | None:
@@ -77,6 +85,15 @@ class XLAStrategy(XLAStrategyBase):
         return self._runtime("local_ordinal", 0)
 
     @property
+    def node_rank(self) -> int:
+        """This host's index in the TPU pod (0 on one host)."""
+        if self.num_nodes == 1:
+            return 0
+        from lite_xla import _pod
+
+        return _pod.host_index()
+
+    @property
     def world_size(self) -> int:
         return self._runtime("world_size", len(self.device_indexes) * self.num_nodes)
 
@@ -94,9 +111,43 @@ class XLAStrategy(XLAStrategyBase):
 
 
     def reduce_gradients(self, optimizer: Optimizer) -> None:
+        """Average the gradients over the replicas, unless clipping did so since the last step."""
+        if id(optimizer) in self._reduced:
+            self._reduced.discard(id(optimizer))
+            return
         import torch_xla.core.xla_model as xm
 
         xm.reduce_gradients(optimizer, pin_layout=self.pin_layout)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Clip the averaged gradients (what the step applies), not this replica's own."""
+        self._reduce_for_clipping(optimizer)
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite=False)
+        self._check_finite(norm, norm_type, error_if_nonfinite)
+        return norm
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp the averaged gradients (what the step applies), not this replica's own."""
+        self._reduce_for_clipping(optimizer)
+        super().clip_gradients_value(module, optimizer, clip_val)
+
+    def _check_finite(self, norm: torch.Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
+        """Raise if the gradients' total norm is not finite (unless told not to, or the precision
+        skips such steps); reading it runs the collectives behind it first, on every replica."""
+        if not error_if_nonfinite or self.precision.skips_nonfinite_steps:
+            return
+        _device.cut_graph()
+        if not torch.isfinite(norm).all().item():
+            raise RuntimeError(
+                f"The total norm of order {norm_type} of the gradients is non-finite, so they cannot be"
+                " clipped: find the cause (e.g. a loss that overflowed) or pass error_if_nonfinite=False."
+            )
+
+    def _reduce_for_clipping(self, optimizer: Optimizer) -> None:
+        if id(optimizer) not in self._reduced:
+            self.reduce_gradients(optimizer)
+            self._reduced.add(id(optimizer))
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
@@ -133,8 +184,8 @@ class XLAStrategy(XLAStrategyBase):
         import torch_xla.core.xla_model as xm
 
         device = self.root_device
-        keep = _as_device_data(torch.tensor(float(self.global_rank == src)), device).reshape(())
-        moved = [t.to(device) for t in tensors]
+        keep = _device.as_data(torch.tensor(float(self.global_rank == src)), device).reshape(())
+        moved = [t if t.device.type == "xla" else _device.as_data(t, device).reshape(t.shape) for t in tensors]
         with torch.no_grad():
             masked = [t * keep.to(t.dtype) for t in moved]
             summed = xm.all_reduce(xm.REDUCE_SUM, masked, pin_layout=self.pin_layout)
@@ -153,7 +204,7 @@ class XLAStrategy(XLAStrategyBase):
             return tensor.unsqueeze(0)
         import torch_xla.core.xla_model as xm
 
-        tensor = _as_device_data(tensor, self.root_device).reshape(1, *tensor.shape)
+        tensor = _device.as_data(tensor, self.root_device).reshape(1, *tensor.shape)
         if sync_grads:
             import torch_xla.core.functions as xf
 
@@ -175,7 +226,7 @@ class XLAStrategy(XLAStrategyBase):
 
         ops = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX,
                "min": xm.REDUCE_MIN, "product": xm.REDUCE_MUL}
-        data = _as_device_data(tensor, self.root_device)
+        data = _device.as_data(tensor, self.root_device)
         result = xm.all_reduce(ops[reduce_op], data, pin_layout=self.pin_layout).reshape(tensor.shape)
         if reduce_op == "mean":
             result = result / self.world_size
@@ -197,14 +248,3 @@ def _check_cpu_replicas(count: int) -> None:
             f" unset CPU_NUM_DEVICES or pass devices={given}."
         )
 
-
-def _as_device_data(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`, entering the graph as data.
-
-    torch-xla bakes a 0-dim CPU tensor moved to the device into the graph as a constant; when its
-    value differs between replicas (a rank, a per-replica metric) each replica compiles its own
-    graph. A 1-element tensor is transferred as data, so every replica runs the same graph.
-    """
-    if tensor.device.type != "xla" and tensor.dim() == 0:
-        return tensor.reshape(1).to(device)
-    return tensor.to(device)
