@@ -70,7 +70,9 @@ class Cell:
         """How the ranks' processes must have been started."""
         if self.processes is not None:
             return self.processes
-        return {"ddp_spawn": "SpawnProcess", "ddp_fork": "ForkProcess"}.get(self.ran_as, "MainProcess")
+        spawned = {"ddp_spawn": "SpawnProcess", "ddp_fork": "ForkProcess", "xla": "SpawnProcess",
+                   "xla_fsdp": "SpawnProcess"}  # torch-xla starts its replicas with spawn
+        return spawned.get(self.ran_as, "MainProcess")
 
     def env(self) -> dict[str, str]:
         """The variables that choose this cell's constructor arguments in `scenario.py`."""
