@@ -39,7 +39,8 @@ def assert_weights_close(actual: dict[str, list[float]], expected: dict[str, lis
 
 def assert_ran_as(cell: Cell, result: dict[str, Any]) -> None:
     """The run reported, from inside, the strategy class, accelerator, precision, world size and
-    way of starting processes that the cell asks for."""
+    way of starting processes that the cell asks for, and its first layer computed in the dtype
+    of that precision (bf16 under bf16 autocast or bf16 weights, ...)."""
     from importlib.metadata import entry_points
 
     registered = {ep.name: ep.value for ep in entry_points(group="lite_core.strategies")}
@@ -48,3 +49,6 @@ def assert_ran_as(cell: Cell, result: dict[str, Any]) -> None:
     assert result["accelerator"] == cell.accelerator
     assert (result["world_size"], result["precision"]) == (cell.devices, cell.precision)
     assert result["processes"] == [cell.launched_as] * cell.devices, result["processes"]
+    from reference import DTYPES
+
+    assert result["computed_in"] == [str(DTYPES[cell.precision])], result["computed_in"]  # the precision applied

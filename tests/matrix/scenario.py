@@ -76,7 +76,10 @@ def make_data() -> TensorDataset:
 class Scenario(LightningLite):
     def run(self, out_dir: str, resume: str | None) -> dict[str, Any]:
         torch.manual_seed(SEED if resume is None else SEED + 99)  # resuming must bring the weights back
-        model, optimizer = self.setup_training(make_model())
+        model = make_model()
+        self.computed_in: list[str] = []  # the dtype the first layer computed in, per forward pass
+        model[0].register_forward_hook(lambda module, args, out: self.computed_in.append(str(out.dtype)))
+        model, optimizer = self.setup_training(model)
         state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0}
         if resume is not None:
             try:
@@ -107,7 +110,8 @@ class Scenario(LightningLite):
         kinds = self.all_gather(torch.tensor(PROCESS_KINDS.index(_process_kind())))
         return {"strategy": strategy.name, "strategy_class": f"{type(strategy).__module__}:{type(strategy).__name__}",
                 "accelerator": strategy.accelerator.name, "world_size": self.world_size,
-                "precision": strategy.precision.name, "processes": [PROCESS_KINDS[k] for k in kinds.flatten().tolist()]}
+                "precision": strategy.precision.name, "processes": [PROCESS_KINDS[k] for k in kinds.flatten().tolist()],
+                "computed_in": sorted(set(self.computed_in))}
 
     def setup_training(self, model: nn.Module) -> tuple[Any, Any]:
         if isinstance(self.strategy, FSDPStrategy):  # it replaces the parameters: optimizer after
