@@ -258,25 +258,21 @@ class LiteDataLoader:
         self._position.load_state_dict(state_dict)
 
     def __iter__(self) -> Iterator[Any]:
+        # One generator for the whole pass (no nested one): it runs once per batch.
         self._position.start_epoch()
-        yield from self._batches()
-        self._position.end_epoch()
-
-    def _batches(self) -> Iterator[Any]:
         if self._strategy is None:
             yield from self._dataloader
-            return
-        batches = self._strategy.process_dataloader(self._dataloader)
-        if not _moves_batches_plainly(self._strategy):
+        elif not _moves_batches_plainly(self._strategy):
             move = self._strategy.batch_to_device
-            for batch in batches:
+            for batch in self._strategy.process_dataloader(self._dataloader):
                 yield move(batch)
-            return
-        # The strategy moves batches the default way: look the device up once per epoch, and
-        # pass batches that are already there (every batch on CPU) through untouched.
-        device = self._strategy.root_device
-        for batch in batches:
-            yield batch if already_on(batch, device) else move_to_device(batch, device)
+        else:
+            # The strategy moves batches the default way: look the device up once per epoch, and
+            # pass batches that are already there (every batch on CPU) through untouched.
+            device = self._strategy.root_device
+            for batch in self._strategy.process_dataloader(self._dataloader):
+                yield batch if already_on(batch, device) else move_to_device(batch, device)
+        self._position.end_epoch()
 
     def __getattr__(self, name: str) -> Any:
         if name in ("_dataloader", "_position"):
