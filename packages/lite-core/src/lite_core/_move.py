@@ -118,8 +118,3 @@ def _leaf_for_collective(leaf: Any, device: torch.device, numbers: bool,
     if isinstance(leaf, (int, float)):
         return to_device(torch.tensor(leaf))
     return leaf
-    if isinstance(leaf, bool):
-        return torch.tensor(int(leaf), device=device)
-    if isinstance(leaf, (int, float)):
-        return torch.tensor(leaf, device=device)
-    return leaf

@@ -35,7 +35,8 @@ def normalize_precision(precision: Any) -> str:
         warnings.warn(f"precision={precision!r} is deprecated: pass precision={name!r} instead.", FutureWarning,
                       stacklevel=_callers_level())
         return name
-    hint = f"did you mean {_guess(precision)!r}? " if _guess(precision) else ""
+    guess = _guess(precision)
+    hint = f"did you mean {guess!r}? " if guess else ""
     raise ConfigurationError(
         f"precision={precision!r} is not supported: {hint}choose one of {sorted(PRECISIONS)}."
     )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-
-from contextlib import ExitStack, nullcontext
 from collections.abc import Iterable
+from contextlib import ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
 import torch
@@ -317,7 +316,6 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
 
 
 def _importable(module: str) -> bool:
