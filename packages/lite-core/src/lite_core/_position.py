@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import RandomSampler
 
+from lite_core.checkpoint._state import is_stateful
+
 
 class LoaderPosition:
     """The epoch bookkeeping of one set-up dataloader."""
@@ -51,7 +53,7 @@ class LoaderPosition:
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: the epoch the next pass runs, and the loader's own state."""
         state: dict[str, Any] = {"epoch": self.next_epoch}
-        if _is_stateful(self._dataloader):
+        if is_stateful(self._dataloader):
             state["dataloader"] = self._dataloader.state_dict()
             if self._in_epoch:  # the next pass finishes this epoch
                 state["epoch"] -= 1
@@ -62,7 +64,7 @@ class LoaderPosition:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict`)."""
         self.next_epoch = int(state["epoch"])
-        if "dataloader" in state and _is_stateful(self._dataloader):
+        if "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
         if "torch_rng_state" in state:
             torch.set_rng_state(state["torch_rng_state"])
@@ -72,7 +74,3 @@ class LoaderPosition:
     def _shuffles_with_default_generator(self) -> bool:
         sampler = getattr(self._dataloader, "sampler", None)
         return isinstance(sampler, RandomSampler) and sampler.generator is None
-
-
-def _is_stateful(dataloader: Any) -> bool:
-    return callable(getattr(dataloader, "state_dict", None)) and callable(getattr(dataloader, "load_state_dict", None))
