@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
+from lite_core.launchers.script import main_script
 from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
 
 if TYPE_CHECKING:
@@ -110,10 +111,10 @@ def _refuse_unguarded_main(strategy_name: str) -> None:
     """Refuse, before any rank starts, a launch from the top level of a script that has no
     `if __name__ == "__main__":` guard: each spawned rank imports the script, which would run
     the launch again in every rank (multiprocessing then fails with pages of tracebacks)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or not path or not os.path.isfile(path):
+    path = main_script()
+    if path is None:
         return  # a REPL or notebook: the ranks import nothing of it
+    main = sys.modules["__main__"]
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
         frame = frame.f_back  # type: ignore[assignment]

@@ -110,23 +110,31 @@ def _max_restarts() -> int:
 def can_rerun_script() -> bool:
     """Whether this process was started from a script or module that can be run again (not a
     REPL, a notebook or code piped to `python -`)."""
-    main = sys.modules["__main__"]
-    spec = getattr(main, "__spec__", None)
+    return main_module() is not None or main_script() is not None
+
+
+def main_module() -> str | None:
+    """The module `python -m` ran as `__main__`, if this process was started that way."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
-        return True
-    script = getattr(main, "__file__", None)
-    return bool(script) and os.path.exists(script)
+        return str(spec.name).removesuffix(".__main__")
+    return None
+
+
+def main_script() -> str | None:
+    """The script file this process runs as `__main__`, if there is one on disk."""
+    script = getattr(sys.modules["__main__"], "__file__", None)
+    return script if script and os.path.isfile(script) else None
 
 
 def _script_command(strategy_name: str) -> list[str]:
-    main = sys.modules["__main__"]
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name and spec.name != "__main__":
-        module = spec.name.removesuffix(".__main__")
+    module = main_module()
+    if module is not None:
         return [sys.executable, "-m", module, *sys.argv[1:]]
-    if not can_rerun_script():
+    script = main_script()
+    if script is None:
         raise MisuseError(
             f"strategy={strategy_name!r} starts the other ranks by running your script again, which an"
             " interactive session or notebook cannot do: use strategy='ddp_notebook' there."
         )
-    return [sys.executable, os.path.abspath(main.__file__), *sys.argv[1:]]
+    return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
