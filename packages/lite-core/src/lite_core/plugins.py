@@ -20,7 +20,7 @@ What is here, by purpose:
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
   `read_whole_checkpoint` lets every strategy load that directory).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
-  `die_with_parent`, `on_interrupt`, `RankProcesses`, `stop_processes`, `describe_exit`.
+  `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
 - Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`.
 
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
         read_result,
         run_rank,
         start_rank,
-        stop_processes,
         write_result,
     )
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
@@ -95,7 +94,7 @@ _HOMES: dict[str, str] = {
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),
     **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
-                     "RankProcesses", "stop_processes", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
+                     "RankProcesses", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
     **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
 }
 

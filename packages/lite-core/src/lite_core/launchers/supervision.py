@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
 from types import FrameType
 from typing import Any, Callable, TypeVar
 
@@ -28,20 +27,6 @@ T = TypeVar("T")
 
 #: Seconds a child gets to exit after SIGTERM before it is killed.
 GRACE_SECONDS = 5.0
-
-
-def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM every process still running, then SIGKILL those not gone after `grace` seconds."""
-    running = [p for p in processes if p.poll() is None]
-    for process in running:
-        process.terminate()
-    deadline = time.monotonic() + grace
-    for process in running:
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def die_with_parent() -> None:
@@ -402,8 +387,7 @@ class Job:
                 FAILURE_DIR_VARIABLE: self._failures,
                 RESTART_VARIABLE: str(restart),
             }
-            log = None if self._log_dir is None else RankLog(os.path.join(self._log_dir, f"rank{global_rank}.log"),
-                                                             tee=self._tee)
+            log = None if self._log_dir is None else RankLog(self._log_path(local_rank), tee=self._tee)
             self._ranks.start(local_rank, self._command, env, log)
 
     def _supervise(self) -> int:
@@ -431,6 +415,11 @@ class Job:
         """The file that holds `local_rank`'s output, when it is not on the terminal."""
         if self._log_dir is None or self._tee:
             return None
+        return self._log_path(local_rank)
+
+    def _log_path(self, local_rank: int) -> str:
+        """`log_dir/rankG.log`, G the global rank of local rank `local_rank`."""
+        assert self._log_dir is not None
         return os.path.join(self._log_dir, f"rank{self._node_rank * self._per_node + local_rank}.log")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
