@@ -59,8 +59,6 @@ class Strategy:
     is_distributed: ClassVar[bool] = False
     #: Whether one process drives every device of `devices` (e.g. `torch.nn.DataParallel`).
     drives_devices_from_one_process: ClassVar[bool] = False
-    #: Whether the user's `run()` must execute inside `module_init_context` (e.g. ZeRO-3).
-    runs_inside_init_context: ClassVar[bool] = False
     #: Whether `backward` must be told which model the loss belongs to when several are set up
     #: (e.g. DeepSpeed, where each model has its own engine that runs the backward pass).
     backward_needs_model: ClassVar[bool] = False
@@ -186,8 +184,10 @@ class Strategy:
         return stack
 
     def run_context(self) -> ContextManager[Any]:
-        """Context around the user's whole `run()`."""
-        return self.module_init_context() if self.runs_inside_init_context else nullcontext()
+        """Context around the user's whole `run()`; nothing by default. Construction contexts
+        (meta device, ZeRO-3 partitioning) belong in `module_init_context`, which applies inside
+        `init_module()` only: the rest of `run()` sees plain torch."""
+        return nullcontext()
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         """Move `module` to this process's device."""
