@@ -54,6 +54,7 @@ def reference_rank(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, x, y, lambda loss: loss.backward())
     if rank == 0:
         torch.save(model.module.state_dict(), out)
+    dist.barrier()  # rank 0 hosts the store: no rank may leave while another still uses it
     dist.destroy_process_group()
 
 
