@@ -251,6 +251,16 @@ def test_compatible_backend_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert strategy_cls.__module__ == "lite_fake_old"
 
 
+def test_a_backend_name_registered_with_capitals_is_found_in_any_case(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    install_backend(tmp_path, monkeypatch, "lite-fake-old", requires=None,
+                    entry_points="[lite_core.strategies]\nFake_Old = lite_fake_old:OldStrategy\n",
+                    module_source=_OLD_STRATEGY)
+
+    assert "fake_old" in STRATEGIES.names()
+    assert LightningLite(accelerator="cpu", strategy="FAKE_old").strategy.__class__.__name__ == "OldStrategy"
+
+
 # --- version check of backend instances passed to LightningLite ------------------------------------
 
 _OLD = "from lite_core.plugins import SingleDeviceStrategy\n\nclass OldStrategy(SingleDeviceStrategy):\n    name = 'fake_old'\n"

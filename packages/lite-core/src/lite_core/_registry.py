@@ -96,7 +96,9 @@ def check_instance(obj: Any) -> None:
 
 @cache
 def _entry_points(group: str) -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=group)}
+    # Users' names are case-insensitive (the connector lowercases them), so a backend that
+    # registers `MyChip` is found as `mychip`.
+    return {ep.name.lower(): ep for ep in entry_points(group=group)}
 
 
 def clear_cache() -> None:
