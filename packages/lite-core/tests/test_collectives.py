@@ -44,7 +44,24 @@ def test_all_reduce_of_a_python_float_in_the_mnist_style_test_loop() -> None:
 def test_all_reduce_turns_numbers_into_tensors(reduce_op: str) -> None:
     lite = LightningLite(accelerator="cpu")
     assert torch.equal(lite.all_reduce(1.5, reduce_op=reduce_op), torch.tensor(1.5))
-    assert torch.equal(lite.all_reduce(3, reduce_op=reduce_op), torch.tensor(3))
+    expected = torch.tensor(3.0) if reduce_op == "mean" else torch.tensor(3)
+    reduced = lite.all_reduce(3, reduce_op=reduce_op)
+    assert reduced.dtype == expected.dtype and torch.equal(reduced, expected)
+
+
+def test_one_process_returns_new_tensors_as_a_real_collective_does() -> None:
+    # Under ddp the results are new tensors and a mean is a true division; one process must not
+    # differ: `total = all_reduce(correct); total /= n` would otherwise change `correct`.
+    lite = LightningLite(accelerator="cpu")
+    correct = torch.tensor([3, 4])
+    total = lite.all_reduce(correct, reduce_op="sum")
+    total += 1
+    gathered = lite.all_gather(correct)
+    gathered += 1
+    assert torch.equal(correct, torch.tensor([3, 4]))
+    mean = lite.all_reduce(correct, reduce_op="mean")
+    assert mean.dtype == torch.float32 and torch.equal(mean, torch.tensor([3.0, 4.0]))
+    assert lite.all_reduce(2, reduce_op="mean").dtype == torch.float32  # as `int_mean` under ddp
 
 
 def test_all_gather_of_numbers_and_nested_containers() -> None:

@@ -75,6 +75,23 @@ def test_training_matches_plain_cpu_pytorch(optimizer_name: str, strategy: str) 
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+class _Collectives(LightningLite):
+    def run(self) -> dict[str, Any]:
+        correct = torch.tensor([3, 4], device=self.device)
+        total = self.all_reduce(correct, reduce_op="sum")
+        total += 1
+        gathered = self.all_gather(correct)
+        gathered += 1
+        mean = self.all_reduce(correct, reduce_op="mean")
+        return {"input": correct.cpu().tolist(), "mean": mean.cpu().tolist(), "mean_dtype": mean.dtype}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "xla"])
+def test_one_replica_collectives_return_new_tensors_as_several_do(strategy: str) -> None:
+    seen = _Collectives(accelerator="tpu", strategy=strategy, devices=1).run()
+    assert seen == {"input": [3, 4], "mean": [3.0, 4.0], "mean_dtype": torch.float32}
+
+
 def test_optimizer_made_before_setup_steps_the_parameters_on_the_device() -> None:
     lite = LightningLite(accelerator="tpu", devices=1)
     model = _model()

@@ -22,7 +22,8 @@ What is here, by purpose:
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
-- Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`.
+- Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`, and
+  `reduce_on_one_process` for what it returns when there is one process.
 
 See the "Writing a backend" guide in the documentation for how the pieces fit together.
 
@@ -75,14 +76,15 @@ if TYPE_CHECKING:
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
     from lite_core.strategies.single_device import SingleDeviceStrategy
-    from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op
+    from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op, reduce_on_one_process
     from lite_core.wrappers import forward_module, is_set_up, original_module, unwrap_optimizer
 
 #: Each public name and the module that defines it.
 _HOMES: dict[str, str] = {
     **dict.fromkeys(["Accelerator"], "lite_core.accelerators.accelerator"),
     **dict.fromkeys(["CPUAccelerator"], "lite_core.accelerators.cpu"),
-    **dict.fromkeys(["Strategy", "REDUCE_OPS", "check_reduce_op"], "lite_core.strategies.strategy"),
+    **dict.fromkeys(["Strategy", "REDUCE_OPS", "check_reduce_op", "reduce_on_one_process"],
+                   "lite_core.strategies.strategy"),
     **dict.fromkeys(["SingleDeviceStrategy"], "lite_core.strategies.single_device"),
     **dict.fromkeys(["DDPStrategy"], "lite_core.strategies.ddp"),
     **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),

@@ -36,6 +36,13 @@ def check_reduce_op(reduce_op: str) -> None:
         raise MisuseError(f"reduce_op={reduce_op!r} is not supported: use one of {sorted(REDUCE_OPS)}.")
 
 
+def reduce_on_one_process(tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+    """What `all_reduce` returns when this process is the only one: a new tensor, as a real
+    reduction returns, so changing it leaves the input alone; a mean divides (an integer
+    tensor's mean is a floating-point tensor) as it does over several processes."""
+    return tensor / 1 if reduce_op == "mean" else tensor.clone()
+
+
 class Strategy:
     """Declares what it supports; the connector checks the user's choice against it.
 
@@ -268,12 +275,12 @@ class Strategy:
 
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Stack each tensor in `tensor` from every process along a new first dimension."""
-        return tree_map_only(torch.Tensor, lambda t: t.unsqueeze(0), tensor)
+        return tree_map_only(torch.Tensor, lambda t: t.unsqueeze(0).clone(), tensor)  # never a view of the input
 
     def all_reduce(self, tensor: Any, group: Any = None, reduce_op: str = "mean") -> Any:
         """Reduce each tensor in `tensor` over every process."""
         check_reduce_op(reduce_op)
-        return tensor
+        return tree_map_only(torch.Tensor, lambda t: reduce_on_one_process(t, reduce_op), tensor)
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """`num_replicas` and `rank` for a `DistributedSampler`, or `None` on one process."""

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core.plugins import ConfigurationError, MisuseError
+from lite_core.plugins import ConfigurationError, MisuseError, reduce_on_one_process
 from lite_xla.strategies import _device
 from lite_xla.strategies._base import XLAStrategyBase
 
@@ -201,7 +201,7 @@ class XLAStrategy(XLAStrategyBase):
 
     def _all_gather_one(self, tensor: torch.Tensor, sync_grads: bool) -> torch.Tensor:
         if not self._environment_ready or self.world_size == 1:
-            return tensor.unsqueeze(0)
+            return tensor.unsqueeze(0).clone()  # never a view of the input, as a real gather
         import torch_xla.core.xla_model as xm
 
         tensor = _device.as_data(tensor, self.root_device).reshape(1, *tensor.shape)
@@ -221,7 +221,7 @@ class XLAStrategy(XLAStrategyBase):
 
     def _all_reduce_one(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
         if not self._environment_ready or self.world_size == 1:
-            return tensor
+            return reduce_on_one_process(tensor, reduce_op)
         import torch_xla.core.xla_model as xm
 
         ops = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX,
