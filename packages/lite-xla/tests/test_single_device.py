@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -113,6 +114,43 @@ def test_batches_come_through_the_parallel_device_loader() -> None:
     assert all(x.device.type == "xla" and y.device.type == "xla" for x, y in batches)
     torch.testing.assert_close(torch.cat([x.cpu() for x, _ in batches]), _data().dataset.tensors[0])
     assert lite.strategy.distributed_sampler_kwargs() is None  # one device: the user's sampler stays
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A batch as a user's collate function may return it."""
+
+    inputs: torch.Tensor
+    extras: dict[str, Any]
+
+
+class _Encoding:
+    """A tokenizer-output-like object with its own `.to(device)`."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def to(self, device: torch.device) -> _Encoding:
+        return _Encoding(self.ids.to(device))
+
+
+def _collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> _Batch:
+    x = torch.stack([s[0] for s in samples])
+    return _Batch(x, {"target": torch.stack([s[1] for s in samples]), "encoding": _Encoding(x.argmax(dim=1))})
+
+
+def test_dataclass_and_to_objects_in_a_batch_reach_the_device() -> None:
+    lite = LightningLite(accelerator="tpu", devices=1)
+    loader = lite.setup_dataloaders(DataLoader(_data().dataset, batch_size=16, collate_fn=_collate))
+    batches = list(loader)
+    assert len(batches) == 4 and all(isinstance(b, _Batch) for b in batches)
+    for batch in batches:
+        assert batch.inputs.device.type == "xla"
+        assert batch.extras["target"].device.type == "xla"
+        assert batch.extras["encoding"].ids.device.type == "xla"
+    torch.testing.assert_close(torch.cat([b.inputs.cpu() for b in batches]), _data().dataset.tensors[0])
+    moved = lite.to_device(_Batch(torch.ones(2), {"encoding": _Encoding(torch.zeros(2))}))
+    assert moved.inputs.device.type == "xla" and moved.extras["encoding"].ids.device.type == "xla"
 
 
 def test_batch_already_on_the_device_is_not_moved_again() -> None:

@@ -26,11 +26,18 @@ from torch.utils._pytree import tree_map
 Tensor = torch.Tensor
 
 
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """`batch` with every tensor and every object with a `.to(device)` method on `device`."""
+def move_to_device(batch: Any, device: torch.device, move_tensor: Callable[[Tensor], Tensor] | None = None) -> Any:
+    """`batch` with every tensor and every object with a `.to(device)` method on `device`.
+
+    Args:
+        batch: tensors and `.to()` objects in dicts, lists, tuples, namedtuples and dataclasses.
+        device: where they go.
+        move_tensor: how one tensor goes there (a backend's own way, e.g. XLA's); `.to(device)`
+            by default.
+    """
     if already_on(batch, device):
         return batch
-    return _move(batch, device)
+    return _move(batch, device, move_tensor or (lambda tensor: tensor.to(device)))
 
 
 def already_on(batch: Any, device: torch.device) -> bool:
@@ -51,19 +58,19 @@ def already_on(batch: Any, device: torch.device) -> bool:
     return True
 
 
-def _move(obj: Any, device: torch.device) -> Any:
+def _move(obj: Any, device: torch.device, move_tensor: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(obj, Tensor):
-        return obj.to(device)
+        return move_tensor(obj)
     if _has_to_method(obj):
         return obj.to(device)
     if isinstance(obj, Mapping):
-        return _rebuild_mapping(obj, {key: _move(value, device) for key, value in obj.items()})
+        return _rebuild_mapping(obj, {key: _move(value, device, move_tensor) for key, value in obj.items()})
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(_move(value, device) for value in obj))
+        return type(obj)(*(_move(value, device, move_tensor) for value in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(value, device) for value in obj)
+        return type(obj)(_move(value, device, move_tensor) for value in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _move_dataclass(obj, device)
+        return _move_dataclass(obj, device, move_tensor)
     return obj
 
 
@@ -83,12 +90,12 @@ def _rebuild_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Mapp
     return kind(items)
 
 
-def _move_dataclass(obj: Any, device: torch.device) -> Any:
+def _move_dataclass(obj: Any, device: torch.device, move_tensor: Callable[[Tensor], Tensor]) -> Any:
     """A copy of dataclass instance `obj` with its fields moved; its `__init__` does not run
     again, so frozen dataclasses and fields with `init=False` keep working."""
     moved = copy.copy(obj)
     for field in dataclasses.fields(obj):
-        object.__setattr__(moved, field.name, _move(getattr(obj, field.name), device))
+        object.__setattr__(moved, field.name, _move(getattr(obj, field.name), device, move_tensor))
     return moved
 
 

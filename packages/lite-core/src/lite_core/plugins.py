@@ -22,6 +22,9 @@ What is here, by purpose:
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
+- Batches: `move_to_device`, the walk that moves tensors wherever they sit in a batch (dicts,
+  lists, tuples, namedtuples, dataclasses, `.to()` objects), with the backend's way of moving one
+  tensor.
 - Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`, and
   `reduce_on_one_process` for what it returns when there is one process.
 
@@ -36,6 +39,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lite_core._move import move_to_device
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.accelerators.cpu import CPUAccelerator
     from lite_core.checkpoint import (
@@ -97,6 +101,7 @@ _HOMES: dict[str, str] = {
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),
     **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
                      "RankProcesses", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
+    **dict.fromkeys(["move_to_device"], "lite_core._move"),
     **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
 }
 

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from lite_core.plugins import move_to_device
+
 
 def device_loader(dataloader: Iterable[Any], device: torch.device) -> Iterable[Any]:
     """torch-xla's parallel loader: batches are moved to `device` in the background, and the
@@ -18,9 +20,10 @@ def device_loader(dataloader: Iterable[Any], device: torch.device) -> Iterable[A
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of `batch` that are not yet on an XLA device (the loader moved the rest)."""
-    return tree_map_only(torch.Tensor, lambda t: t if t.device.type == "xla" else as_data(t, device).reshape(t.shape),
-                         batch)
+    """Move the tensors of `batch` that are not yet on an XLA device (the loader moved the rest),
+    wherever they sit: the core's walk (dataclasses and `.to()` objects too, which torch-xla's
+    loader leaves on the CPU), each tensor entering the graph as data."""
+    return move_to_device(batch, device, lambda t: t if t.device.type == "xla" else as_data(t, device).reshape(t.shape))
 
 
 def as_data(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
