@@ -6,7 +6,15 @@ import random
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from lite_core import LightningLite, seed_everything
 from lite_core._data import ShardedSampler, distribute, recording_loader_arguments
@@ -80,6 +88,49 @@ def test_distributed_sampler_and_iterable_datasets_are_left_alone() -> None:
 
     stream = DataLoader(Stream())
     assert distribute(stream, 2, 0, 0) is stream
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_an_explicit_batch_sampler_keeps_its_batches_and_shuffle(drop_last: bool) -> None:
+    # `DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 3, drop_last))`: each rank
+    # gets batches of 3 from its shard of a shuffle, not single samples in order.
+    def loader() -> DataLoader:
+        return DataLoader(DATA * 2, batch_sampler=BatchSampler(RandomSampler(DATA * 2), 3, drop_last))
+
+    shards = [distribute(loader(), 2, rank, seed=5) for rank in range(2)]
+    batches = [[batch.tolist() for batch in shard] for shard in shards]
+    sizes = [len(b) for rank in batches for b in rank]
+    assert sizes == ([3] * 6 if drop_last else [3, 3, 3, 1] * 2)
+    for rank, shard in enumerate(shards):
+        inner = shard.batch_sampler.sampler
+        assert isinstance(inner, DistributedSampler) and inner.shuffle and inner.rank == rank
+    assert sorted(i for rank in batches for b in rank for i in b) == sorted(DATA * 2) or drop_last
+    assert [i for b in batches[0] for i in b] != sorted(i for b in batches[0] for i in b)  # shuffled
+
+
+def test_a_set_up_loader_with_a_batch_sampler_shuffles_differently_each_epoch() -> None:
+    from lite_core.wrappers import LiteDataLoader
+
+    data = list(range(40))
+    shard = distribute(DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 4, False)), 2, 0, 1)
+    lite_loader = LiteDataLoader(shard, None)
+    epochs = [[i for batch in lite_loader for i in batch.tolist()] for _ in range(2)]
+    expected = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=1)
+    for epoch, seen in enumerate(epochs):
+        expected.set_epoch(epoch)
+        assert seen == list(expected)
+    assert epochs[0] != epochs[1]
+
+
+def test_a_recorded_subclass_with_a_batch_sampler_is_rebuilt_with_batches() -> None:
+    class Batched(DataLoader):
+        def __init__(self, data: list[int], size: int) -> None:
+            super().__init__(data, batch_sampler=BatchSampler(SequentialSampler(data), size, False))
+
+    with recording_loader_arguments():
+        loaders = [Batched(DATA, 2) for _ in range(2)]
+    shards = [[batch.tolist() for batch in distribute(loader, 2, rank, 0)] for rank, loader in enumerate(loaders)]
+    assert shards == [[[0, 2], [4, 6], [8]], [[1, 3], [5, 7], [9]]]
 
 
 def test_custom_batch_sampler_says_how_to_opt_out() -> None:

@@ -67,23 +67,30 @@ def distribute(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) 
     """A copy of `dataloader` that loads only this rank's shard, with its other settings kept."""
     if isinstance(dataloader.dataset, IterableDataset):
         return dataloader  # the dataset decides what each rank reads
-    sampler = _sharded(dataloader, num_replicas, rank, seed)
-    if sampler is None:
-        return dataloader
-    return _rebuild(dataloader, sampler)
-
-
-def _sharded(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> Sampler[Any] | None:
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
         raise MisuseError(
             f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
             " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
         )
-    sampler = dataloader.sampler
+    if batch_sampler is not None and dataloader.batch_size is None:  # `batch_sampler=BatchSampler(...)`
+        sampler = _sharded(dataloader, batch_sampler.sampler, batch_sampler.drop_last, num_replicas, rank, seed)
+        if sampler is None:
+            return dataloader
+        return _rebuild(dataloader, {"batch_sampler": BatchSampler(sampler, batch_sampler.batch_size,
+                                                                   batch_sampler.drop_last)})
+    sampler = _sharded(dataloader, dataloader.sampler, dataloader.drop_last, num_replicas, rank, seed)
+    if sampler is None:
+        return dataloader
+    return _rebuild(dataloader, {"sampler": sampler, "batch_size": dataloader.batch_size,
+                                 "drop_last": dataloader.drop_last})
+
+
+def _sharded(dataloader: DataLoader, sampler: Any, drop_last: bool, num_replicas: int, rank: int,
+             seed: int) -> Sampler[Any] | None:
+    """This rank's shard of `sampler`, the sampler behind `dataloader`'s batches (`None`: already sharded)."""
     if isinstance(sampler, DistributedSampler):
         return None
-    drop_last = dataloader.drop_last
     if type(sampler) in (RandomSampler, SequentialSampler) and not getattr(sampler, "replacement", False):
         shuffle = isinstance(sampler, RandomSampler)
         return DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
@@ -96,14 +103,15 @@ def _sharded(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) ->
     return ShardedSampler(sampler, num_replicas, rank, drop_last=drop_last)
 
 
-def _rebuild(dataloader: DataLoader, sampler: Sampler[Any]) -> DataLoader:
+def _rebuild(dataloader: DataLoader, picking: dict[str, Any]) -> DataLoader:
+    """`dataloader` made again with `picking`, the arguments that choose its samples and batches."""
     arguments = _recorded.get(dataloader)
     if arguments is not None:
-        return _replay(dataloader, arguments, sampler)
+        return _replay(dataloader, arguments, picking)
     kwargs = {name: getattr(dataloader, name) for name in _LOADER_ARGUMENTS if hasattr(dataloader, name)}
     if dataloader.num_workers == 0:
         kwargs.pop("prefetch_factor", None)
-    kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, sampler=sampler)
+    kwargs.update(picking)
     accepted = inspect.signature(type(dataloader).__init__).parameters
     if type(dataloader) is not DataLoader and not all(name in accepted for name in ("dataset", *kwargs)):
         raise MisuseError(
@@ -156,11 +164,11 @@ def recording_loader_arguments() -> Iterator[None]:
         _recording -= 1
 
 
-def _replay(dataloader: DataLoader, arguments: _Arguments, sampler: Sampler[Any]) -> DataLoader:
-    """`dataloader`'s class constructed again with its recorded arguments, but with `sampler`."""
+def _replay(dataloader: DataLoader, arguments: _Arguments, picking: dict[str, Any]) -> DataLoader:
+    """`dataloader`'s class constructed again with its recorded arguments, but with `picking`."""
     cls = type(dataloader)
-    overrides = {"sampler": sampler, "shuffle": None, "batch_sampler": None,
-                 "batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+    overrides = {"sampler": None, "shuffle": None, "batch_sampler": None, "batch_size": 1, "drop_last": False,
+                 **picking}
     args, kwargs = arguments
     with _overriding_base_init(cls, overrides):
         return cls(*args, **kwargs)

@@ -29,8 +29,10 @@ class LoaderPosition:
         self._told = self._sampler_epochs()  # what the samplers held when Lite last set them
 
     def _samplers(self) -> list[Any]:
-        found = (getattr(self._dataloader, "sampler", None), getattr(self._dataloader, "batch_sampler", None))
-        return [s for s in found if hasattr(s, "set_epoch")]
+        batch_sampler = getattr(self._dataloader, "batch_sampler", None)
+        found = (getattr(self._dataloader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+        unique = {id(s): s for s in found if hasattr(s, "set_epoch")}  # a BatchSampler holds the loader's sampler
+        return list(unique.values())
 
     def _sampler_epochs(self) -> list[Any]:
         return [getattr(s, "epoch", None) for s in self._samplers()]
