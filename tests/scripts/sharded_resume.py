@@ -3,10 +3,12 @@
     python sharded_resume.py save STRATEGY OUT_DIR
         STRATEGY (`fsdp` or `ddp`), 2 processes: trains STEPS steps and writes the loss of each to
         OUT_DIR/uninterrupted.json. Under fsdp, after RESUME_AT steps it saves a sharded checkpoint
-        (OUT_DIR/sharded, replacing the one saved a step earlier) and a full one (OUT_DIR/full.pt).
-    python sharded_resume.py resume STRATEGY DEVICES CHECKPOINT OUT_JSON
-        loads CHECKPOINT into a fresh model, optimizer and LR scheduler and trains the remaining
-        steps, writing their losses to OUT_JSON.
+        (OUT_DIR/sharded, replacing the one saved a step earlier) and a full one (OUT_DIR/full.pt);
+        before the first step too, as a loop that saves every N steps does (OUT_DIR/step0_sharded,
+        OUT_DIR/step0_full.pt): saving must not change the training that follows.
+    python sharded_resume.py resume STRATEGY DEVICES CHECKPOINT OUT_JSON [AT]
+        loads CHECKPOINT (saved after AT steps, RESUME_AT by default) into a fresh model, optimizer
+        and LR scheduler and trains the remaining steps, writing their losses to OUT_JSON.
 
 The optimizer has two param groups with different learning rates and an LR scheduler built on it
 before `setup(model, optimizer)`, exactly as under ddp. Resuming under fsdp with 2 processes sets
@@ -57,28 +59,27 @@ class Train(LightningLite):
         model, optimizer = self.setup(model, optimizer)
         return model, optimizer, scheduler
 
-    def run(self, mode: str, checkpoint: str, out_json: str) -> None:
+    def run(self, mode: str, checkpoint: str, out_json: str, at: int = RESUME_AT) -> None:
         other_way = mode == "resume" and self.strategy.name == "fsdp" and self.world_size == 2
         style = "setup_module" if other_way else "setup"
         model, optimizer, scheduler = self.build(style)
         state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
         if mode == "resume":
             self.load(checkpoint, state)
-            assert state["step"] == RESUME_AT, state["step"]
-            assert scheduler.last_epoch == RESUME_AT, scheduler.last_epoch
+            assert state["step"] == at, state["step"]
+            assert scheduler.last_epoch == at, scheduler.last_epoch
         loader = self.setup_dataloaders(DataLoader(TensorDataset(*make_data()), batch_size=GLOBAL_BATCH // self.world_size))
         losses = []
         for step, (x, y) in enumerate(loader):
             if step < state["step"]:
                 continue
             saving = mode == "save" and self.strategy.name == "fsdp"
+            if saving and step == 0:
+                self.save_both(state, checkpoint, "step0_sharded", "step0_full.pt")
             if saving and step == RESUME_AT - 1:
                 self.save(state, Path(checkpoint, "sharded"))  # an older checkpoint, replaced below
             if saving and step == RESUME_AT:
-                self.save(state, Path(checkpoint, "sharded"))
-                self.strategy.state_dict_type = "full"
-                self.save(state, Path(checkpoint, "full.pt"))
-                self.strategy.state_dict_type = "sharded"
+                self.save_both(state, checkpoint, "sharded", "full.pt")
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             self.backward(loss)
@@ -91,6 +92,11 @@ class Train(LightningLite):
         if mode == "save" and self.strategy.name == "fsdp":
             self.fail_to_save(state, Path(checkpoint))
 
+    def save_both(self, state: dict, checkpoint: str, sharded: str, full: str) -> None:
+        self.save(state, Path(checkpoint, sharded))
+        self.strategy.state_dict_type = "full"
+        self.save(state, Path(checkpoint, full))
+        self.strategy.state_dict_type = "sharded"
 
     def fail_to_save(self, state: dict, out_dir: Path) -> None:
         """Saving under a path whose parent is a file fails on rank 0: every rank must raise."""
@@ -122,9 +128,10 @@ def main() -> None:
         lite.run("save", out_dir, str(Path(out_dir, "uninterrupted.json")))
         return
     strategy, devices, checkpoint, out_json = sys.argv[2:6]
+    at = int(sys.argv[6]) if len(sys.argv) > 6 else RESUME_AT
     if strategy == "fsdp":
         strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
-    Train(accelerator="cpu", strategy=strategy, devices=int(devices)).run("resume", checkpoint, out_json)
+    Train(accelerator="cpu", strategy=strategy, devices=int(devices)).run("resume", checkpoint, out_json, at)
 
 
 if __name__ == "__main__":

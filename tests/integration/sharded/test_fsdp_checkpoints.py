@@ -49,8 +49,9 @@ def test_the_same_loop_under_fsdp_and_ddp_has_the_same_loss_curve(saved, run_scr
     torch.testing.assert_close(torch.tensor(fsdp_losses), torch.tensor(ddp_losses), atol=1e-6, rtol=0)
 
 
-def resumed_losses(run_script, output_of, strategy: str, devices: int, checkpoint, out_json) -> list[float]:
-    proc = run_script("sharded_resume.py", "resume", strategy, devices, checkpoint, out_json)
+def resumed_losses(run_script, output_of, strategy: str, devices: int, checkpoint, out_json,
+                   at: int = RESUME_AT) -> list[float]:
+    proc = run_script("sharded_resume.py", "resume", strategy, devices, checkpoint, out_json, at)
     assert proc.returncode == 0, output_of(proc)
     return json.loads(out_json.read_text())
 
@@ -69,6 +70,20 @@ def test_resume_continues_the_uninterrupted_loss_curve(saved, run_script, output
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted[RESUME_AT:]), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize(("strategy", "devices", "kind"), [
+    ("fsdp", 2, "step0_sharded"),
+    ("fsdp", 2, "step0_full.pt"),
+    ("single_device", 1, "step0_full.pt"),
+])
+def test_a_checkpoint_saved_before_the_first_step_resumes_the_whole_curve(saved, run_script, output_of, tmp_path,
+                                                                          strategy, devices, kind):
+    # torch fills a never-stepped optimizer's state with a step of zero gradients when it is
+    # saved; the saving run (compared with ddp above) and a resumed one must not count that step.
+    out_dir, uninterrupted = saved
+    losses = resumed_losses(run_script, output_of, strategy, devices, out_dir / kind, tmp_path / "losses.json", at=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted), atol=1e-6, rtol=0)
+
+
 def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved):
     out_dir, _ = saved
     sharded = out_dir / "sharded"
@@ -76,7 +91,9 @@ def test_sharded_checkpoint_is_a_directory_of_shards_and_full_is_one_file(saved)
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     # Saving again to the same path replaced the older checkpoint and left no staging directory.
     assert sorted(p.name for p in out_dir.iterdir()) == [
-        "failed_saves_rank0.json", "failed_saves_rank1.json", "full.pt", "sharded", "uninterrupted.json"]
+        "failed_saves_rank0.json", "failed_saves_rank1.json", "full.pt", "sharded", "step0_full.pt", "step0_sharded",
+        "uninterrupted.json"]
+    assert torch.load(out_dir / "step0_full.pt", weights_only=True)["optimizer"]["state"] == {}  # as before a step
     assert torch.load(sharded / "lite_extra.pt", weights_only=True)["step"] == RESUME_AT
     full = torch.load(out_dir / "full.pt", weights_only=True)
     assert full["step"] == RESUME_AT

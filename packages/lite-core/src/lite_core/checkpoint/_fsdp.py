@@ -49,7 +49,12 @@ def _state_of(strategy: FSDPStrategy, obj: Any, full: bool) -> Any:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     if isinstance(obj, Optimizer):
-        return get_optimizer_state_dict(strategy.module_of(obj), obj, options=_options(full))
+        unstepped = not obj.state
+        state = get_optimizer_state_dict(strategy.module_of(obj), obj, options=_options(full))
+        if unstepped:  # torch made the state with a step of zero gradients and lr 0; that step
+            obj.state.clear()  # must not count in the training that follows (Adam's bias correction)
+            state = {**state, "state": {}}  # as `Optimizer.state_dict()` before the first step
+        return state
     return get_model_state_dict(obj, options=_options(full))
 
 
@@ -61,6 +66,8 @@ def _load_into(strategy: FSDPStrategy, obj: Any, value: Any, full: bool, strict:
         if not is_keyed_by_name(value):  # a plain `Optimizer.state_dict()` saved by another strategy
             value = positions_to_names(value, obj, module)
         set_optimizer_state_dict(module, obj, value, options=_options(full))
+        if not value.get("state"):  # saved before the first step: torch's own zero step must not count
+            obj.state.clear()
     else:
         set_model_state_dict(obj, value, options=_options(full, strict))
 
@@ -150,20 +157,34 @@ def _load_sharded(strategy: FSDPStrategy, path: str, objects: dict[str, Any], st
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     content = strategy.checkpoint_io.load(os.path.join(path, EXTRA_FILE), weights_only=weights_only)
-    saved = _saved_keys(path)
-    _check_keys(objects, {**content, **dict.fromkeys(saved)}, strict)
-    targets = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items() if key in saved}
+    saved = _saved_entries(path)
+    top_level = {fqn.split(".", 1)[0] for fqn in saved}
+    _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
+    targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     dcp.load(targets, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
     for key, value in targets.items():
         _load_into(strategy, objects[key], value, full=False, strict=strict)
     return {**content, **targets}
 
 
-def _saved_keys(path: str) -> set[str]:
+def _saved_entries(path: str) -> set[str]:
+    """The flattened names of everything the sharded checkpoint at `path` holds."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    metadata = FileSystemReader(path).read_metadata()
-    return {fqn.split(".", 1)[0] for fqn in metadata.state_dict_metadata}
+    return set(FileSystemReader(path).read_metadata().state_dict_metadata)
+
+
+def _load_target(strategy: FSDPStrategy, key: str, obj: Any, saved: set[str]) -> Any:
+    """The state dict that `dcp.load` fills for `obj`: the live object's, with an optimizer's
+    per-parameter state only where the checkpoint has some (none: saved before the first step)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if not isinstance(obj, Optimizer):
+        return get_model_state_dict(obj, options=_options(full=False))
+    target = get_optimizer_state_dict(strategy.module_of(obj), obj, options=_options(full=False))
+    if not any(fqn.startswith(f"{key}.state.") for fqn in saved):
+        target = {**target, "state": {}}
+    return target
 
 
 def _check_keys(objects: dict[str, Any], content: dict[str, Any], strict: bool) -> None:
