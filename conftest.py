@@ -54,7 +54,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def script_env(**extra: str) -> dict[str, str]:
     """The environment the scripts run with: clean of launcher variables, short timeouts."""
     env = {k: v for k, v in os.environ.items() if not _set_by_a_launcher(k)}
-    env.update(LITE_COLLECTIVE_TIMEOUT=COLLECTIVE_TIMEOUT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a rank that dies of a signal (a C++ abort in torch's teardown, a
+    # segfault) prints every Python thread's stack, so a rare crash in CI says where it was.
+    env.update(LITE_COLLECTIVE_TIMEOUT=COLLECTIVE_TIMEOUT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
 
