@@ -144,6 +144,41 @@ def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_pa
     assert kept == {"ckpt.pt", *(name for name, removed in leftovers.items() if not removed)}
 
 
+class _ShardedSave(LightningLite):
+    def run(self, path: Path) -> None:
+        model = self.setup_module(nn.Linear(2, 2))
+        self.save({"model": model}, path)
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_save_removes_the_staging_folders_interrupted_saves_left(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    host = socket.gethostname().replace(".", "_")
+    dead_pid = 2**22 + 1  # above Linux's largest pid: no such process
+    old = time.time() - 3600
+    leftovers = {  # staging folder -> whether the next sharded save of `ckpt` removes it
+        f".ckpt.{host}-{dead_pid}.abc_1234.tmp": True,  # rank 0 of that save is gone
+        f".ckpt.{host}-{os.getppid()}.abc_1234.tmp": False,  # a live writer on this host
+        ".ckpt.otherhost-12.abc_1234.tmp": True,  # another host's, untouched since long ago
+        ".ckpt.busyhost-12.abc_1234.tmp": False,  # another host's, a shard still being written
+        f".other.{host}-{dead_pid}.abc_1234.tmp": False,  # another checkpoint's
+    }
+    for name in leftovers:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "__0_0.distcp").write_bytes(b"partial")
+        os.utime(folder, (old, old))
+        written = time.time() + 60 if "busyhost" in name else old
+        os.utime(folder / "__0_0.distcp", (written, written))
+    (tmp_path / f".ckpt.{host}-{dead_pid}.abc_1234.tmp.file").write_bytes(b"x")  # not a staging name
+    _ShardedSave(accelerator="cpu", strategy="fsdp", devices=1).run(tmp_path / "ckpt")
+    remaining = {p.name for p in tmp_path.iterdir()}
+    expected = {name for name, removed in leftovers.items() if not removed}
+    assert remaining == {"ckpt", f".ckpt.{host}-{dead_pid}.abc_1234.tmp.file", *expected}
+
+
 @pytest.mark.timeout(60)
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint._io import remove_stale_temporaries, writer
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.checkpoint._state import (
@@ -94,6 +96,7 @@ def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> 
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
 
+    started = time.time()
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     extra = _extra(strategy, plain)
@@ -104,13 +107,14 @@ def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> 
     def finish() -> None:
         strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
         _replace(Path(staging), target)
+        remove_stale_temporaries(target, started, folders=True)  # what interrupted saves left
 
     on_rank_zero(strategy, path, finish)
 
 
 def _staging_directory(target: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    staging = tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".tmp", dir=target.parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import socket
 import tempfile
 import time
@@ -41,7 +42,7 @@ class TorchCheckpointIO(CheckpointIO):
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{_writer()}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{writer()}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
                 torch.save(checkpoint, handle)
@@ -71,7 +72,7 @@ class TorchCheckpointIO(CheckpointIO):
             raise _unreadable(source) from err
 
 
-def _writer() -> str:
+def writer() -> str:
     """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
     return f"{_host()}-{os.getpid()}"
 
@@ -80,20 +81,25 @@ def _host() -> str:
     return socket.gethostname().replace(".", "_")
 
 
-def remove_stale_temporaries(target: Path, started: float) -> None:
-    """Remove the temporary files that interrupted saves of `target` left beside it.
+def remove_stale_temporaries(target: Path, started: float, folders: bool = False) -> None:
+    """Remove the temporary files (with `folders=True`: a sharded save's staging folders) that
+    interrupted saves of `target` left beside it.
 
     A leftover is removed when its writer is known to be gone: a process of this host that no
     longer runs. A temporary of another host (a shared file system), or one without a writer in
-    its name (written by an older version), is removed only if nothing wrote to it since
-    `started` (when the current save began): a concurrent writer that is still writing keeps
-    touching its file. Temporaries of other paths, of live writers on this host, and folders
-    (a sharded save's staging folder) are never touched.
+    its name (written by an older version), is removed only if nothing wrote to it (or, for a
+    folder, to the files in it) since `started` (when the current save began): a concurrent
+    writer that is still writing keeps touching it. Temporaries of other paths, of live writers on
+    this host, and those of the other kind (a one-file save leaves folders alone) are never touched.
     """
     pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.tmp")
     for candidate in target.parent.iterdir():
         match = pattern.fullmatch(candidate.name)
-        if match is not None and candidate.is_file() and _is_stale(candidate, match, started):
+        if match is None or candidate.is_dir() != folders or not _is_stale(candidate, match, started):
+            continue
+        if folders:
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
             candidate.unlink(missing_ok=True)
 
 
@@ -101,9 +107,17 @@ def _is_stale(candidate: Path, match: re.Match[str], started: float) -> bool:
     if match["host"] == _host():
         return int(match["pid"]) != os.getpid() and not _running(int(match["pid"]))
     try:
-        return candidate.stat().st_mtime < started
+        return _last_change(candidate) < started
     except OSError:  # gone already
         return False
+
+
+def _last_change(candidate: Path) -> float:
+    """When `candidate` (a file, or a folder and the files directly in it) was last written."""
+    changed = candidate.stat().st_mtime
+    if candidate.is_dir():
+        changed = max([changed, *(entry.stat().st_mtime for entry in candidate.iterdir())])
+    return changed
 
 
 def _running(pid: int) -> bool:
