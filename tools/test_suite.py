@@ -116,7 +116,7 @@ def matrix_tests() -> dict[str, bool]:
         import cells
     finally:
         sys.path.remove(str(_MATRIX_DIR))
-    tests = {f"test_training_matches_plain_pytorch[{c.id}]": _needs_absent_hardware(c) for c in cells.CELLS}
+    tests = {f"{test}[{c.id}]": _needs_absent_hardware(c) for test in _PER_CELL for c in cells.CELLS}
     for move in cells.RESUMES:
         hardware = _needs_absent_hardware(move.saved_by) or _needs_absent_hardware(move.resumed_by)
         tests[f"test_resume_under_another_strategy[{move.id}]"] = hardware
@@ -141,10 +141,15 @@ def unrun_tests(outcomes: dict[str, dict[str, tuple[str, str]]], declared: dict[
     return refused, excused
 
 
+#: The matrix tests run once per training cell, and their short names in the table.
+_PER_CELL = {"test_training_matches_plain_pytorch": "train",
+             "test_a_failed_save_raises_on_every_rank": "failed save"}
+
+
 def _short(test: str) -> str:
     """`test_training_matches_plain_pytorch[ddp-2-32-true]` -> `train ddp-2-32-true`."""
     name, _, cell = test.partition("[")
-    kind = "resume" if "resume" in name else "train"
+    kind = "resume" if "resume" in name else _PER_CELL.get(name, name)
     return f"{kind} {cell.rstrip(']')}" if cell else name
 
 

@@ -166,6 +166,18 @@ def test_a_save_that_fails_on_rank_0_raises_on_every_rank(strategy, training_job
     assert checks[0]["failed_save"]["cause"] == "IsADirectoryError"  # rank 0 chains its own error
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_write_that_fails_on_one_rank_of_several_raises_on_every_rank(strategy, training_job):
+    # `lite_core.plugins.on_writing_ranks`, as a backend whose ranks each write a part uses it.
+    checks = training_job(strategy).checks
+    for record in checks:
+        error = record["failed_part"]
+        assert error is not None and error["type"] == "CheckpointError", error
+        _one_sentence(error["message"])
+        assert "'parts' failed on rank 1 with OSError ([Errno 28] No space left on device)" in error["message"]
+    assert [record["failed_part"]["cause"] for record in checks] == [None, "OSError"]  # rank 1 chains its own
+
+
 # -- parity with plain PyTorch -------------------------------------------------------------------
 def plain_pytorch(x: torch.Tensor, y: torch.Tensor, initial: dict[str, Any], batch: int,
                   accumulate: int) -> tuple[dict[str, torch.Tensor], int]:

@@ -101,7 +101,19 @@ class Scenario(LightningLite):
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         self.save({"model": model}, Path(out_dir, "final"))
         return {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
-                **self.what_ran()}
+                "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+
+    def failed_save(self, model: nn.Module, out_dir: str) -> dict[str, Any]:
+        """What each rank raised from a save that cannot succeed (a function in the content), and
+        rank 0's message: every rank must raise, none go on or wait for the others."""
+        try:
+            self.save({"model": model, "callback": lambda: None}, Path(out_dir, "unsaveable"))
+            raised, message = "nothing", ""
+        except Exception as err:  # recorded, compared by the test
+            raised, message = type(err).__name__, str(err)
+        kinds = self.all_gather(torch.tensor(RAISED.index(raised) if raised in RAISED else len(RAISED)))
+        return {"raised": [RAISED[k] if k < len(RAISED) else "other" for k in kinds.flatten().tolist()],
+                "message": message}
 
     def what_ran(self) -> dict[str, Any]:
         """What actually ran, seen from inside the run: a planted fault that swaps the strategy,
@@ -119,6 +131,9 @@ class Scenario(LightningLite):
             return model, self.setup_optimizers(make_optimizer(model))
         return self.setup(model, make_optimizer(model))
 
+
+#: What a rank raised from `failed_save`.
+RAISED = ("CheckpointError", "nothing")
 
 #: How a rank's process was started: the launching process itself (or a re-run of the script),
 #: a `spawn` child, a `fork` child.

@@ -38,3 +38,12 @@ def test_training_matches_plain_pytorch(cell: Cell, scenario_run: Any) -> None:
     moved = max(abs(a - b) for name in plain["weights"]
                 for a, b in zip(plain["weights"][name], plain["initial"][name]))
     assert moved > 10 * cell.tolerance, "training barely moved the weights: the comparison would prove nothing"
+
+
+@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
+def test_a_failed_save_raises_on_every_rank(cell: Cell, scenario_run: Any) -> None:
+    # Same run as above. Before: under DeepSpeed and xla only the writing rank raised and the
+    # others waited in the save's barrier until the launcher ended the job.
+    failed = scenario_run(cell)[0]["failed_save"]
+    assert failed["raised"] == ["CheckpointError"] * cell.devices, failed
+    assert "failed on rank 0 with" in failed["message"] and "lambda" in failed["message"], failed["message"]

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from lite_core import LightningLite
+from lite_core.plugins import on_writing_ranks
 
 torch.set_num_threads(1)
 
@@ -192,6 +193,8 @@ class Train(LightningLite):
             in_the_way.mkdir()
         self.barrier()
         checks["failed_save"] = self.error_of(lambda: self.save({"model": model}, in_the_way))
+        checks["failed_part"] = self.error_of(lambda: on_writing_ranks(
+            self.strategy, "parts", lambda: self.write_part(out_dir), writes=True))
         checks["shuffled_resume"] = self.shuffled_resume(out_dir)
         Path(out_dir, f"checks_rank{self.global_rank}.json").write_text(json.dumps(checks))
 
@@ -219,6 +222,14 @@ class Train(LightningLite):
 
         uninterrupted, resumed = train(resume=False), train(resume=True)
         return {"max_difference": max(abs(a - b) for a, b in zip(uninterrupted, resumed))}
+
+    def write_part(self, out_dir: str) -> None:
+        """A backend's save where each rank writes its part; rank 1's write fails."""
+        folder = Path(out_dir, "parts")
+        folder.mkdir(exist_ok=True)
+        Path(folder, f"part{self.global_rank}").write_text("part")
+        if self.global_rank == 1:
+            raise OSError(28, "No space left on device")
 
     def error_of(self, action) -> dict | None:
         try:

@@ -16,7 +16,8 @@ What is here, by purpose:
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
   by their state), `restore` (load state back into live objects), `read_checkpoint`,
-  `on_rank_zero` (a rank-0 write whose failure every rank raises), `PRECISION_KEY`, and
+  `on_rank_zero` (a rank-0 write whose failure every rank raises), `on_writing_ranks` (the
+  same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
   `read_whole_checkpoint` lets every strategy load that directory).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         CheckpointIO,
         TorchCheckpointIO,
         on_rank_zero,
+        on_writing_ranks,
         read_checkpoint,
         restore,
         to_state,
@@ -95,7 +97,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
     **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
     **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "READER_FILE", "read_checkpoint", "restore",
-                     "to_state", "on_rank_zero"], "lite_core.checkpoint"),
+                     "to_state", "on_rank_zero", "on_writing_ranks"], "lite_core.checkpoint"),
     **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),

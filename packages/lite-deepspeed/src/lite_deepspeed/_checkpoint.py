@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from lite_core.plugins import (
     CheckpointError,
@@ -69,9 +73,36 @@ def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> Non
     refuse_reserved_keys(rest)
     client_state = to_state(rest, strategy)
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
+    # DeepSpeed's save is full of collectives: a rank that fails inside it leaves the others
+    # waiting. What fails on one rank only (rank 0 makes the folder and pickles the client
+    # state) is tried first, so that every rank raises instead.
+    on_rank_zero(strategy, path, lambda: _check_can_save(Path(path), client_state))
     engine.save_checkpoint(path, client_state=client_state)
     # Names the strategy that reads this directory whole, so that every strategy loads it.
     on_rank_zero(strategy, path, lambda: (Path(path) / READER_FILE).write_text("deepspeed\n"))
+
+
+def _check_can_save(path: Path, client_state: dict[str, Any]) -> None:
+    """Make the folder `path` and check that it is writable and that `client_state` pickles (its
+    tensors' data aside, which always does), as DeepSpeed's rank 0 will need."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(f"'{path}' is not writable")
+    _TensorsAside(_Discard(), protocol=2).dump(client_state)  # the protocol torch.save uses
+
+
+class _Discard:
+    """A file that forgets what is written to it."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+class _TensorsAside(pickle.Pickler):
+    """Pickles everything but tensors and storages, which it leaves out."""
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return "tensor" if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)) else None
 
 
 def refuse_reserved_keys(rest: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ turning content into plain state and back (`to_state`, `restore`), the sharded f
 from __future__ import annotations
 
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
-from lite_core.checkpoint._rank_zero import on_rank_zero
+from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
 from lite_core.checkpoint._state import PRECISION_KEY, READER_FILE, read_checkpoint, restore, to_state
 
@@ -33,6 +33,7 @@ __all__ = [
     "consolidate",
     "is_sharded",
     "on_rank_zero",
+    "on_writing_ranks",
     "read_checkpoint",
     "read_sharded",
     "restore",

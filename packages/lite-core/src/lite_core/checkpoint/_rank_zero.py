@@ -1,9 +1,11 @@
-"""Writing a checkpoint on rank 0 with every rank told whether it worked, so that a failed save
-stops every rank at `save` instead of leaving the others to fail later, elsewhere."""
+"""Writing a checkpoint with every rank told whether it worked, so that a failed save stops
+every rank at `save` instead of leaving the others to fail later, elsewhere, or to wait."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+import torch
 
 from lite_core.errors import CheckpointError
 
@@ -28,12 +30,40 @@ def on_rank_zero(strategy: Strategy, path: str, action: Callable[[], T]) -> T:
             error = err
     failure, result = strategy.broadcast((None if error is None else _describe(error), result))
     if failure is not None:
-        raise CheckpointError(
-            f"Saving the checkpoint '{path}' failed on rank 0 with {failure}: fix that cause (free disk"
-            " space, remove what is in the way, or save only tensors, plain values and objects with"
-            " state_dict()) and save again."
-        ) from error
+        _raise_for(path, 0, failure, error)
     return result
+
+
+def on_writing_ranks(strategy: Strategy, path: str, action: Callable[[], object], writes: bool) -> None:
+    """`action()` on every rank where `writes` is true (each writes its own part, or each host
+    its own copy), then every rank learns whether it failed anywhere.
+
+    If `action` raises on any rank, every rank raises a `CheckpointError` naming the first rank
+    that failed and its error (on that rank the original error is its cause). Every rank must
+    call this, as it is a collective; it also serves as the barrier after the write.
+    """
+    error: Exception | None = None
+    if writes:
+        try:
+            action()
+        except Exception as err:  # told to every rank below; KeyboardInterrupt etc. stop as they are
+            error = err
+    # Moved as a batch is: a backend may need its own way (XLA bakes a moved scalar into the graph).
+    flags = strategy.all_gather(strategy.batch_to_device(torch.tensor(int(error is not None))))
+    failed = [rank for rank, flag in enumerate(flags.flatten().tolist()) if flag]
+    if not failed:
+        return
+    first = failed[0]
+    failure = strategy.broadcast(_describe(error) if error is not None and strategy.global_rank == first else None, src=first)
+    _raise_for(path, first, failure, error)
+
+
+def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> None:
+    raise CheckpointError(
+        f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: fix that cause (free disk"
+        " space, remove what is in the way, or save only tensors, plain values and objects with"
+        " state_dict()) and save again."
+    ) from error
 
 
 def _describe(error: Exception) -> str:

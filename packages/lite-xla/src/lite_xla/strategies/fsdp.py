@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import MisuseError, forward_module, restore, to_state
+from lite_core.plugins import MisuseError, forward_module, on_writing_ranks, restore, to_state
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 
@@ -95,16 +95,20 @@ class XLAFSDPStrategy(XLAStrategy):
     # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Every replica writes its shard to `path/shard-RANK-of-WORLD.pt`; models are saved as
-        their sharded state and metadata (join them with `lite_xla.consolidate_checkpoint`)."""
+        their sharded state and metadata (join them with `lite_xla.consolidate_checkpoint`). If a
+        write fails, every replica raises."""
         from lite_xla import _sharded_checkpoint as sharded
 
         entries = {key: sharded.sharded_entry(value) if isinstance(value, nn.Module) else None
                    for key, value in content.items()}
         plain = {key: value for key, value in content.items() if entries[key] is None}
         state = _device.to_cpu({**to_state(plain, self), **{k: v for k, v in entries.items() if v is not None}})
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self.checkpoint_io.save(state, str(sharded.shard_file(path, self.global_rank, self.world_size)))
-        self.barrier("save_checkpoint")
+
+        def write() -> None:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.checkpoint_io.save(state, str(sharded.shard_file(path, self.global_rank, self.world_size)))
+
+        on_writing_ranks(self, path, write, writes=True)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
