@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
+from lite_core.strategies._settle import settle_collectives
 from lite_core.strategies.strategy import Strategy, check_reduce_op
 
 T = TypeVar("T")
@@ -157,6 +158,7 @@ class DDPStrategy(Strategy):
         if dist.is_initialized():
             if not (failed or self._failed):
                 dist.barrier()
+                settle_collectives(self.root_device)
             dist.destroy_process_group()
         super().teardown(failed)
 

@@ -1,0 +1,57 @@
+"""A rank lets torch's collective threads finish with its last collectives before it ends.
+
+A gloo thread that releases a finished collective's tensors while the interpreter shuts down
+aborts the process (see `lite_core.strategies._settle`); here torch's thread is stood in for by
+a Python thread that keeps the collective's tensor for a while, and a real one-process gloo group
+shows that the wait ends as soon as torch lets go.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lite_core.strategies import _settle
+from lite_core.strategies._settle import settle_collectives
+
+
+def _all_reduce_released_after(seconds: float | None) -> Any:
+    """An all-reduce whose tensor a background thread keeps for `seconds` (None: for good)."""
+    kept: list[torch.Tensor] = []
+
+    def all_reduce(tensor: torch.Tensor) -> None:
+        kept.append(tensor)
+        if seconds is not None:
+            threading.Timer(seconds, kept.clear).start()
+
+    return all_reduce
+
+
+def test_settling_waits_until_the_collective_thread_lets_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(0.2))
+    started = time.monotonic()
+    assert settle_collectives(torch.device("cpu"), timeout=5.0)
+    assert 0.2 <= time.monotonic() - started < 2.0
+
+
+def test_settling_gives_up_after_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(None))
+    started = time.monotonic()
+    assert not settle_collectives(torch.device("cpu"), timeout=0.1)
+    assert time.monotonic() - started < 1.0  # a teardown never hangs on it
+
+
+@pytest.mark.timeout(30)
+def test_settling_ends_once_gloo_released_the_tensor() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        started = time.monotonic()
+        assert settle_collectives(torch.device("cpu"), timeout=5.0)
+        assert time.monotonic() - started < 1.0
+    finally:
+        dist.destroy_process_group()
