@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -119,7 +120,6 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
 
 
 def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_path: Path) -> None:
-    import os
     import socket
 
     host = socket.gethostname().replace(".", "_")
@@ -152,7 +152,6 @@ class _ShardedSave(LightningLite):
 
 @pytest.mark.timeout(120)
 def test_a_sharded_save_removes_the_staging_folders_interrupted_saves_left(tmp_path: Path) -> None:
-    import os
     import socket
 
     host = socket.gethostname().replace(".", "_")
@@ -177,6 +176,51 @@ def test_a_sharded_save_removes_the_staging_folders_interrupted_saves_left(tmp_p
     remaining = {p.name for p in tmp_path.iterdir()}
     expected = {name for name, removed in leftovers.items() if not removed}
     assert remaining == {"ckpt", f".ckpt.{host}-{dead_pid}.abc_1234.tmp.file", *expected}
+
+
+class _Versioned(LightningLite):
+    """Saves (or loads) a sharded checkpoint whose model weights and `version` are `version`."""
+
+    def run(self, path: Path, version: int, load: bool = False) -> dict:
+        model = self.setup_module(nn.Linear(2, 2, bias=False))
+        state = {"model": model, "version": 0}
+        if load:
+            self.load(path, state, missing_ok=True)
+            return {"version": state["version"], "weight": model.weight.full_tensor().tolist()}
+        nn.init.constant_(model.weight.to_local(), float(version))
+        self.save({"model": model, "version": version}, path)
+        return {}
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_save_that_died_between_its_renames_leaves_the_previous_checkpoint_to_load(tmp_path: Path) -> None:
+    # A folder cannot replace another in one rename: the old checkpoint is moved aside first. A
+    # process killed right then left nothing at the path, and a restarted job began from scratch.
+    path = tmp_path / "ckpt"
+    _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 1)
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_checkpoint import _Versioned
+        real_replace = os.replace
+        def dying_replace(source, destination):
+            real_replace(source, destination)
+            if os.fspath(source) == {str(path)!r}:  # the old checkpoint is aside, the new one not in place
+                os._exit(9)
+        os.replace = dying_replace
+        from pathlib import Path
+        _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(Path({str(path)!r}), 2)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}  # this process's job's
+    assert subprocess.run([sys.executable, "-c", script], env=env, timeout=100).returncode == 9
+    assert not path.exists()
+    with pytest.warns(UserWarning, match="a save that was replacing it was interrupted"):
+        loaded = _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 0, load=True)
+    assert loaded == {"version": 1, "weight": [[1.0, 1.0], [1.0, 1.0]]}
+    _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # the aside folder and the staging one are gone
 
 
 @pytest.mark.timeout(60)

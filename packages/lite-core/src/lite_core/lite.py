@@ -457,10 +457,17 @@ class LightningLite:
             missing_ok: when nothing exists at `filepath`, return `{}` and leave `state` untouched
                 instead of raising. With it, `self.load(path, state, missing_ok=True)` at the top
                 of `run()` resumes a restarted job and starts a fresh one alike.
+
+        If a sharded save was interrupted while it replaced the checkpoint at `filepath` (between
+        moving the old one aside and moving the new one in), `load` reads the previous
+        checkpoint from where that save had moved it, with a warning.
         """
-        if missing_ok and not os.path.exists(filepath):
+        from lite_core.checkpoint._io import existing_or_previous
+
+        path = existing_or_previous(os.fspath(filepath))
+        if missing_ok and not os.path.exists(path):
             return {}
-        return self._strategy.load_checkpoint(os.fspath(filepath), state, strict=strict, weights_only=weights_only)
+        return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""

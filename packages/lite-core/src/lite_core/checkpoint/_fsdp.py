@@ -125,7 +125,10 @@ def _replace(staging: Path, target: Path) -> None:
     if not target.exists():
         os.replace(staging, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    # Two renames, as a folder cannot replace another in one: if the process dies between them,
+    # `load` finds the previous checkpoint in this folder (`previous_checkpoint`) and the next
+    # successful save removes it.
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".old", dir=target.parent))
     os.replace(target, old / target.name)
     os.replace(staging, target)
     shutil.rmtree(old, ignore_errors=True)

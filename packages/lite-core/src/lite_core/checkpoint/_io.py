@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 import time
+import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,8 @@ def _host() -> str:
 
 
 def remove_stale_temporaries(target: Path, started: float, folders: bool = False) -> None:
-    """Remove the temporary files (with `folders=True`: a sharded save's staging folders) that
-    interrupted saves of `target` left beside it.
+    """Remove the temporary files (with `folders=True`: a sharded save's staging folders and the
+    folders holding the checkpoint it replaced) that interrupted saves of `target` left beside it.
 
     A leftover is removed when its writer is known to be gone: a process of this host that no
     longer runs. A temporary of another host (a shared file system), or one without a writer in
@@ -92,7 +93,7 @@ def remove_stale_temporaries(target: Path, started: float, folders: bool = False
     writer that is still writing keeps touching it. Temporaries of other paths, of live writers on
     this host, and those of the other kind (a one-file save leaves folders alone) are never touched.
     """
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.tmp")
+    pattern = _leftover_pattern(target, "tmp|old" if folders else "tmp")
     for candidate in target.parent.iterdir():
         match = pattern.fullmatch(candidate.name)
         if match is None or candidate.is_dir() != folders or not _is_stale(candidate, match, started):
@@ -101,6 +102,39 @@ def remove_stale_temporaries(target: Path, started: float, folders: bool = False
             shutil.rmtree(candidate, ignore_errors=True)
         else:
             candidate.unlink(missing_ok=True)
+
+
+def _leftover_pattern(target: Path, kinds: str) -> re.Pattern[str]:
+    """Names of what saves of `target` leave beside it: `.NAME.HOST-PID.XXXXXXXX.KIND` (an older
+    version wrote no `HOST-PID.`); `.tmp` is a file or staging folder being written, `.old` the
+    folder a sharded save moves the previous checkpoint into while it replaces it."""
+    return re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.(?:{kinds})")
+
+
+def previous_checkpoint(target: Path) -> Path | None:
+    """When nothing is at `target`: the previous checkpoint that a sharded save moved aside to
+    replace it (`.NAME.HOST-PID.XXXXXXXX.old/NAME`) and could not put back because it was
+    interrupted between its two renames; the newest if there are several."""
+    if target.exists() or not target.parent.is_dir():
+        return None
+    pattern = _leftover_pattern(target, "old")
+    kept = [folder / target.name for folder in target.parent.iterdir()
+            if pattern.fullmatch(folder.name) and (folder / target.name).exists()]
+    return max(kept, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def existing_or_previous(path: str) -> str:
+    """`path`, or, when nothing is there, the previous checkpoint an interrupted sharded save of
+    `path` left aside (with a warning)."""
+    previous = previous_checkpoint(Path(path))
+    if previous is None:
+        return path
+    warnings.warn(
+        f"No checkpoint at '{path}': a save that was replacing it was interrupted, so the previous"
+        f" checkpoint is loaded from '{previous}' (the next successful save of the path removes it).",
+        stacklevel=3,
+    )
+    return str(previous)
 
 
 def _is_stale(candidate: Path, match: re.Match[str], started: float) -> bool:
