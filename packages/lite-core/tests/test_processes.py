@@ -1,14 +1,19 @@
-"""Helpers the launchers share: how an exit is described and which rank is blamed for a failure."""
+"""Helpers the launchers share (how an exit is described, which rank is blamed for a failure), and
+what a job run in this process leaves behind."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from lite_core import LightningLite
 from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, rank_to_blame, record_failure
 
 
@@ -52,3 +57,47 @@ def test_a_rank_killed_by_someone_else_while_the_ranks_are_stopped_is_still_a_fa
     ranks._processes[1].send_signal(signal.SIGKILL)  # someone else kills rank 1
     ranks.stop()  # then the launcher stops every rank
     assert ranks.watch() == (1, -signal.SIGKILL)
+
+
+class _OneProcessJob(LightningLite):
+    def run(self) -> int:
+        return int(self.all_reduce(torch.tensor(1), reduce_op="sum").item())
+
+
+_NOTEBOOK = """
+import os, subprocess, sys
+import torch
+from lite_core import LightningLite
+
+class Job(LightningLite):
+    def run(self):
+        return int(self.all_reduce(torch.tensor(1), reduce_op="sum").item())
+
+assert Job(accelerator="cpu", strategy=sys.argv[1], devices=1).run() == 1
+print(sorted(name for name in ("MASTER_ADDR", "MASTER_PORT") if name in os.environ))
+later = "from lite_core import LightningLite; lite = LightningLite(accelerator='cpu', devices=1, strategy='ddp'); lite.launch(); lite.barrier()"
+sys.exit(subprocess.run([sys.executable, "-c", later]).returncode)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_job_started_after_an_in_process_job_does_not_inherit_its_port(strategy: str) -> None:
+    # A one-process job runs in the process (a notebook's kernel), which keeps listening on the
+    # job's port while its process group lives. A `python train.py` started from there later (a
+    # notebook's `!python`) inherited MASTER_PORT and failed: "MASTER_PORT=... is already in use".
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run([sys.executable, "-c", _NOTEBOOK, strategy], env=env, capture_output=True, text=True,
+                            timeout=100)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"  # the kernel's environment is as it was
+
+
+@pytest.mark.timeout(60)
+def test_a_port_the_user_chose_stays_chosen_after_an_in_process_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lite_core.environments.local import find_free_port
+
+    port = str(find_free_port())
+    monkeypatch.setenv("MASTER_PORT", port)
+    assert _OneProcessJob(accelerator="cpu", strategy="ddp", devices=1).run() == 1
+    assert os.environ["MASTER_PORT"] == port

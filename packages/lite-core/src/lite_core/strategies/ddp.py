@@ -120,10 +120,16 @@ class DDPStrategy(Strategy):
     def setup_environment(self) -> None:
         if self._environment_ready:
             return
+        one_process_here = self.launcher is None and not self._env().creates_processes_externally
+        before = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")} if one_process_here else {}
         self.sync_ranks()
         super().setup_environment()
         if not dist.is_initialized():
             self._init_process_group()
+        # A one-process job in this process leaves the variables as they were: a process started
+        # from here later (a notebook's `!python train.py`) must not inherit the port, which this
+        # process keeps while the group lives.
+        _restore_environ(before)
         self._progress = _progress_of(self.global_rank, self.world_size, self._timeout)
         if not self._teardown_registered:
             atexit.register(self.teardown)
@@ -288,3 +294,11 @@ def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
             f"timeout={timeout!r} is not valid: pass a positive number of seconds (or a timedelta), e.g. timeout=1800."
         )
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
+def _restore_environ(before: dict[str, str | None]) -> None:
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
