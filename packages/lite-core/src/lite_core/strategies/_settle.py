@@ -1,13 +1,15 @@
 """Letting torch's collective threads finish with the last collectives before the process ends.
 
-torch's gloo (and NCCL) backends release each collective's tensors on a background thread, after
-the collective has completed; releasing a tensor that Python has seen takes the GIL. A rank that
+torch's gloo backend releases each collective's tensors on its worker thread, after the
+collective has completed (a barrier also keeps the collectives still running when it started
+until it is released itself); releasing a tensor that Python has seen takes the GIL. A rank that
 reaches interpreter shutdown first makes that thread exit while it waits for the GIL, inside a
 C++ destructor, and the process aborts after its work is done ("terminate called without an
 active exception", SIGABRT). Plain PyTorch shows it too: two processes that end right after their
 last collectives abort in about half of the runs on a busy machine. `settle_collectives`, called
 before the process group is destroyed, waits (with the GIL released) until the background thread
-has let go of one more collective's tensor, which it releases after the ones before it.
+has let go of one more collective's tensor, which it releases after the ones before it; on other
+backends the same wait is bounded and harmless.
 """
 
 from __future__ import annotations
