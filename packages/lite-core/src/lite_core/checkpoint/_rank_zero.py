@@ -3,7 +3,7 @@ every rank at `save` instead of leaving the others to fail later, elsewhere, or 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import torch
 
@@ -21,13 +21,7 @@ def on_rank_zero(strategy: Strategy, path: str, action: Callable[[], T]) -> T:
     If `action` raises on rank 0, every rank raises a `CheckpointError` naming that error (on
     rank 0 the original error is its cause). Every rank must call this, as it is a collective.
     """
-    result: Any = None
-    error: Exception | None = None
-    if strategy.global_rank == 0:
-        try:
-            result = action()
-        except Exception as err:  # told to every rank below; KeyboardInterrupt etc. stop as they are
-            error = err
+    result, error = _attempt(action) if strategy.global_rank == 0 else (None, None)
     failure, result = strategy.broadcast((None if error is None else _describe(error), result))
     if failure is not None:
         _raise_for(path, 0, failure, error)
@@ -42,12 +36,7 @@ def on_writing_ranks(strategy: Strategy, path: str, action: Callable[[], object]
     that failed and its error (on that rank the original error is its cause). Every rank must
     call this, as it is a collective; it also serves as the barrier after the write.
     """
-    error: Exception | None = None
-    if writes:
-        try:
-            action()
-        except Exception as err:  # told to every rank below; KeyboardInterrupt etc. stop as they are
-            error = err
+    error = _attempt(action)[1] if writes else None
     # Moved as a batch is: a backend may need its own way (XLA bakes a moved scalar into the graph).
     flags = strategy.all_gather(strategy.batch_to_device(torch.tensor(int(error is not None))))
     failed = [rank for rank, flag in enumerate(flags.flatten().tolist()) if flag]
@@ -56,6 +45,15 @@ def on_writing_ranks(strategy: Strategy, path: str, action: Callable[[], object]
     first = failed[0]
     failure = strategy.broadcast(_describe(error) if error is not None and strategy.global_rank == first else None, src=first)
     _raise_for(path, first, failure, error)
+
+
+def _attempt(action: Callable[[], T]) -> tuple[T | None, Exception | None]:
+    """`(action(), None)`, or `(None, the error)` if it raised one; an error is told to every rank
+    by the caller, while KeyboardInterrupt and the like stop this process as they are."""
+    try:
+        return action(), None
+    except Exception as err:
+        return None, err
 
 
 def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> None:
