@@ -261,3 +261,35 @@ def check_user_collectives() -> Callable[[dict[int, dict[str, Any]]], None]:
     with the right values, Python numbers only from `broadcast`, and the same one-sentence error
     for an `all_gather` of different shapes."""
     return _check_user_collectives
+
+
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One `TORCHINDUCTOR_CACHE_DIR` for the whole pytest run, for this process and every script it
+    starts: a graph that `torch.compile` built once (in any rank, any test) is read back, not built again."""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor-cache"))
+    yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    if saved is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+@pytest.fixture(scope="session")
+def set_up_model_job(run_script, tmp_path_factory, inductor_cache) -> Callable[[str, int], Any]:
+    """`set_up_model_job(strategy, devices)` -> (record, out_dir) of `tests/scripts/set_up_model.py`
+    (methods, torch.compile and a tiny GPT-2 through Lite), run once per strategy in a pytest run."""
+    import json
+
+    jobs: dict[tuple[str, int], Any] = {}
+
+    def get(strategy: str, devices: int) -> Any:
+        if (strategy, devices) not in jobs:
+            out_dir = tmp_path_factory.mktemp(f"set-up-model-{strategy}")
+            proc = run_script("set_up_model.py", strategy, devices, out_dir, timeout=240)
+            assert proc.returncode == 0, describe(proc)
+            jobs[strategy, devices] = (json.loads((out_dir / "record.json").read_text()), out_dir)
+        return jobs[strategy, devices]
+
+    return get

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
+from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
 from lite_core._move import collective_input
 from lite_core.errors import MisuseError
@@ -205,7 +206,15 @@ class LightningLite:
 
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
-        """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`."""
+        """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`.
+
+        A model compiled with `torch.compile(model, **options)` is set up as its plain module and
+        the strategy's wrapper around it is compiled with the same options; the returned model's
+        state dict keys are the plain module's. Every method of the model called on the returned
+        one (`model.generate(...)`) runs under the precision and through the strategy, as
+        `model(x)` does.
+        """
+        model, compile_options = unwrap_compiled(model)
         _arguments.check_module(model, "setup")
         if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
             _arguments.check_optimizers(optimizers, "setup")
@@ -216,25 +225,29 @@ class LightningLite:
             self._claim(optimizer, "optimizer")
         model = self._prepare_module(model, move_to_device)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = self._wrap_module(forward_module, model)
+        module = self._wrap_module(forward_module, model, compile_options)
         if not optimizers:
             return module
         return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
-        """Move the model to the device, apply the precision and wrap it for the strategy."""
+        """Move the model to the device, apply the precision and wrap it for the strategy (a
+        `torch.compile`d model as `setup` does: wrapped plain, then compiled again)."""
+        model, compile_options = unwrap_compiled(model)
         _arguments.check_module(model, "setup_module")
         self._require_environment("setup_module")
         self._claim(model, "model")
         model = self._prepare_module(model, move_to_device)
-        return self._wrap_module(self._strategy.setup_module(model), model)
+        return self._wrap_module(self._strategy.setup_module(model), model, compile_options)
 
     def _prepare_module(self, model: nn.Module, move_to_device: bool) -> nn.Module:
         model = self._strategy.precision.convert_module(model)
         return self._strategy.module_to_device(model) if move_to_device else model
 
-    def _wrap_module(self, forward_module: nn.Module, model: nn.Module) -> LiteModule:
-        wrapped = LiteModule(forward_module, model, self._strategy)
+    def _wrap_module(self, forward_module: nn.Module, model: nn.Module,
+                     compile_options: CompileOptions | None = None) -> LiteModule:
+        compiled = None if compile_options is None else self._strategy.compile_module(forward_module, compile_options)
+        wrapped = LiteModule(forward_module, model, self._strategy, compiled)
         self._models.append(wrapped)
         return wrapped
 

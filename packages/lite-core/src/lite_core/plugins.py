@@ -22,7 +22,8 @@ What is here, by purpose:
   `read_whole_checkpoint` lets every strategy load that directory).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
-- Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`.
+- Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
+  `CompileOptions` (the user's `torch.compile` options that `Strategy.compile_module` applies).
 - Batches: `move_to_device`, the walk that moves tensors wherever they sit in a batch (dicts,
   lists, tuples, namedtuples, dataclasses, `.to()` objects), with the backend's way of moving one
   tensor.
@@ -40,6 +41,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lite_core._compile import CompileOptions
     from lite_core._move import move_to_device
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.accelerators.cpu import CPUAccelerator
@@ -104,6 +106,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
                      "RankProcesses", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
     **dict.fromkeys(["move_to_device"], "lite_core._move"),
+    **dict.fromkeys(["CompileOptions"], "lite_core._compile"),
     **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
 }
 

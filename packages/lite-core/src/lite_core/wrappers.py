@@ -8,13 +8,14 @@ strategy and precision.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import cache
+from functools import cache, wraps
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
+from lite_core._methods import is_user_method
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
 
@@ -32,7 +33,15 @@ _CONTAINER_METHODS = ("__getitem__", "__len__", "__iter__", "__contains__")
 class LiteModule(nn.Module):
     """The user's module as set up by Lite; `forward` applies the precision.
 
-    `state_dict()` and `load_state_dict()` act on the user's module, so keys are unchanged.
+    Every other method of the user's module called on it (`model.generate(...)`,
+    `model.training_step(x, y)`) runs the same way: under the precision and as one forward pass
+    through the strategy (`Strategy.call_module_method`). Attributes that are not methods
+    (submodules, tensors, config objects) are the user's module's, and `nn.Module`'s own methods
+    (`state_dict`, `parameters`, `train`, `to`, ...) keep their meaning.
+
+    `state_dict()` and `load_state_dict()` act on the user's module, so keys are unchanged (also
+    for a model passed to `setup` compiled: the strategy wraps the plain module and the result is
+    compiled again, `compiled`, which is what the forward pass calls).
     Indexing, `len`, iteration and `in` reach the user's module when its class supports them
     (`nn.Sequential`, `nn.ModuleList`, `nn.ModuleDict`, ...).
     """
@@ -46,13 +55,15 @@ class LiteModule(nn.Module):
             cls = _with_container_methods(cls, type(original))
         return super().__new__(cls)
 
-    def __init__(self, forward_module: nn.Module, original_module: nn.Module, strategy: Strategy) -> None:
+    def __init__(self, forward_module: nn.Module, original_module: nn.Module, strategy: Strategy,
+                 compiled: nn.Module | None = None) -> None:
         super().__init__()
         self._forward_module = forward_module
         self.__dict__["_original_module"] = original_module
         self.__dict__["_strategy"] = strategy
-        # Kept outside `_modules` so the per-step lookup skips `nn.Module.__getattr__`.
-        self.__dict__["_forward_call"] = forward_module
+        # Kept outside `_modules` so the per-step lookup skips `nn.Module.__getattr__` (and the
+        # compiled module's `_orig_mod.` keys stay out of the state dict).
+        self.__dict__["_forward_call"] = compiled if compiled is not None else forward_module
         self.__dict__["_plain_forward"] = not strategy.precision.changes_forward
         self.__dict__["_forward_ran"] = False
 
@@ -65,8 +76,24 @@ class LiteModule(nn.Module):
         precision = self._strategy.precision
         args, kwargs = precision.convert_input((args, kwargs))
         with precision.forward_context():
-            output = self._forward_module(*args, **kwargs)
+            output = self._forward_call(*args, **kwargs)
         return precision.convert_output(output)
+
+    def _run_method(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The user's method `name` as a forward pass: in the precision, through the strategy."""
+        precision = self._strategy.precision
+        args, kwargs = precision.convert_input((args, kwargs))
+        with precision.forward_context():
+            output = self._strategy.call_module_method(self._forward_module, self._original_module, name,
+                                                       *args, **kwargs)
+        return precision.convert_output(output)
+
+    def _as_forward(self, name: str, method: Any) -> Any:
+        @wraps(method)
+        def run_as_forward(*args: Any, **kwargs: Any) -> Any:
+            return self._run_method(name, args, kwargs)
+
+        return run_as_forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The wrapper itself rarely has hooks: then skip nn.Module's call machinery for it (the
@@ -92,7 +119,8 @@ class LiteModule(nn.Module):
             original = self.__dict__.get("_original_module")
             if original is None:  # asked before __init__ ran (e.g. by a patched __init__ wrapper)
                 raise
-            return getattr(original, name)
+            value = getattr(original, name)
+            return self._as_forward(name, value) if is_user_method(original, name, value) else value
 
     def __repr__(self) -> str:
         return f"LiteModule({self._original_module!r})"
@@ -110,6 +138,10 @@ class _TrackedLiteModule(LiteModule):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.__dict__["_forward_ran"] = True
         return super().forward(*args, **kwargs)
+
+    def _run_method(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.__dict__["_forward_ran"] = True
+        return super()._run_method(name, args, kwargs)
 
 
 def forward_ran_since_backward(modules: list[LiteModule], retain: bool) -> bool:

@@ -66,6 +66,8 @@ class FSDPStrategy(DDPStrategy):
         self._reshard_after_forward = reshard_after_forward
         self._mixed_precision = mixed_precision
         self._sharded_modules: list[nn.Module] = []
+        #: (id of a sharded module, method name) already registered as a forward method.
+        self._forward_methods: set[tuple[int, str]] = set()
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     # -- modules -------------------------------------------------------------------------------
@@ -100,6 +102,19 @@ class FSDPStrategy(DDPStrategy):
             _fsdp_init.materialise(module, shard_device, self.root_device, self._init_rng_state)
         self._sharded_modules.append(module)
         return module
+
+    def call_module_method(self, forward_module: nn.Module, module: nn.Module, name: str,
+                           *args: Any, **kwargs: Any) -> Any:
+        """The method runs between FSDP's pre- and post-forward work on the root module
+        (gathering its parameters, then freeing them), through torch's
+        `register_fsdp_forward_method`, which this registers once per method."""
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        key = (id(module), name)
+        if module in self._sharded_modules and key not in self._forward_methods:
+            register_fsdp_forward_method(module, name)
+            self._forward_methods.add(key)
+        return getattr(module, name)(*args, **kwargs)
 
     def _shard_options(self) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh

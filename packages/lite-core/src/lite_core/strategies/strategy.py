@@ -12,6 +12,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
+from lite_core._methods import call_through
 from lite_core._move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._rank_zero import on_rank_zero
@@ -19,6 +20,7 @@ from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
 
 if TYPE_CHECKING:
+    from lite_core._compile import CompileOptions
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
     from lite_core.launchers.launcher import Launcher
@@ -209,6 +211,28 @@ class Strategy:
         """Set up a module together with its optimizers (strategies such as DeepSpeed need both
         at once); by default `setup_module`, then `setup_optimizer` for each."""
         return self.setup_module(module), [self.setup_optimizer(o) for o in optimizers]
+
+    def call_module_method(self, forward_module: nn.Module, module: nn.Module, name: str,
+                           *args: Any, **kwargs: Any) -> Any:
+        """Run `module.<name>(*args, **kwargs)`, a method of the user's `module`, as one forward
+        pass of `forward_module` (what `setup_module` returned for it); the set-up model calls
+        this for every method the user calls on it (`model.generate(...)`), inside the precision.
+
+        By default the wrapper's forward runs once with its call of the user's module turned into
+        the method (`DistributedDataParallel`, DeepSpeed's engine and any wrapper whose forward
+        calls the module it holds); with no wrapper, the method runs as it is. A strategy whose
+        work hangs on the module itself (FSDP's hooks) overrides this.
+        """
+        if forward_module is module:
+            return getattr(module, name)(*args, **kwargs)
+        return call_through(forward_module, module, name, args, kwargs)
+
+    def compile_module(self, module: nn.Module, options: CompileOptions) -> nn.Module:
+        """`module` (what `setup_module` returned) compiled with the options the user passed to
+        `torch.compile`; the set-up model's forward calls the result. By default the whole
+        wrapper is compiled (under DDP its forward, so that graph breaks fall at the gradient
+        buckets); a strategy whose wrapper must stay eager compiles the module inside it instead."""
+        return options.compile(module)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:

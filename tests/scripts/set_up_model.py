@@ -1,0 +1,129 @@
+"""The set-up model is the model: its methods, `torch.compile`, and a Hugging Face GPT-2 through Lite.
+
+    python set_up_model.py STRATEGY DEVICES OUT_DIR
+
+One job runs three cases (one launch per strategy keeps CI short); rank 0 writes
+`OUT_DIR/record.json`:
+
+- `methods`: `Regressor` trained through `loss = model.training_step(x, y)` on the set-up model.
+- `compiled`: `setup(torch.compile(Regressor()))` trained through `model(x)`; its checkpoint
+  (model and optimizer) loads into an uncompiled set-up model and back, each giving the same output.
+- `gpt2`: a tiny `GPT2LMHeadModel` with AdamW and `get_linear_schedule_with_warmup`, trained on
+  its `ModelOutput.loss`; then `generate` on every rank, and a checkpoint of the model at
+  `OUT_DIR/gpt2.ckpt` for the test to load into a fresh `GPT2LMHeadModel`.
+
+Losses are per step, averaged over the ranks. `fsdp` shards each `GPT2Block` as its own unit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import _set_up_models as models
+from lite_core import LightningLite
+
+torch.set_num_threads(1)
+
+
+class SetUpModel(LightningLite):
+    def run(self, out_dir: str) -> None:
+        out = Path(out_dir)
+        record = {"methods": self.methods_case(), "compiled": self.compiled_case(out), "gpt2": self.gpt2_case(out)}
+        if self.is_global_zero:
+            (out / "record.json").write_text(json.dumps(record))
+
+    def _loader(self, dataset: Any) -> Any:
+        return self.setup_dataloaders(DataLoader(dataset, batch_size=models.GLOBAL_BATCH // self.world_size))
+
+    def _mean(self, loss: torch.Tensor) -> float:
+        return self.all_reduce(loss.detach(), reduce_op="mean").item()
+
+    def methods_case(self) -> dict[str, Any]:
+        plain = models.regressor()
+        model, optimizer = self.setup(plain, models.regressor_optimizer(plain))
+        losses = []
+        for x, y in self._loader(models.mlp_data()):
+            loss = model.training_step(x, y)
+            self.backward(loss, model=model)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(self._mean(loss))
+        return {"losses": losses}
+
+    def _compiled_regressor(self) -> tuple[Any, Any, nn.Module]:
+        plain = models.regressor()
+        model, optimizer = self.setup(torch.compile(plain), models.regressor_optimizer(plain))
+        return model, optimizer, plain
+
+    def _uncompiled_regressor(self) -> tuple[Any, Any]:
+        plain = models.regressor()
+        return self.setup(plain, models.regressor_optimizer(plain))
+
+    def compiled_case(self, out: Path) -> dict[str, Any]:
+        from torch._dynamo.utils import counters
+
+        model, optimizer, plain = self._compiled_regressor()
+        losses = []
+        for x, y in self._loader(models.mlp_data()):
+            loss = nn.functional.mse_loss(model(x), y)
+            self.backward(loss, model=model)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(self._mean(loss))
+        with torch.no_grad():
+            trained = model(models.probe())
+        # Out of the compiled run into an uncompiled one, and back into a compiled one.
+        self.save({"model": model, "optimizer": optimizer}, out / "compiled.ckpt")
+        eager, eager_optimizer = self._uncompiled_regressor()
+        self.load(out / "compiled.ckpt", {"model": eager, "optimizer": eager_optimizer})
+        self.save({"model": eager, "optimizer": eager_optimizer}, out / "eager.ckpt")
+        again, again_optimizer, _ = self._compiled_regressor()
+        self.load(out / "eager.ckpt", {"model": again, "optimizer": again_optimizer})
+        with torch.no_grad():
+            outputs = {"trained": trained, "uncompiled": eager(models.probe()), "compiled_again": again(models.probe())}
+        return {
+            "losses": losses,
+            "keys": list(model.state_dict()),
+            "module_is_plain": model.module is plain,
+            "frames_compiled": counters["frames"]["ok"],
+            "outputs": {name: value.tolist() for name, value in outputs.items()},
+        }
+
+    def gpt2_case(self, out: Path) -> dict[str, Any]:
+        model = models.gpt2()
+        optimizer, schedule = models.gpt2_optimizer(model)
+        model, optimizer = self.setup(model, optimizer)
+        losses = []
+        for (tokens,) in self._loader(models.gpt2_data()):
+            output = model(input_ids=tokens, labels=tokens)
+            self.backward(output.loss, model=model)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            losses.append(self._mean(output.loss))
+        model.eval()
+        tokens = models.generate(model)
+        self.save({"model": model}, out / "gpt2.ckpt")
+        return {"losses": losses, "tokens": self.all_gather(torch.tensor(tokens)).tolist()}
+
+
+def strategy_for(name: str) -> Any:
+    if name != "fsdp":
+        return name
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    from lite_core.strategies import FSDPStrategy
+
+    return FSDPStrategy(auto_wrap_policy={GPT2Block}, state_dict_type="full")
+
+
+if __name__ == "__main__":
+    strategy, devices, out_dir = sys.argv[1:4]
+    SetUpModel(accelerator="cpu", strategy=strategy_for(strategy), devices=int(devices)).run(out_dir)
