@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "ddp", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "compile", "ddp", "import", "launch", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -86,7 +86,7 @@ FULL = Config(
 )
 
 #: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
-TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
+TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
            "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
            "memory-default-malloc": None}
 
@@ -239,6 +239,19 @@ def bench_loader(ctx: Context) -> list[Row]:
                             "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
                             note=f"{calls['lite'] - calls['plain']:+.0f} calls/step", reps=10))
     return rows
+
+
+def bench_compile(ctx: Context) -> list[Row]:
+    """Measurement 1c: per-step time of a `torch.compile`d model (inductor), compiled plain PyTorch
+    vs `lite.setup(torch.compile(model))` (tiny model only: where a wrapper's cost shows most)."""
+    out = ctx.workdir / "compile.json"
+    plan = ctx.config.single
+    command = [ctx.python, str(HERE / "_single_worker.py"), "--threads", str(ctx.threads), "--out", str(out),
+               "--models", plan.models[0], "--reps", str(plan.reps[0]), "--steps", str(plan.steps[0]),
+               "--warmup", str(plan.warmup[0]), "--control", "--compile"]
+    run_child(command, ctx.config.step_timeout_s, child_env(ctx.threads))
+    result = json.loads(out.read_text())
+    return step_rows(result, "compile", f"Compiled step (torch.compile, inductor), 1 proc, {result['threads']} thread(s)")
 
 
 def call_rows(ctx: Context, result: dict[str, Any]) -> list[Row]:
@@ -394,7 +407,7 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
-    "steps": bench_steps, "loader": bench_loader, "ddp": bench_ddp, "import": bench_import,
+    "steps": bench_steps, "loader": bench_loader, "compile": bench_compile, "ddp": bench_ddp, "import": bench_import,
     "launch": bench_launch, "memory": bench_memory,
 }
 

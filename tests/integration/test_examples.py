@@ -11,7 +11,7 @@ import pytest
 import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SHORT = {"image_classifier": ("--epochs", "1", "--max-steps", "4"), "gpt": ("--steps", "4")}
+SHORT = {"image_classifier": ("--epochs", "1", "--max-steps", "4"), "gpt": ("--steps", "4"), "huggingface": ("--steps", "4")}
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 

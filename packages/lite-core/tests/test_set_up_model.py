@@ -1,0 +1,185 @@
+"""The set-up model is the model, on one process: every method of the user's module runs under the
+precision and through the strategy's forward; other attributes and `nn.Module`'s own methods keep
+their meaning; a `torch.compile`d model is wrapped plain and compiled again, with plain keys.
+
+The same under `ddp`, `ddp_spawn`, `fsdp` (2 processes) and with a Hugging Face GPT-2:
+tests/integration/test_set_up_model.py; under DeepSpeed: lite-deepspeed's tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lite_core import LightningLite
+from lite_core.errors import MisuseError
+from lite_core.strategies import SingleDeviceStrategy
+
+
+class Settings:
+    """A config object, as Hugging Face models carry one."""
+
+    width = 4
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings = Settings()
+        self.layer = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def generate(self, x: torch.Tensor, steps: int = 2) -> torch.Tensor:
+        """Apply the layer `steps` times."""
+        for _ in range(steps):
+            x = self(x)  # the real forward, also while generate itself runs as the forward pass
+        return x
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x).pow(2).mean() * self.scale
+
+    @property
+    def width(self) -> int:
+        return self.settings.width
+
+    @classmethod
+    def build(cls) -> Net:
+        return cls()
+
+
+def _net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+def _dtypes_computed(model: Net) -> list[torch.dtype]:
+    seen: list[torch.dtype] = []
+    model.layer.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    return seen
+
+
+def test_a_method_runs_under_the_precision() -> None:
+    plain = _net()
+    seen = _dtypes_computed(plain)
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(plain)
+    model.generate(torch.randn(2, 4))
+    assert seen == [torch.bfloat16, torch.bfloat16]
+
+
+class _Wrapper(nn.Module):
+    """A strategy's wrapper: does its own work around one call of the module it holds, as DDP does."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.calls: list[tuple[Any, ...]] = []
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(args)
+        return self.module(*args, **kwargs)
+
+
+class _WrappingStrategy(SingleDeviceStrategy):
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        return _Wrapper(module)
+
+
+class _IgnoringWrapper(_Wrapper):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.zeros(())
+
+
+class _IgnoringStrategy(SingleDeviceStrategy):
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        return _IgnoringWrapper(module)
+
+
+def test_a_method_runs_as_one_forward_pass_of_the_strategys_wrapper() -> None:
+    plain = _net()
+    model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain)
+    x = torch.randn(3, 4)
+    loss = model.training_step(x)
+    assert torch.equal(loss, plain.training_step(x))
+    out = model.generate(x, steps=3)
+    assert torch.equal(out, plain.generate(x, steps=3))
+    wrapper = model._forward_module
+    assert [len(args) for args in wrapper.calls] == [1, 1]  # once per method call, whatever it calls inside
+    assert "forward" not in vars(plain)  # the user's forward is its own again afterwards
+
+
+def test_a_wrapper_that_never_calls_the_module_is_an_error_not_a_wrong_result() -> None:
+    model = LightningLite(accelerator="cpu", strategy=_IgnoringStrategy()).setup(_net())
+    with pytest.raises(MisuseError, match=r"did not call Net in its forward.*model\.module"):
+        model.training_step(torch.randn(3, 4))
+
+
+def test_attributes_that_are_not_methods_pass_through_and_module_methods_keep_their_meaning() -> None:
+    plain = _net()
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(plain)
+    assert model.layer is plain.layer and model.settings is plain.settings and model.scale is plain.scale
+    assert model.width == 4 and isinstance(model.build(), Net)  # property, classmethod
+    assert list(model.state_dict()) == list(plain.state_dict())
+    assert {id(p) for p in model.parameters()} == {id(p) for p in plain.parameters()}
+    model.eval()
+    assert not plain.training
+    model.train()
+    assert plain.training
+    assert model.to(torch.device("cpu")) is model
+    assert model.generate.__doc__ == Net.generate.__doc__ and model.generate.__name__ == "generate"
+
+
+# -- torch.compile -------------------------------------------------------------------------------
+#: inductor fuses and reorders float32 arithmetic: a compiled step may differ from the eager one in
+#: the last bits (here it does not at all); far below what a wrong step changes.
+COMPILE = 1e-5
+
+
+def _train(model: Any, optimizer: torch.optim.Optimizer, backward: Any) -> list[float]:
+    generator = torch.Generator().manual_seed(3)
+    losses = []
+    for _ in range(3):
+        x = torch.randn(4, 4, generator=generator)
+        loss = model(x).pow(2).mean()
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.usefixtures("inductor_cache")
+def test_a_compiled_model_trains_as_the_uncompiled_one_with_plain_keys_both_ways(tmp_path) -> None:
+    eager = _net()
+    expected = _train(eager, torch.optim.SGD(eager.parameters(), lr=0.1), lambda loss: loss.backward())
+    lite = LightningLite(accelerator="cpu", devices=1)
+    plain = _net()
+    model, optimizer = lite.setup(torch.compile(plain), torch.optim.SGD(plain.parameters(), lr=0.1))
+    assert model.module is plain
+    losses = _train(model, optimizer, lite.backward)
+    assert torch.allclose(torch.tensor(losses), torch.tensor(expected), rtol=0, atol=COMPILE)
+    assert list(model.state_dict()) == list(eager.state_dict())
+    lite.save({"model": model}, tmp_path / "compiled.ckpt")
+    uncompiled = lite.setup(_net())
+    lite.load(tmp_path / "compiled.ckpt", {"model": uncompiled})
+    lite.save({"model": uncompiled}, tmp_path / "eager.ckpt")
+    compiled_again = lite.setup(torch.compile(_net()))
+    lite.load(tmp_path / "eager.ckpt", {"model": compiled_again})
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(uncompiled(x), model(x)) and torch.equal(compiled_again(x), model(x))
+
+
+def test_setting_up_a_compiled_and_set_up_model_again_is_refused() -> None:
+    lite = LightningLite(accelerator="cpu", devices=1)
+    plain = _net()
+    compiled = torch.compile(plain)
+    model = lite.setup(compiled)
+    for again in (torch.compile(model), compiled, plain):
+        with pytest.raises(MisuseError, match="already set up by Lite"):
+            lite.setup(again)
