@@ -277,17 +277,18 @@ def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="session")
-def set_up_model_job(run_script, tmp_path_factory, inductor_cache) -> Callable[[str, int], Any]:
-    """`set_up_model_job(strategy, devices)` -> (record, out_dir) of `tests/scripts/set_up_model.py`
-    (methods, torch.compile and a tiny GPT-2 through Lite), run once per strategy in a pytest run."""
+def set_up_model_job(run_script, tmp_path_factory, inductor_cache) -> Callable[..., Any]:
+    """`set_up_model_job(strategy, devices, timeout=240)` -> (record, out_dir) of
+    `tests/scripts/set_up_model.py` (methods, torch.compile and a tiny GPT-2 through Lite), run
+    once per strategy in a pytest run."""
     import json
 
     jobs: dict[tuple[str, int], Any] = {}
 
-    def get(strategy: str, devices: int) -> Any:
+    def get(strategy: str, devices: int, timeout: float = 240) -> Any:
         if (strategy, devices) not in jobs:
             out_dir = tmp_path_factory.mktemp(f"set-up-model-{strategy}")
-            proc = run_script("set_up_model.py", strategy, devices, out_dir, timeout=240)
+            proc = run_script("set_up_model.py", strategy, devices, out_dir, timeout=timeout)
             assert proc.returncode == 0, describe(proc)
             jobs[strategy, devices] = (json.loads((out_dir / "record.json").read_text()), out_dir)
         return jobs[strategy, devices]
