@@ -100,8 +100,13 @@ class Scenario(LightningLite):
             state["step"] = step + 1
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         self.save({"model": model}, Path(out_dir, "final"))
-        return {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
-                "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+        result = {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
+                  "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+        if resume is None and self.strategy.precision.name == "32-true":  # test_evaluation.py checks it
+            from evaluation import evaluate_all
+
+            result["evaluation"] = evaluate_all(self, model)
+        return result
 
     def failed_save(self, model: nn.Module, out_dir: str) -> dict[str, Any]:
         """What each rank raised from a save that cannot succeed (a function in the content), and

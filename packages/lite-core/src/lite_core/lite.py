@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
+from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
@@ -83,6 +84,7 @@ class LightningLite:
         self._callbacks = _arguments.as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
+        self._evaluation_passes: weakref.WeakSet[_data.EvaluationPass] = weakref.WeakSet()
         self._inside_run = False
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
@@ -96,12 +98,13 @@ class LightningLite:
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[])
+        state.update(_set_up=None, _models=[], _evaluation_passes=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._set_up = weakref.WeakSet()
+        self._evaluation_passes = weakref.WeakSet()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -254,13 +257,39 @@ class LightningLite:
         return wrapped
 
     def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
-                          move_to_device: bool = True) -> Any:
-        """Shard each dataloader across processes and move its batches to the device."""
+                          move_to_device: bool = True, sharding: str = "auto") -> Any:
+        """Shard each dataloader across processes and move its batches to the device.
+
+        Under a distributed strategy each rank loads its own shard (ranks that hold the same data,
+        e.g. tensor-parallel peers, share one). A training pass and an evaluation pass shard
+        differently:
+
+        - training: every rank gets as many samples, so DDP's and FSDP's collectives line up;
+          where the dataset does not split evenly, samples from its start are repeated;
+        - evaluation: every sample once, none repeated; every rank still iterates as many
+          batches, the last one smaller or, where fewer samples than ranks remain, empty (0 rows),
+          so a collective called once per batch is called as often on every rank. Summing over
+          the ranks (`all_reduce`, `all_gather`, `gather_for_metrics`, torchmetrics) gives what
+          one process computes.
+
+        Args:
+            dataloaders: torch `DataLoader`s.
+            replace_sampler: shard each loader (`False`: its sampler already yields this rank's
+                samples, e.g. your own `DistributedSampler`).
+            move_to_device: move each batch to this process's device.
+            sharding: `"auto"` decides when each pass starts: a pass that starts with gradients
+                disabled (`torch.no_grad()`, `torch.inference_mode()`) or with every set-up model
+                in eval mode (`model.eval()`) is an evaluation pass; `"evaluation"` or
+                `"training"` shards every pass that way.
+        """
+        if sharding not in _SHARDINGS:
+            raise MisuseError(f"setup_dataloaders() got sharding={sharding!r}: pass one of {', '.join(map(repr, _SHARDINGS))}.")
         self._require_environment("setup_dataloaders")
-        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device) for d in dataloaders]
+        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding) for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
-    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool) -> LiteDataLoader:
+    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool,
+                          sharding: str) -> LiteDataLoader:
         if not isinstance(dataloader, DataLoader):
             raise MisuseError(
                 f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
@@ -268,11 +297,37 @@ class LightningLite:
             )
         self._claim(dataloader, "dataloader")
         shard = self._strategy.distributed_sampler_kwargs()
+        evaluation = None
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
-            dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
+            evaluation = self._evaluation_pass(dataloader, shard, seed, sharding)
+            if sharding != "evaluation":
+                dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
+            elif evaluation is not None:
+                dataloader = evaluation.dataloader
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
-        return LiteDataLoader(dataloader, self._strategy if move_to_device else None)
+        if evaluation is not None and evaluation.dataloader is not dataloader:
+            _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
+        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation)
+
+    def _evaluation_pass(self, dataloader: DataLoader, shard: dict[str, int], seed: int,
+                         sharding: str) -> _data.EvaluationPass | None:
+        """The evaluation shard of `dataloader` and when it applies (`None`: never)."""
+        if sharding == "training":
+            return None
+        loader = _data.distribute_for_evaluation(dataloader, shard["num_replicas"], shard["rank"], seed)
+        if not isinstance(loader.sampler, _data.EvaluationSampler):
+            return None  # the dataset or the user's sampler decides what each rank reads
+        applies = self._evaluating if sharding == "auto" else _always
+        evaluation = _data.EvaluationPass(loader, applies, automatic=sharding == "auto")
+        self._evaluation_passes.add(evaluation)
+        return evaluation
+
+    def _evaluating(self) -> bool:
+        """Whether a pass over a loader set up with `sharding="auto"` starting now evaluates."""
+        if not torch.is_grad_enabled():
+            return True
+        return bool(self._models) and not any(model.module.training for model in self._models)
 
     def _claim(self, obj: Any, kind: str) -> None:
         if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
@@ -303,10 +358,19 @@ class LightningLite:
                 " through the model the loss belongs to: call backward(loss, model=model)."
             )
         if self._strategy.is_distributed:
+            self._check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
+
+    def _check_not_evaluating(self) -> None:
+        if any(p.running and p.automatic for p in self._evaluation_passes):
+            raise MisuseError(
+                "backward() ran inside a pass over a dataloader that Lite sharded for evaluation (the pass began"
+                " with gradients disabled or every set-up model in eval mode): call model.train() and iterate"
+                " with gradients enabled, or set the loader up with setup_dataloaders(..., sharding='training')."
+            )
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
@@ -422,6 +486,27 @@ class LightningLite:
         data = collective_input(data, self.device, move=self._strategy.batch_to_device)
         return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
 
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Each tensor in `data` concatenated over the processes along its first dimension.
+
+        For evaluation: call it on each batch's predictions and targets (or once on everything a
+        process collected) and compute the metric from the result. Processes may hold different
+        numbers of rows (the last batch of an evaluation pass is smaller or empty on some ranks);
+        each row appears once, nothing is left out or repeated, and processes that hold the same
+        data (tensor-parallel peers) count once. Over the batches of an evaluation pass the rows
+        come in the one-process order. With one process it returns `data` as tensors.
+
+        Args:
+            data: a tensor, a Python number, or dicts, lists and tuples of them. A 0-dim tensor or
+                a number counts as one row. Beyond the first, every dimension must be the same on
+                every process.
+
+        Returns:
+            `data`'s structure with each leaf a tensor on `self.device` holding every process's rows.
+        """
+        self._require_collectives("gather_for_metrics")
+        return gather_for_metrics(data, self._strategy)
+
     def _require_collectives(self, method: str) -> None:
         if self._strategy.is_distributed and not self._strategy.environment_ready:
             raise MisuseError(f"{method}() needs the processes to be running: call it inside run() or after launch().")
@@ -492,6 +577,14 @@ class LightningLite:
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
         return _seed.seed_everything(seed, workers=workers)
+
+
+#: What `setup_dataloaders(sharding=...)` accepts.
+_SHARDINGS = ("auto", "training", "evaluation")
+
+
+def _always() -> bool:
+    return True
 
 
 def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
