@@ -54,10 +54,10 @@ def make_data(samples: int) -> TensorDataset:
     return TensorDataset(x, x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(samples, 1, generator=generator))
 
 
-def _pass_context(model: nn.Module, how: str) -> Any:
+def _pass_context(model: nn.Module, how: str, device: torch.device) -> Any:
     model.eval()
-    if how == "no_grad":
-        return torch.no_grad()
+    if how == "no_grad" or (how == "inference_mode" and device.type == "xla"):
+        return torch.no_grad()  # torch-xla 2.9 fails in inference mode ("Cannot set version_counter")
     if how == "inference_mode":
         return torch.inference_mode()
     return contextlib.nullcontext()  # eval mode alone
@@ -74,7 +74,7 @@ def evaluate(lite: LightningLite, model: nn.Module, samples: int, how: str) -> d
     loader = lite.setup_dataloaders(DataLoader(make_data(samples), batch_size=BATCH))
     metric = make_metric(lite)
     total, rows, gathered, local_targets = 0.0, 0, [], []
-    with _pass_context(model, how):
+    with _pass_context(model, how, lite.device):
         batches = len(loader)
         for x, y in loader:
             out = model(x)
