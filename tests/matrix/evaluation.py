@@ -7,9 +7,10 @@ evaluates scenario.py's seeded, untrained model under cells the matrix does not 
     python evaluation.py OUT_DIR
 
 The constructor arguments come from the environment, as in `scenario.py` (`LITE_STRATEGY`,
-`LITE_DEVICES`, ...). The model is evaluated with a batch of 4 on datasets that do not split evenly over 2 or 3 processes: 11 samples; 9 samples (over 2
-processes rank 1's last batch is empty); 1 sample (every rank but 0 has nothing). Each dataset
-is evaluated the three ways users write it, in one pass:
+`LITE_DEVICES`, ...). The model is evaluated with a batch of 4 on datasets that do not split
+evenly over 2 or 3 processes: 11 samples; 9 samples (over 2 processes rank 1's last batch is
+empty); 1 sample (every rank but 0 has nothing). Each dataset is evaluated the three ways users
+write it, in one pass:
 
 - `mnist`: the MNIST example's sum of `.item()` losses, `self.all_gather(total).sum() / len(dataset)`;
 - `torchmetrics`: a `MeanSquaredError` updated per batch and `compute()`d (torchmetrics syncs over

@@ -31,11 +31,22 @@ EXACT_EVALUATION = 1e-6
 THREE_PROCESSES = [Cell(strategy, 3, timeout=120) for strategy in ("ddp", "ddp_spawn", "ddp_fork", "fsdp")]
 EVALUATION_CELLS = [cell for cell in CELLS if cell.precision == "32-true"] + THREE_PROCESSES
 
+#: Known failures: cell id -> why.
+EVALUATION_XFAIL = {
+    "tpu-xla_fsdp-2-32-true": (
+        "XLA's CPU harness (replicas as threads sharing one compilation cache): torch-xla FSDP's forward"
+        " gathers parameters inside the graph that also computes the batch, so replicas whose last"
+        " evaluation batches differ in size compile different graphs whose all-gathers get different"
+        " ids, and XLA's CPU rendezvous aborts after 10 s"),
+}
+
 
 def _param(cell: Cell) -> Any:
     marks = [pytest.mark.timeout(cell.timeout + 30)]
     if cell.devices > 1:
         marks.append(pytest.mark.multiprocess)
+    if cell.id in EVALUATION_XFAIL:
+        marks.append(pytest.mark.xfail(strict=True, reason=EVALUATION_XFAIL[cell.id]))
     reason = skip_reason(cell)
     if reason:
         marks.append(pytest.mark.skip(reason=reason))
@@ -64,7 +75,8 @@ def evaluation_of(scenario_run: Any, run_script: Callable[..., Any], output_of: 
             result, _ = scenario_run(cell)
             return result, result["weights"]
         out_dir = tmp_path_factory.mktemp(f"evaluation-{cell.id}")
-        return run_scenario(run_script, output_of, cell, out_dir, script=SCENARIO.with_name("evaluation.py")), _initial()
+        script = SCENARIO.with_name("evaluation.py")
+        return run_scenario(run_script, output_of, cell, out_dir, script=script), _initial()
 
     return get
 

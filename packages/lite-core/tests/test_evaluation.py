@@ -16,13 +16,13 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lite_core import LightningLite
-from lite_core._data import EvaluationSampler, distribute_for_evaluation, emptied, evenly_batched
+from lite_core._data import EvaluationSampler, EvenBatches, distribute_for_evaluation, emptied
 from lite_core.errors import MisuseError
 
 
 def _rank_batches(loader: DataLoader, replicas: int, rank: int, seed: int = 0) -> list[list[int]]:
     sharded = distribute_for_evaluation(loader, replicas, rank, seed)
-    return [batch.tolist() for batch in evenly_batched(iter(sharded), sharded, lambda batch: batch)]
+    return [batch.tolist() for batch in EvenBatches(sharded)]
 
 
 @pytest.mark.parametrize(("samples", "batch", "replicas"), [(11, 4, 2), (9, 4, 2), (11, 4, 3), (1, 4, 2),
@@ -87,7 +87,7 @@ def test_a_rank_without_samples_gets_an_empty_batch_like_the_others() -> None:
     data = [(torch.full((3,), float(i)), i) for i in range(1)]
     loader = distribute_for_evaluation(DataLoader(data, batch_size=4), 2, 1, 0)
     assert len(loader) == 0 and isinstance(loader.sampler, EvaluationSampler)
-    (x, y), = evenly_batched(iter(loader), loader, lambda batch: batch)
+    (x, y), = EvenBatches(loader)
     assert x.shape == (0, 3) and y.shape == (0,) and y.dtype == torch.int64
 
 
@@ -164,8 +164,9 @@ def test_gather_for_metrics_on_one_device_returns_tensors_with_rows() -> None:
     assert gathered["pair"][0].tolist() == [1] and gathered["pair"][1][0].tolist() == [1.5]
 
 
-@pytest.mark.parametrize(("data", "kind"), [("text", "str"), (object(), "object"), ({"a": [torch.ones(1), None]}, "NoneType")])
+@pytest.mark.parametrize(("data", "kind"), [("text", "str"), (object(), "object"),
+                                            ({"a": [torch.ones(1), None]}, "NoneType")])
 def test_gather_for_metrics_names_what_it_cannot_send(data: Any, kind: str) -> None:
     lite = LightningLite(accelerator="cpu")
-    with pytest.raises(MisuseError, match=rf"^gather_for_metrics\(\) cannot send a {kind}: pass tensors"):
+    with pytest.raises(MisuseError, match=rf"^gather_for_metrics\(\) cannot send a value of type {kind}: pass tensors"):
         lite.gather_for_metrics(data)

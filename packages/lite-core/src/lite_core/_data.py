@@ -7,7 +7,7 @@ import functools
 import inspect
 import math
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -212,22 +212,38 @@ def _one_process_order(dataloader: DataLoader, sampler: Any, seed: int) -> Sampl
     return sampler  # SequentialSampler, or the user's own, drawn alike on every rank
 
 
-def evenly_batched(batches: Iterable[Any], dataloader: DataLoader, move: Callable[[Any], Any]) -> Iterator[Any]:
-    """`batches` (an evaluation pass over `dataloader`), then empty batches until this rank has
-    iterated as many as every other rank; an empty batch has the structure of the last one (or of
-    one collated sample, moved with `move`) with 0 rows."""
-    shard = dataloader.sampler
-    missing = shard.batches_per_rank - len(dataloader)
-    last = None
-    for last in batches:
-        yield last
-    for _ in range(missing):
-        yield emptied(last if last is not None else move(_one_sample_batch(dataloader, shard)))
+class EvenBatches:
+    """An evaluation pass over `dataloader` (from `distribute_for_evaluation`): its batches, then
+    empty ones until this rank has as many as every other rank. An empty batch has the structure
+    of the rank's last batch (or of one collated sample) with 0 rows.
+
+    It stands where the dataloader stands (its other attributes are the dataloader's), so that a
+    strategy's device loader (XLA's, which marks a step per batch) sees every rank's batches alike.
+    """
+
+    def __init__(self, dataloader: DataLoader) -> None:
+        self.dataloader = dataloader
+
+    def __len__(self) -> int:
+        return self.dataloader.sampler.batches_per_rank
+
+    def __iter__(self) -> Iterator[Any]:
+        missing = len(self) - len(self.dataloader)
+        last = None
+        for last in self.dataloader:
+            yield last
+        for _ in range(missing):
+            yield emptied(last if last is not None else _one_sample_batch(self.dataloader))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataloader":
+            raise AttributeError(name)
+        return getattr(self.dataloader, name)
 
 
-def _one_sample_batch(dataloader: DataLoader, shard: EvaluationSampler) -> Any:
-    """A batch of the order's first sample, as the loader collates it."""
-    index = next(iter(shard.order))
+def _one_sample_batch(dataloader: DataLoader) -> Any:
+    """A batch of the evaluation order's first sample, as the loader collates it."""
+    index = next(iter(dataloader.sampler.order))
     return dataloader.collate_fn([dataloader.dataset[index]])
 
 

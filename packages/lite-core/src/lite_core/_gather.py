@@ -27,7 +27,7 @@ def gather_for_metrics(data: Any, strategy: Strategy) -> Any:
     for leaf in leaves:
         if not isinstance(leaf, (torch.Tensor, bool, int, float)):
             raise MisuseError(
-                f"gather_for_metrics() cannot send a {type(leaf).__name__}: pass tensors, Python numbers,"
+                f"gather_for_metrics() cannot send a value of type {type(leaf).__name__}: pass tensors, Python numbers,"
                 " or dicts, lists and tuples of them."
             )
     moved = collective_input(leaves, strategy.root_device, move=strategy.batch_to_device)

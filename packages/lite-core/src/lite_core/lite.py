@@ -283,7 +283,8 @@ class LightningLite:
                 `"training"` shards every pass that way.
         """
         if sharding not in _SHARDINGS:
-            raise MisuseError(f"setup_dataloaders() got sharding={sharding!r}: pass one of {', '.join(map(repr, _SHARDINGS))}.")
+            choices = ", ".join(map(repr, _SHARDINGS))
+            raise MisuseError(f"setup_dataloaders() got sharding={sharding!r}: pass one of {choices}.")
         self._require_environment("setup_dataloaders")
         wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding) for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
-from lite_core._data import EvaluationPass, evenly_batched
+from lite_core._data import EvaluationPass, EvenBatches
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
 
@@ -275,15 +275,13 @@ class LiteDataLoader:
         return self._batches(self._dataloader, self._position)
 
     def _evaluation_pass(self, evaluation: EvaluationPass) -> Iterator[Any]:
-        loader = evaluation.dataloader
-        move = self._strategy.batch_to_device if self._strategy is not None else (lambda batch: batch)
         evaluation.running = True
         try:
-            yield from evenly_batched(self._batches(loader, self._evaluation_position), loader, move)
+            yield from self._batches(EvenBatches(evaluation.dataloader), self._evaluation_position)
         finally:
             evaluation.running = False
 
-    def _batches(self, dataloader: DataLoader, position: LoaderPosition) -> Iterator[Any]:
+    def _batches(self, dataloader: DataLoader | EvenBatches, position: LoaderPosition) -> Iterator[Any]:
         # One generator for the whole pass (no nested one): it runs once per batch.
         position.start_epoch()
         if self._strategy is None:
