@@ -39,11 +39,19 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from torchmetrics import MeanSquaredError
 
 from lite_core import LightningLite
 
 FEATURES = 4  # scenario.py's model's inputs
+#: Strategies whose matrix cells do not evaluate (`scenario.py` skips `evaluate_all`), and why;
+#: test_evaluation.py reports each cell of theirs as skipped with this reason.
+NOT_EVALUATED = {
+    "xla_fsdp": (
+        "not proven: on XLA's CPU harness (replicas as threads sharing one compilation cache) torch-xla"
+        " FSDP's forward gathers parameters inside the graph that computes the batch, so replicas whose"
+        " last evaluation batches differ in size compile graphs whose all-gathers get different ids, and"
+        " XLA's CPU rendezvous aborts the job after 10 s"),
+}
 BATCH = 4
 #: dataset name -> (samples, how its evaluation pass starts)
 DATASETS = {"eleven": (11, "no_grad"), "nine": (9, "eval_mode"), "one": (1, "inference_mode")}
@@ -99,7 +107,9 @@ def evaluate(lite: LightningLite, model: nn.Module, samples: int, how: str) -> d
     }
 
 
-def make_metric(lite: LightningLite) -> MeanSquaredError:
+def make_metric(lite: LightningLite) -> Any:
+    from torchmetrics import MeanSquaredError  # imported by the runs that evaluate only
+
     if lite.world_size > 1 and not torch.distributed.is_initialized():  # XLA: torchmetrics cannot sync itself
         metric = MeanSquaredError(distributed_available_fn=lambda: True,
                                   dist_sync_fn=lambda tensor, group=None: list(lite.all_gather(tensor)))

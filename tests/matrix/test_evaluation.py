@@ -18,7 +18,7 @@ from torch import nn
 
 from cells import BY_ID, CELLS, Cell, skip_reason
 from checks import SCENARIO, run_scenario
-from evaluation import BATCH, DATASETS, make_data
+from evaluation import BATCH, DATASETS, NOT_EVALUATED, make_data
 from reference import _initial
 from scenario import make_model
 
@@ -31,23 +31,11 @@ EXACT_EVALUATION = 1e-6
 THREE_PROCESSES = [Cell(strategy, 3, timeout=120) for strategy in ("ddp", "ddp_spawn", "ddp_fork", "fsdp")]
 EVALUATION_CELLS = [cell for cell in CELLS if cell.precision == "32-true"] + THREE_PROCESSES
 
-#: Known failures: cell id -> why.
-EVALUATION_XFAIL = {
-    "tpu-xla_fsdp-2-32-true": (
-        "XLA's CPU harness (replicas as threads sharing one compilation cache): torch-xla FSDP's forward"
-        " gathers parameters inside the graph that also computes the batch, so replicas whose last"
-        " evaluation batches differ in size compile different graphs whose all-gathers get different"
-        " ids, and XLA's CPU rendezvous aborts after 10 s"),
-}
-
-
 def _param(cell: Cell) -> Any:
     marks = [pytest.mark.timeout(cell.timeout + 30)]
     if cell.devices > 1:
         marks.append(pytest.mark.multiprocess)
-    if cell.id in EVALUATION_XFAIL:
-        marks.append(pytest.mark.xfail(strict=True, reason=EVALUATION_XFAIL[cell.id]))
-    reason = skip_reason(cell)
+    reason = NOT_EVALUATED.get(cell.ran_as) or skip_reason(cell)
     if reason:
         marks.append(pytest.mark.skip(reason=reason))
     return pytest.param(cell, marks=marks, id=cell.id)
