@@ -170,3 +170,20 @@ def test_gather_for_metrics_names_what_it_cannot_send(data: Any, kind: str) -> N
     lite = LightningLite(accelerator="cpu")
     with pytest.raises(MisuseError, match=rf"^gather_for_metrics\(\) cannot send a value of type {kind}: pass tensors"):
         lite.gather_for_metrics(data)
+
+
+class _NamedLoader(DataLoader):
+    def __init__(self, data: Any, name: str, batch_size: int) -> None:
+        self.name = name
+        super().__init__(data, batch_size=batch_size, shuffle=True)
+
+
+def test_a_dataloader_subclass_created_inside_run_is_rebuilt_for_evaluation() -> None:
+    from lite_core._data import recording_loader_arguments
+
+    with recording_loader_arguments():  # what run() does around the user's code
+        loader = _NamedLoader(list(range(9)), "mine", batch_size=4)
+    shards = [distribute_for_evaluation(loader, 2, rank, seed=1) for rank in range(2)]
+    assert all(type(s) is _NamedLoader and s.name == "mine" and s.batch_size == 4 for s in shards)
+    seen = [[i for batch in EvenBatches(s) for i in batch.tolist()] for s in shards]
+    assert sorted(seen[0] + seen[1]) == list(range(9)) and seen[0] != list(range(5))  # shuffled, once each
