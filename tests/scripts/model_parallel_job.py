@@ -116,8 +116,15 @@ def empty_init(lite: LightningLite) -> dict:
     on_meta = all(p.is_meta for p in model.parameters())
     model = lite.setup_module(model)
     local = {n: p.to_local().numel() for n, p in model.named_parameters()}
-    return {"on_meta": on_meta, "local_numel": local, "final": full_weights(model),
-            "scale": model.scale.detach().clone()}
+    built = full_weights(model)
+    # setup_module + setup_optimizers: an optimizer made from the returned model's parameters.
+    optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=LR))
+    optimizer.zero_grad()
+    lite.backward(nn.functional.mse_loss(model(lite.to_device(X)), lite.to_device(Y)))
+    optimizer.step()
+    refused = error_of(lambda: lite.setup_optimizers(torch.optim.SGD(MLP().parameters(), lr=LR)))
+    return {"on_meta": on_meta, "local_numel": local, "final": built, "scale": model.scale.detach().clone(),
+            "stepped": full_weights(model), "foreign_optimizer": refused}
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

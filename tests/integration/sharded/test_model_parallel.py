@@ -109,6 +109,18 @@ def test_empty_init_builds_on_meta_and_equals_a_normal_build(job):
     assert torch.equal(run["scale"], torch.linspace(0.5, 1.5, 8))  # a buffer computed in __init__
 
 
+def test_setup_module_then_setup_optimizers_trains_and_refuses_a_foreign_optimizer(job):
+    run = job["empty_init"]
+    torch.manual_seed(7)
+    model = job_module.MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=job_module.LR)
+    nn.functional.mse_loss(model(job_module.X), job_module.Y).backward()
+    optimizer.step()
+    assert_close_and_moved(run["stepped"], model.state_dict(), run["final"], atol=1e-6)
+    assert run["foreign_optimizer"] == ("This optimizer updates no model set up by strategy='model_parallel': create it"
+                                        " from the parameters of the model returned by setup_module().")
+
+
 @pytest.mark.parametrize(("precision", "tolerance"), [("bf16-mixed", 1e-4), ("bf16-true", 2e-3)])
 def test_precisions_match_plain_pytorch_in_the_same_precision(job, precision, tolerance):
     # Tensor parallelism rounds each split matmul's bfloat16 result before summing the parts, so the
