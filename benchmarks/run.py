@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "ddp", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "ddp", "tp", "import", "launch", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -59,6 +59,7 @@ class Config:
     name: str
     single: StepPlan
     ddp: StepPlan
+    tp: StepPlan
     import_reps: int
     importtime_reps: int
     launch_reps: int
@@ -74,6 +75,7 @@ QUICK = Config(
     name="quick",
     single=StepPlan(("tiny", "mlp2048"), reps=(24, 5), steps=(250, 3), warmup=(200, 2)),
     ddp=StepPlan(("tiny", "mlp1024"), reps=(12, 6), steps=(60, 3), warmup=(30, 1)),
+    tp=StepPlan(("mlp512tp",), reps=(8,), steps=(10,), warmup=(5,)),
     import_reps=3, importtime_reps=1, launch_reps=2, launch_steps=10, memory_reps=2, memory_steps=3,
     memory_default_allocator=False, step_timeout_s=180, child_timeout_s=90,
 )
@@ -81,12 +83,13 @@ FULL = Config(
     name="full",
     single=StepPlan(("tiny", "mlp2048"), reps=(40, 15), steps=(500, 5), warmup=(300, 3)),
     ddp=StepPlan(("tiny", "mlp1024"), reps=(20, 10), steps=(200, 6), warmup=(50, 2)),
+    tp=StepPlan(("mlp512tp",), reps=(16,), steps=(20,), warmup=(10,)),
     import_reps=12, importtime_reps=4, launch_reps=6, launch_steps=10, memory_reps=4, memory_steps=5,
     memory_default_allocator=True, step_timeout_s=420, child_timeout_s=120,
 )
 
 #: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
-TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
+TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005, "tp:mlp512tp": 1.02,
            "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
            "memory-default-malloc": None}
 
@@ -267,6 +270,16 @@ def bench_ddp(ctx: Context) -> list[Row]:
     return step_rows(json.loads(out.read_text()), "ddp", "Step, 2-proc DDP (gloo), rank 0")
 
 
+def bench_tp(ctx: Context) -> list[Row]:
+    """Measurement 2b: per-step time on 4 processes (dp2 x tp2), a hand-written tensor-parallel x
+    FSDP2 loop vs the same model through `ModelParallelStrategy` (plus A/A control)."""
+    out = ctx.workdir / "tp.json"
+    command = [ctx.python, str(HERE / "_tp_worker.py"), "--threads", "1", "--out", str(out),
+               *_plan_args(ctx.config.tp)]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    return step_rows(json.loads(out.read_text()), "tp", "Step, 4-proc tensor parallel x FSDP2 (gloo), rank 0")
+
+
 # -- import time ----------------------------------------------------------------------------------
 def interleave(reps: int, plain: Callable[[], float], lite: Callable[[], float]) -> tuple[list[float], list[float]]:
     """Call `plain` and `lite` `reps` times each, alternating which goes first (ABBA...)."""
@@ -394,7 +407,7 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
-    "steps": bench_steps, "loader": bench_loader, "ddp": bench_ddp, "import": bench_import,
+    "steps": bench_steps, "loader": bench_loader, "ddp": bench_ddp, "tp": bench_tp, "import": bench_import,
     "launch": bench_launch, "memory": bench_memory,
 }
 
