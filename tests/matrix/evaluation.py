@@ -76,12 +76,15 @@ def evaluate_all(lite: LightningLite, model: nn.Module) -> dict[str, Any]:
     """Every dataset evaluated by `model` (set up by `lite`), then a training pass's counts."""
     results: dict[str, Any] = {name: evaluate(lite, model, samples, how) for name, (samples, how) in DATASETS.items()}
     results["training_pass"] = training_pass(lite, model)
+    sharding = lite.strategy.distributed_sampler_kwargs()
+    results["replicas"] = sharding["num_replicas"] if sharding else lite.world_size  # ranks with distinct data
     return results
 
 
 def evaluate(lite: LightningLite, model: nn.Module, samples: int, how: str) -> dict[str, Any]:
     loader = lite.setup_dataloaders(DataLoader(make_data(samples), batch_size=BATCH))
-    metric = make_metric(lite)
+    group = data_parallel_group(lite)
+    metric = make_metric(lite, group)
     total, rows, gathered, local_targets = 0.0, 0, [], []
     with _pass_context(model, how, lite.device):
         batches = len(loader)
@@ -90,13 +93,13 @@ def evaluate(lite: LightningLite, model: nn.Module, samples: int, how: str) -> d
             total += nn.functional.mse_loss(out, y, reduction="sum").item()
             metric.update(out, y)
             gathered.append(lite.gather_for_metrics({"pred": out, "target": (y,), "rows": len(y)}))
-            rows += int(lite.all_reduce(len(y), reduce_op="sum").item())
+            rows += int(lite.all_reduce(len(y), group=group, reduce_op="sum").item())
             local_targets.append(y)
     preds = torch.cat([g["pred"] for g in gathered])
     targets = torch.cat([g["target"][0] for g in gathered])
     once = lite.gather_for_metrics(torch.cat(local_targets))  # collected locally, gathered once
     return {
-        "mnist": (lite.all_gather(total).sum() / len(loader.dataset)).item(),
+        "mnist": (lite.all_gather(total, group=group).sum() / len(loader.dataset)).item(),
         "torchmetrics": metric.compute().item(),
         "gathered": nn.functional.mse_loss(preds, targets).item(),
         "gathered_targets": targets.flatten().tolist(),
@@ -107,14 +110,22 @@ def evaluate(lite: LightningLite, model: nn.Module, samples: int, how: str) -> d
     }
 
 
-def make_metric(lite: LightningLite) -> Any:
+def data_parallel_group(lite: LightningLite) -> Any:
+    """The group of ranks that hold distinct data: under `model_parallel` the mesh's data-parallel
+    group (tensor-parallel peers hold the same samples, so a sum over the whole world counts each
+    sample once per peer), else `None` (the whole world), as a user of tensor parallelism writes it."""
+    mesh = getattr(lite.strategy, "device_mesh", None)
+    return None if mesh is None else mesh["data_parallel"].get_group()
+
+
+def make_metric(lite: LightningLite, group: Any = None) -> Any:
     from torchmetrics import MeanSquaredError  # imported by the runs that evaluate only
 
     if lite.world_size > 1 and not torch.distributed.is_initialized():  # XLA: torchmetrics cannot sync itself
         metric = MeanSquaredError(distributed_available_fn=lambda: True,
                                   dist_sync_fn=lambda tensor, group=None: list(lite.all_gather(tensor)))
     else:
-        metric = MeanSquaredError()
+        metric = MeanSquaredError(process_group=group)
     return metric.to(lite.device)
 
 

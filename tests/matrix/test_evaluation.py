@@ -74,6 +74,7 @@ def test_evaluation_equals_one_process(cell: Cell, evaluation_of: Any) -> None:
     result, weights = evaluation_of(cell)
     assert (result["strategy"], result["world_size"]) == (cell.ran_as, cell.devices)
     evaluated = result["evaluation"]
+    replicas = evaluated.get("replicas", cell.devices)  # model_parallel: its data-parallel size
     for name, (samples, how) in DATASETS.items():
         got, plain = evaluated[name], plain_evaluation(weights, samples)
         where = f"{name} ({samples} samples, pass under {how})"
@@ -85,9 +86,9 @@ def test_evaluation_equals_one_process(cell: Cell, evaluation_of: Any) -> None:
         assert got["gathered_targets"] == plain["targets"], f"{where}: gathered targets {got['gathered_targets']}"
         assert got["gathered_once"] == sorted(plain["targets"]), f"{where}: gathered once {got['gathered_once']}"
         assert got["gathered_rows"] == got["all_reduced_rows"] == samples, where
-        rounds = -(-samples // (BATCH * cell.devices))
+        rounds = -(-samples // (BATCH * replicas))
         assert got["len"] == [rounds] * cell.devices, f"{where}: len(loader) per rank {got['len']}"
     # a training pass keeps every rank's batches (and samples) equal, as DDP needs
-    per_rank = -(-11 // cell.devices)
+    per_rank = -(-11 // replicas)
     assert evaluated["training_pass"] == {"rows": [per_rank] * cell.devices,
                                           "batches": [-(-per_rank // BATCH)] * cell.devices}, evaluated["training_pass"]
