@@ -6,6 +6,7 @@ import atexit
 import functools
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core._move import collective_input
+from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
@@ -84,6 +86,7 @@ class LightningLite:
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
         self._inside_run = False
+        self._background_saves = BackgroundSaves()
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
         self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
@@ -185,8 +188,11 @@ class LightningLite:
         outer, self._inside_run = self._inside_run, True
         try:
             with self._strategy.run_context(), _data.recording_loader_arguments():
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                self.wait_for_checkpoint()
+                return result
         except BaseException as err:
+            self._background_saves.abandon()
             self._strategy.mark_failed()
             if not _is_clean_exit(err):
                 record_failure(self.local_rank)
@@ -437,10 +443,38 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
-    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
-        """Save `content` (modules and optimizers become their state) atomically from rank 0."""
+    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
+        """Save `content` (modules and optimizers become their state) atomically from rank 0.
+
+        Args:
+            content: what to save, by key; modules, optimizers and objects with `state_dict()`
+                are saved as their state.
+            filepath: the file (or, under `fsdp`, the directory) to write.
+            blocking: `False` returns once the state is copied to host memory and writes it in a
+                background thread while training goes on. The next `save`, `load`,
+                `wait_for_checkpoint()` and the end of `run()` wait for it, and raise a
+                `CheckpointError` on every rank if the write failed. A strategy that cannot write
+                in the background saves in the foreground with a warning that says why.
+        """
         self._require_collectives("save")
-        self._strategy.save_checkpoint(os.fspath(filepath), content)
+        self.wait_for_checkpoint()
+        path = os.fspath(filepath)
+        reason = None if blocking else self._strategy.why_no_background_save()
+        if blocking or reason is not None:
+            if reason is not None:
+                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
+                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=2)
+            self._strategy.save_checkpoint(path, content)
+            return
+        self._background_saves.start(path, self._strategy.stage_checkpoint(path, content))
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the checkpoint that `save(..., blocking=False)` is writing is complete.
+
+        Raises a `CheckpointError` on every rank if its write failed on any rank. Every rank must
+        call it; it returns at once when no save is in flight.
+        """
+        self._background_saves.wait(self._strategy)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
@@ -464,6 +498,7 @@ class LightningLite:
         """
         from lite_core.checkpoint._io import existing_or_previous
 
+        self.wait_for_checkpoint()
         path = existing_or_previous(os.fspath(filepath))
         if missing_ok and not os.path.exists(path):
             return {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -169,6 +169,12 @@ class FSDPStrategy(DDPStrategy):
             _fsdp_checkpoint.save_full(self, path, content)
         else:
             _fsdp_checkpoint.save_sharded(self, path, content)
+
+    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Callable[[], None]:
+        """Sharded: torch distributed checkpoint's `async_save`; full: gathered to rank 0 and copied."""
+        if self.state_dict_type == "full":
+            return _fsdp_checkpoint.stage_full(self, path, content)
+        return _fsdp_checkpoint.stage_sharded(self, path, content)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
