@@ -87,6 +87,7 @@ class LightningLite:
         self._models: list[LiteModule] = []
         self._inside_run = False
         self._background_saves = BackgroundSaves()
+        self._profiler: Any = None
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
         self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
@@ -99,7 +100,7 @@ class LightningLite:
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[])
+        state.update(_set_up=None, _models=[], _profiler=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -503,6 +504,46 @@ class LightningLite:
         if missing_ok and not os.path.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+
+    @contextmanager
+    def profile(self, folder: str | os.PathLike[str], ranks: list[int] | None = None, wait: int = 1,
+                warmup: int = 1, active: int = 3, repeat: int = 1, **profiler_kwargs: Any) -> Generator[Any, None, None]:
+        """Run torch's profiler (`torch.profiler.profile`) on `ranks` and write one Chrome trace
+        per rank into `folder`: `trace-rank{R}.json` (`trace-rank{R}-{n}.json` with `repeat > 1`).
+
+        Mark each step with the `step()` of the object this yields, or let a `ThroughputMonitor`
+        do it (its `step()` marks the profiler's step too; use one or the other). The schedule
+        skips `wait` steps, warms up for `warmup` and records `active` steps, `repeat` times.
+
+        Args:
+            folder: where the traces go (created if needed).
+            ranks: the global ranks to profile; `None` profiles every rank.
+            wait: steps to skip before profiling.
+            warmup: steps profiled but thrown away (the profiler's own start-up cost).
+            active: steps recorded in the trace.
+            repeat: how many wait/warm-up/active cycles (each writes a trace).
+            **profiler_kwargs: passed on to `torch.profiler.profile` (`activities`,
+                `record_shapes`, `profile_memory`, `with_stack`, ...).
+
+        Example:
+            with self.profile("traces", wait=1, warmup=1, active=2) as prof:
+                for batch in loader:
+                    ...
+                    prof.step()
+        """
+        from lite_core.profiler import profile
+
+        with profile(self.global_rank, folder, ranks, wait, warmup, active, repeat, **profiler_kwargs) as prof:
+            outer, self._profiler = self._profiler, prof
+            try:
+                yield prof
+            finally:
+                self._profiler = outer
+
+    def _profiler_step(self) -> None:
+        """Mark a step of the profiler that `profile()` runs (called by `ThroughputMonitor.step`)."""
+        if self._profiler is not None:
+            self._profiler.step()
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""
