@@ -138,6 +138,7 @@ class ThroughputMonitor:
         self._steps: deque[tuple[float, int, int, float]] = deque(maxlen=window + 1)
         self._waited = 0.0
         self.step_count = 0
+        self._next_log = log_every_n_steps if log_every_n_steps > 0 else -1
 
     def _accelerator_peak(self, dtype: str | None) -> float | None:
         strategy = self._lite.strategy
@@ -164,14 +165,16 @@ class ThroughputMonitor:
         Returns:
             The metrics when this step logged them, else `None`.
         """
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise MisuseError(f"ThroughputMonitor.step() got batch_size={batch_size!r}: pass the number of"
-                              " samples in this step's batch, a positive int.")
-        self._steps.append((time.perf_counter(), batch_size, batch_size if items is None else items, self._waited))
+        # The hot path of every step: plain attribute reads, one clock reading, one append.
+        if type(batch_size) is not int or batch_size <= 0:
+            _refuse_batch_size(batch_size)
+        self._steps.append((_clock(), batch_size, items, self._waited))  # items None: the samples
         self._waited = 0.0
         self.step_count += 1
-        self._lite._profiler_step()
-        if self._log_every and self.step_count % self._log_every == 0:
+        if self._lite._profiler is not None:
+            self._lite._profiler.step()
+        if self.step_count == self._next_log:
+            self._next_log += self._log_every
             metrics = self.compute()
             if metrics:
                 self._lite.log_dict(metrics, step=self.step_count)
@@ -186,7 +189,7 @@ class ThroughputMonitor:
         steps = list(self._steps)[1:]  # the first entry only marks when the window's first step began
         elapsed = steps[-1][0] - self._steps[0][0]
         samples = sum(s[1] for s in steps) * self.data_parallel_size
-        items = sum(s[2] for s in steps) * self.data_parallel_size
+        items = sum(s[1] if s[2] is None else s[2] for s in steps) * self.data_parallel_size
         batches = len(steps) * self.data_parallel_size
         metrics = {
             "throughput/batches_per_sec": batches / elapsed,
@@ -217,6 +220,16 @@ class ThroughputMonitor:
         if "throughput/mfu" in metrics:
             postfix["MFU"] = f"{metrics['throughput/mfu']:.1%}"
         self._bar.set_postfix(postfix, refresh=False)
+
+
+_clock = time.perf_counter
+
+
+def _refuse_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0:
+        return  # an int subclass
+    raise MisuseError(f"ThroughputMonitor.step() got batch_size={batch_size!r}: pass the number of"
+                      " samples in this step's batch, a positive int.")
 
 
 def _matmul_dtype(precision: str) -> str:

@@ -36,7 +36,9 @@ class FSDPStrategy(DDPStrategy):
             process (torch distributed checkpoint); `"full"` writes one `torch.load`-able file
             from rank 0. `load` reads both kinds under any strategy and process count.
         reshard_after_forward: free the gathered parameters after the forward pass and gather
-            them again for backward (less memory, more communication).
+            them again for backward (less memory, more communication). `None` (default) is
+            torch's choice: every sharded submodule reshards, the root module keeps its
+            parameters for the backward pass that follows at once (one all-gather per step fewer).
         mixed_precision: a `torch.distributed.fsdp.MixedPrecisionPolicy` with which
             `fully_shard` casts the gathered parameters (and inputs, gradients, outputs) itself.
             By default it casts nothing: `precision="bf16-mixed"` then means what it means under
@@ -51,7 +53,7 @@ class FSDPStrategy(DDPStrategy):
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
 
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
-                 state_dict_type: str = "sharded", reshard_after_forward: bool = True,
+                 state_dict_type: str = "sharded", reshard_after_forward: bool | None = None,
                  timeout: float | timedelta | None = None, process_group_backend: str | None = None,
                  mixed_precision: Any = None) -> None:
         super().__init__(timeout=timeout, process_group_backend=process_group_backend)
