@@ -1,8 +1,9 @@
 """`save(..., blocking=False)` in 2-process jobs (`tests/scripts/background_save.py`): the
 checkpoint holds the state of the moment of the call although training goes on meanwhile, and a
 write that fails on rank 0 alone raises a CheckpointError on both ranks, at the next save and at
-`wait_for_checkpoint()`. `ddp` writes one file from a writer thread on rank 0; `fsdp` writes its
-shards through torch distributed checkpoint's `async_save`."""
+`wait_for_checkpoint()`. `ddp` (and `fsdp` with `state_dict_type="full"`) writes one file from a
+writer thread on rank 0; `fsdp` writes its shards through torch distributed checkpoint's
+`async_save`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_full"])
 def test_background_save_keeps_the_state_of_the_call_and_every_rank_sees_a_failed_write(
         run_script, output_of, tmp_path, strategy):
     proc = run_script("background_save.py", strategy, tmp_path)

@@ -1,6 +1,6 @@
 """Background checkpoints (`save(..., blocking=False)`) in a 2-process job.
 
-    python background_save.py STRATEGY OUT_DIR
+    python background_save.py STRATEGY OUT_DIR     (STRATEGY: ddp, fsdp, or fsdp_full for one-file fsdp saves)
 
 1. Every rank saves in the background, then trains 3 steps that change every weight, waits, and
    loads the checkpoint back into the model: it must hold the weights of the moment of the call
@@ -74,5 +74,13 @@ class Job(LightningLite):
         optimizer.step()
 
 
+def strategy(name: str) -> object:
+    if name == "fsdp_full":
+        from lite_core.strategies.fsdp import FSDPStrategy
+
+        return FSDPStrategy(state_dict_type="full")
+    return name
+
+
 if __name__ == "__main__":
-    Job(accelerator="cpu", strategy=sys.argv[1], devices=2, plugins=BrokenDiskIO()).run(sys.argv[2])
+    Job(accelerator="cpu", strategy=strategy(sys.argv[1]), devices=2, plugins=BrokenDiskIO()).run(sys.argv[2])
