@@ -43,7 +43,7 @@ class Job(LightningLite):
     def run(self, out_dir: str) -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
-        model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
         self.step(model, optimizer)
         at_call = {k: local(v).detach().clone() for k, v in model.state_dict().items()}
         path = os.path.join(out_dir, "ckpt")
