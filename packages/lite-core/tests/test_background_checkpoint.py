@@ -147,3 +147,22 @@ def test_a_strategy_that_cannot_save_in_the_background_saves_in_the_foreground_w
                                          " writes its checkpoints its own way"):
         lite.save({"x": torch.ones(2)}, tmp_path / "c.pt", blocking=False)
     assert torch.equal(torch.load(tmp_path / "c.pt")["x"], torch.ones(2))  # written before save returned
+
+
+def test_consecutive_background_saves_each_hold_their_own_state(tmp_path: Path) -> None:
+    """The second save copies into the first one's host buffers (reused once its write is done):
+    each file must still hold the weights of its own call."""
+    io = GatedIO()
+    lite, model, optimizer = _setup(io)
+    expected = []
+    for name in ("a.pt", "b.pt"):
+        _step(lite, model, optimizer)
+        expected.append(model.weight.detach().clone())
+        io.gate.clear()
+        lite.save({"model": model}, tmp_path / name, blocking=False)
+        _step(lite, model, optimizer)
+        io.gate.set()
+    lite.wait_for_checkpoint()
+    assert not torch.equal(expected[0], expected[1])
+    for name, weight in zip(("a.pt", "b.pt"), expected):
+        assert torch.equal(torch.load(tmp_path / name)["model"]["weight"], weight), name

@@ -37,8 +37,40 @@ def stage(state: Any) -> Any:
     memo: dict[int, Any] = {}
     for leaf in tree_leaves(state):
         if isinstance(leaf, torch.Tensor) and id(leaf) not in memo:
-            memo[id(leaf)] = leaf.detach().to("cpu", copy=True)
+            memo[id(leaf)] = _host_copy(leaf)
     return copy.deepcopy(state, memo)
+
+
+#: Host buffers of background saves whose writes were waited for, by (shape, dtype): the next
+#: save copies into them instead of allocating (and page-faulting in) fresh memory, so the host
+#: memory of one staged copy of the state stays with the process between background saves.
+_SPARE: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+#: Buffers `stage` handed out since the last `take_staged()`.
+_STAGED: list[torch.Tensor] = []
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided
+    if not (plain and tensor.is_contiguous()):
+        return tensor.detach().to("cpu", copy=True)  # subclasses, sparse and strided views: a fresh copy
+    spare = _SPARE.get((tuple(tensor.shape), tensor.dtype))
+    buffer = spare.pop().copy_(tensor.detach()) if spare else tensor.detach().to("cpu", copy=True)
+    _STAGED.append(buffer)
+    return buffer
+
+
+def take_staged() -> list[torch.Tensor]:
+    """The reusable buffers `stage` filled since the last call (the save that holds them gives
+    them back with `release` once its write is done)."""
+    staged = list(_STAGED)
+    _STAGED.clear()
+    return staged
+
+
+def release(buffers: list[torch.Tensor]) -> None:
+    """Give a finished save's buffers to the next `stage`."""
+    for buffer in buffers:
+        _SPARE.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
 
 
 def checkpoint_process_group() -> Any:
@@ -68,6 +100,7 @@ class _Pending:
     def __init__(self, path: str, write: Write) -> None:
         self.path = path
         self.error: Exception | None = None
+        self.buffers = take_staged()
         self._write = write
         # Not a daemon: the interpreter waits for it at exit, so the file is finished.
         self.thread = threading.Thread(target=self._run, name=f"lite-checkpoint-writer:{path}")
@@ -114,6 +147,7 @@ class BackgroundSaves:
         if pending is None:
             return
         pending.thread.join()
+        release(pending.buffers)
         on_writing_ranks(strategy, pending.path, pending.reraise, writes=True)
 
     def abandon(self) -> None:
@@ -126,6 +160,7 @@ class BackgroundSaves:
         if pending is None:
             return
         pending.thread.join()
+        release(pending.buffers)
         if pending.error is not None:
             print(f"lite: the background save of '{pending.path}' failed with {pending.error!r}; the previous"
                   " checkpoint at that path is kept.", file=sys.stderr)
