@@ -1,6 +1,6 @@
 """Background checkpoints (`save(..., blocking=False)`) in a 2-process job.
 
-    python background_save.py STRATEGY OUT_DIR     (STRATEGY: ddp, fsdp, or fsdp_full for one-file fsdp saves)
+    python background_save.py STRATEGY OUT_DIR     (STRATEGY: ddp, ddp_spawn, fsdp, or fsdp_full for one-file fsdp saves)
 
 1. Every rank saves in the background, then trains 3 steps that change every weight, waits, and
    loads the checkpoint back into the model: it must hold the weights of the moment of the call
