@@ -1,6 +1,6 @@
 """Checkpoints written in the background: `save(..., blocking=False)`.
 
-The save stages the state in host memory before it returns (`stage`, or torch distributed
+The save stages the state in host memory before it returns (`stage_to_host`, or torch distributed
 checkpoint's own stager for sharded saves), so that the optimizer steps that follow cannot leak
 into it; a writer thread then finishes the write. There is at most one save in flight: the next
 save, `load`, `wait_for_checkpoint()` and the end of `run()` wait for it, and every rank learns
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Write = Callable[[], None]
 
 
-def stage(state: Any) -> Any:
+def stage_to_host(state: Any) -> Any:
     """A copy of `state` whose tensors live in host memory and share nothing with the originals.
 
     Tensors already on the CPU are copied too (a state dict's tensors *are* the live parameters
@@ -45,7 +45,7 @@ def stage(state: Any) -> Any:
 #: save copies into them instead of allocating (and page-faulting in) fresh memory, so the host
 #: memory of one staged copy of the state stays with the process between background saves.
 _SPARE: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-#: Buffers `stage` handed out since the last `take_staged()`.
+#: Buffers `stage_to_host` handed out since the last `take_staged()`.
 _STAGED: list[torch.Tensor] = []
 
 
@@ -60,7 +60,7 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def take_staged() -> list[torch.Tensor]:
-    """The reusable buffers `stage` filled since the last call (the save that holds them gives
+    """The reusable buffers `stage_to_host` filled since the last call (the save that holds them gives
     them back with `release` once its write is done)."""
     staged = list(_STAGED)
     _STAGED.clear()
@@ -68,7 +68,7 @@ def take_staged() -> list[torch.Tensor]:
 
 
 def release(buffers: list[torch.Tensor]) -> None:
-    """Give a finished save's buffers to the next `stage`."""
+    """Give a finished save's buffers to the next `stage_to_host`."""
     for buffer in buffers:
         _SPARE.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage
+from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
 from lite_core.checkpoint._io import remove_stale_temporaries, writer
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
 from lite_core.checkpoint._rank_zero import on_rank_zero
@@ -96,8 +96,8 @@ def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Non
 def stage_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Write:
     """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
     objects, plain = _split(content)
-    state = stage({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
-    extra = stage(_extra(strategy, plain))
+    state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
+    extra = stage_to_host(_extra(strategy, plain))
     if strategy.global_rank != 0:
         return nothing
     return lambda: strategy.checkpoint_io.save({**state, **extra}, path)
@@ -126,7 +126,7 @@ def stage_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> Wri
 
     started = time.time()
     state, extra, staging = _prepare_sharded(strategy, path, content)
-    extra = stage(extra)
+    extra = stage_to_host(extra)
     written = dcp.async_save(state, checkpoint_id=staging, process_group=checkpoint_process_group())
 
     def write() -> None:

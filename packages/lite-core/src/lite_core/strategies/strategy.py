@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_map_only
 
 from lite_core._move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
-from lite_core.checkpoint._background import nothing, stage
+from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -306,7 +306,7 @@ class Strategy:
         loop uses it meanwhile). A strategy that overrides `save_checkpoint` overrides this too, or
         `why_no_background_save` makes `save(blocking=False)` write in the foreground.
         """
-        state = stage(to_state(content, self))
+        state = stage_to_host(to_state(content, self))
         if self.global_rank != 0:
             return nothing
         return lambda: self.checkpoint_io.save(state, path)
