@@ -6,6 +6,7 @@ import atexit
 import functools
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -20,6 +21,7 @@ from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._connector import connect
 from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
+from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
@@ -86,6 +88,8 @@ class LightningLite:
         self._models: list[LiteModule] = []
         self._evaluation_passes: weakref.WeakSet[_data.EvaluationPass] = weakref.WeakSet()
         self._inside_run = False
+        self._background_saves = BackgroundSaves()
+        self._profiler: Any = None
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
         self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
@@ -98,7 +102,7 @@ class LightningLite:
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[], _evaluation_passes=None)
+        state.update(_set_up=None, _models=[], _evaluation_passes=None, _profiler=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -188,8 +192,11 @@ class LightningLite:
         outer, self._inside_run = self._inside_run, True
         try:
             with self._strategy.run_context(), _data.recording_loader_arguments():
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                self.wait_for_checkpoint()
+                return result
         except BaseException as err:
+            self._background_saves.abandon()
             self._strategy.mark_failed()
             if not _is_clean_exit(err):
                 record_failure(self.local_rank)
@@ -523,10 +530,38 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
-    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
-        """Save `content` (modules and optimizers become their state) atomically from rank 0."""
+    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
+        """Save `content` (modules and optimizers become their state) atomically from rank 0.
+
+        Args:
+            content: what to save, by key; modules, optimizers and objects with `state_dict()`
+                are saved as their state.
+            filepath: the file (or, under `fsdp`, the directory) to write.
+            blocking: `False` returns once the state is copied to host memory and writes it in a
+                background thread while training goes on. The next `save`, `load`,
+                `wait_for_checkpoint()` and the end of `run()` wait for it, and raise a
+                `CheckpointError` on every rank if the write failed. A strategy that cannot write
+                in the background saves in the foreground with a warning that says why.
+        """
         self._require_collectives("save")
-        self._strategy.save_checkpoint(os.fspath(filepath), content)
+        self.wait_for_checkpoint()
+        path = os.fspath(filepath)
+        reason = None if blocking else self._strategy.why_no_background_save()
+        if blocking or reason is not None:
+            if reason is not None:
+                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
+                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=2)
+            self._strategy.save_checkpoint(path, content)
+            return
+        self._background_saves.start(path, self._strategy.stage_checkpoint(path, content))
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the checkpoint that `save(..., blocking=False)` is writing is complete.
+
+        Raises a `CheckpointError` on every rank if its write failed on any rank. Every rank must
+        call it; it returns at once when no save is in flight.
+        """
+        self._background_saves.wait(self._strategy)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
@@ -550,10 +585,51 @@ class LightningLite:
         """
         from lite_core.checkpoint._io import existing_or_previous
 
+        self.wait_for_checkpoint()
         path = existing_or_previous(os.fspath(filepath))
         if missing_ok and not os.path.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+
+    @contextmanager
+    def profile(self, folder: str | os.PathLike[str], ranks: list[int] | None = None, wait: int = 1,
+                warmup: int = 1, active: int = 3, repeat: int = 1, **profiler_kwargs: Any) -> Generator[Any, None, None]:
+        """Run torch's profiler (`torch.profiler.profile`) on `ranks` and write one Chrome trace
+        per rank into `folder`: `trace-rank{R}.json` (`trace-rank{R}-{n}.json` with `repeat > 1`).
+
+        Mark each step with the `step()` of the object this yields, or let a `ThroughputMonitor`
+        do it (its `step()` marks the profiler's step too; use one or the other). The schedule
+        skips `wait` steps, warms up for `warmup` and records `active` steps, `repeat` times.
+
+        Args:
+            folder: where the traces go (created if needed).
+            ranks: the global ranks to profile; `None` profiles every rank.
+            wait: steps to skip before profiling.
+            warmup: steps profiled but thrown away (the profiler's own start-up cost).
+            active: steps recorded in the trace.
+            repeat: how many wait/warm-up/active cycles (each writes a trace).
+            **profiler_kwargs: passed on to `torch.profiler.profile` (`activities`,
+                `record_shapes`, `profile_memory`, `with_stack`, ...).
+
+        Example:
+            with self.profile("traces", wait=1, warmup=1, active=2) as prof:
+                for batch in loader:
+                    ...
+                    prof.step()
+        """
+        from lite_core.profiler import profile
+
+        with profile(self.global_rank, folder, ranks, wait, warmup, active, repeat, **profiler_kwargs) as prof:
+            outer, self._profiler = self._profiler, prof
+            try:
+                yield prof
+            finally:
+                self._profiler = outer
+
+    def _profiler_step(self) -> None:
+        """Mark a step of the profiler that `profile()` runs (called by `ThroughputMonitor.step`)."""
+        if self._profiler is not None:
+            self._profiler.step()
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""
