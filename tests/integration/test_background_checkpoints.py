@@ -3,7 +3,8 @@ checkpoint holds the state of the moment of the call although training goes on m
 write that fails on rank 0 alone raises a CheckpointError on both ranks, at the next save and at
 `wait_for_checkpoint()`. `ddp`, `ddp_spawn` (a spawned copy of Lite) and `fsdp` with
 `state_dict_type="full"` write one file from a writer thread on rank 0; `fsdp` writes its shards
-through torch distributed checkpoint's `async_save`."""
+through torch distributed checkpoint's `async_save`, and so does `model_parallel`
+(dp1 x tp2)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "fsdp", "fsdp_full"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "fsdp", "fsdp_full", "model_parallel"])
 def test_background_save_keeps_the_state_of_the_call_and_every_rank_sees_a_failed_write(
         run_script, output_of, tmp_path, strategy):
     proc = run_script("background_save.py", strategy, tmp_path)

@@ -1,6 +1,7 @@
 """Background checkpoints (`save(..., blocking=False)`) in a 2-process job.
 
-    python background_save.py STRATEGY OUT_DIR     (STRATEGY: ddp, ddp_spawn, fsdp, or fsdp_full for one-file fsdp saves)
+    python background_save.py STRATEGY OUT_DIR     (STRATEGY: ddp, ddp_spawn, fsdp, fsdp_full for one-file fsdp saves, or
+    model_parallel: dp1 x tp2, sharded)
 
 1. Every rank saves in the background, then trains 3 steps that change every weight, waits, and
    loads the checkpoint back into the model: it must hold the weights of the moment of the call
@@ -79,7 +80,18 @@ def strategy(name: str) -> object:
         from lite_core.strategies.fsdp import FSDPStrategy
 
         return FSDPStrategy(state_dict_type="full")
+    if name == "model_parallel":
+        from lite_core.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(tensor_parallel, tensor_parallel_size=2)
     return name
+
+
+def tensor_parallel(model: nn.Module, device_mesh: object) -> nn.Module:
+    """The first layer column-wise, the last row-wise over the mesh's tensor-parallel dimension."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    return parallelize_module(model, device_mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
 
 if __name__ == "__main__":
