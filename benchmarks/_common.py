@@ -63,6 +63,8 @@ MODELS: dict[str, ModelSpec] = {
     "tiny": ModelSpec("tiny", "Linear(32,32), batch 8", width=32, depth=1, batch=8),
     "mlp2048": ModelSpec("mlp2048", "MLP 2x Linear(2048,2048)+ReLU, batch 256", width=2048, depth=2, batch=256),
     "mlp1024": ModelSpec("mlp1024", "MLP 2x Linear(1024,1024)+ReLU, batch 64/rank", width=1024, depth=2, batch=64),
+    "mlp512tp": ModelSpec("mlp512tp", "MLP 2x Linear(512,512)+ReLU, colwise/rowwise over tp2, FSDP2 over dp2, batch 32/dp rank",
+                          width=512, depth=2, batch=32),
 }
 
 

@@ -7,13 +7,16 @@
 #      32-true/bf16-mixed against plain PyTorch plus Lite's step time against deepspeed.initialize
 #      written by hand (benchmarks/gpu_deepspeed.py). DeepSpeed is installed from the wheels in
 #      $DS_WHEELS (default .whl, carried with the call; see benchmarks/install_wheels.sh) when it is
-#      not importable; without either, this part is skipped and says so.
+#      not importable; without either, this part is skipped and says so;
+#   4. model parallelism: ModelParallelStrategy over NCCL on 2 (dp1 x tp2) or 4 (dp2 x tp2) GPUs
+#      against one plain process, and a sharded checkpoint round trip
+#      (benchmarks/gpu_model_parallel.py); with fewer than 2 GPUs it is skipped and says why.
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
-# deepspeed.txt, gpu_deepspeed.md/.json and summary.txt.
+# deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json and summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -81,11 +84,22 @@ else
   DS_TESTS_RC=0 DS_RC=0
 fi
 
+if [ "$DEVICE" = cuda ]; then
+  echo "== model parallel (at most 120 s)"
+  timeout -k 5 120 "$PY" benchmarks/gpu_model_parallel.py --out "$RESULTS/gpu_model_parallel.json" > "$RESULTS/model_parallel.txt" 2>&1
+  MP_RC=$?
+  grep -E "^model parallel|Error" "$RESULTS/model_parallel.txt" | tail -n 10
+else
+  echo "== model parallel: skipped, GPU_CHECK_DEVICE=cpu (the CPU suite tests it on 4 gloo processes)" | tee "$RESULTS/model_parallel.txt"
+  MP_RC=0
+fi
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
   echo "deepspeed tests: exit $DS_TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/deepspeed_tests.txt" 2>/dev/null | tail -n 1))"
   echo "deepspeed parity and step time: exit $DS_RC"
+  echo "model parallel: exit $MP_RC ($(grep -E '^model parallel' "$RESULTS/model_parallel.txt" | tail -n 1))"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ]

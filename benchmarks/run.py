@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "compile", "ddp", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -59,6 +59,7 @@ class Config:
     name: str
     single: StepPlan
     ddp: StepPlan
+    tp: StepPlan
     import_reps: int
     importtime_reps: int
     launch_reps: int
@@ -66,6 +67,9 @@ class Config:
     memory_reps: int
     memory_steps: int
     memory_default_allocator: bool
+    engine: StepPlan
+    checkpoint_reps: int
+    monitor: StepPlan
     step_timeout_s: float
     child_timeout_s: float
 
@@ -74,21 +78,32 @@ QUICK = Config(
     name="quick",
     single=StepPlan(("tiny", "mlp2048"), reps=(24, 5), steps=(250, 3), warmup=(200, 2)),
     ddp=StepPlan(("tiny", "mlp1024"), reps=(12, 6), steps=(60, 3), warmup=(30, 1)),
+    tp=StepPlan(("mlp512tp",), reps=(8,), steps=(10,), warmup=(5,)),
     import_reps=3, importtime_reps=1, launch_reps=2, launch_steps=10, memory_reps=2, memory_steps=3,
-    memory_default_allocator=False, step_timeout_s=180, child_timeout_s=90,
+    memory_default_allocator=False,
+    engine=StepPlan(("tiny", "mlp1024"), reps=(6, 4), steps=(30, 3), warmup=(10, 1)), checkpoint_reps=3,
+    monitor=StepPlan(("tiny",), reps=(12,), steps=(250,), warmup=(200,)),
+    step_timeout_s=180, child_timeout_s=90,
 )
 FULL = Config(
     name="full",
     single=StepPlan(("tiny", "mlp2048"), reps=(40, 15), steps=(500, 5), warmup=(300, 3)),
     ddp=StepPlan(("tiny", "mlp1024"), reps=(20, 10), steps=(200, 6), warmup=(50, 2)),
+    tp=StepPlan(("mlp512tp",), reps=(16,), steps=(20,), warmup=(10,)),
     import_reps=12, importtime_reps=4, launch_reps=6, launch_steps=10, memory_reps=4, memory_steps=5,
-    memory_default_allocator=True, step_timeout_s=420, child_timeout_s=120,
+    memory_default_allocator=True,
+    engine=StepPlan(("tiny", "mlp1024"), reps=(16, 8), steps=(60, 4), warmup=(20, 2)), checkpoint_reps=7,
+    monitor=StepPlan(("tiny",), reps=(40,), steps=(500,), warmup=(300,)),
+    step_timeout_s=420, child_timeout_s=120,
 )
 
 #: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
-TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
+TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005, "tp:mlp512tp": 1.02,
            "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
-           "memory-default-malloc": None}
+           "memory-default-malloc": None,
+           **{f"{kind}:{model}": 1.02 for kind in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
+              for model in ("tiny", "mlp1024")},
+           "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02}
 
 
 @dataclass
@@ -280,6 +295,77 @@ def bench_ddp(ctx: Context) -> list[Row]:
     return step_rows(json.loads(out.read_text()), "ddp", "Step, 2-proc DDP (gloo), rank 0")
 
 
+def bench_tp(ctx: Context) -> list[Row]:
+    """Measurement 2b: per-step time on 4 processes (dp2 x tp2), a hand-written tensor-parallel x
+    FSDP2 loop vs the same model through `ModelParallelStrategy` (plus A/A control)."""
+    out = ctx.workdir / "tp.json"
+    command = [ctx.python, str(HERE / "_tp_worker.py"), "--threads", "1", "--out", str(out),
+               *_plan_args(ctx.config.tp)]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    return step_rows(json.loads(out.read_text()), "tp", "Step, 4-proc tensor parallel x FSDP2 (gloo), rank 0")
+
+
+def _engine_rows(ctx: Context, kind: str, python: str) -> list[Row]:
+    out = ctx.workdir / f"{kind}.json"
+    plan = ctx.config.engine
+    command = [python, str(HERE / "_engine_worker.py"), "--kind", kind, "--out", str(out), *_plan_args(plan)]
+    env = child_env(1)
+    env.update(DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    run_child(command, ctx.config.step_timeout_s, env)
+    label = {"fsdp": "Step, 2-proc fsdp vs hand-written fully_shard"}.get(
+        kind, f"Step, 2-proc {kind} vs hand-written DeepSpeed engine loop")
+    return step_rows(json.loads(out.read_text()), kind, f"{label}, rank 0")
+
+
+def bench_fsdp(ctx: Context) -> list[Row]:
+    """Measurement 2b: per-step time on 2 processes, hand-written FSDP2 (`fully_shard`) vs Lite's `fsdp`."""
+    return _engine_rows(ctx, "fsdp", ctx.python)
+
+
+def bench_deepspeed(ctx: Context) -> list[Row]:
+    """Measurement 2c: per-step time on 2 CPU processes, a hand-written DeepSpeed engine loop vs
+    Lite's `deepspeed_stage_2` and `deepspeed_stage_3` (needs deepspeed: `hatch run bench:all` installs it)."""
+    found = run_child([ctx.python, "-c", "import importlib.util as u; print(bool(u.find_spec('deepspeed')"
+                       " and u.find_spec('lite_deepspeed')))"], ctx.config.child_timeout_s, child_env(1))[1]
+    if found.strip() != "True":
+        raise BenchmarkError("deepspeed or lite-deepspeed is not installed in this Python: run `hatch run bench:all`"
+                             " (its install step builds them) or `hatch run bench:install` first")
+    return _engine_rows(ctx, "deepspeed_stage_2", ctx.python) + _engine_rows(ctx, "deepspeed_stage_3", ctx.python)
+
+
+def bench_checkpoint(ctx: Context) -> list[Row]:
+    """Measurement 6: save and load of a 200 MB state vs torch, and the stall of a background save."""
+    out = ctx.workdir / "checkpoint.json"
+    command = [ctx.python, str(HERE / "_checkpoint_worker.py"), "--reps", str(ctx.config.checkpoint_reps),
+               "--dir", str(ctx.workdir), "--out", str(out)]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    result = json.loads(out.read_text())
+    size = f"{result['megabytes']:.0f} MB"
+    labels = {
+        "save": f"save, {size} model+SGD state: `lite.save` vs `torch.save(state_dicts)`",
+        "load": f"load, {size}: `lite.load(path, state)` vs `torch.load` + `load_state_dict` x2",
+        "stall": f"Training stall per save, {size}: `save(blocking=False)` vs blocking `save`",
+    }
+    rows = []
+    for name, arms in result["seconds"].items():
+        row = paired_row(f"checkpoint:{name}", labels[name], "s", arms["plain"], arms["lite"],
+                         note=f"{statistics.median(arms['lite']) - statistics.median(arms['plain']):+.3f} s")
+        if "control" in arms:
+            row.control = ratio_of_medians(arms["plain"], arms["control"])
+        rows.append(row)
+    return rows
+
+
+def bench_monitor(ctx: Context) -> list[Row]:
+    """Measurement 7: the per-step cost of `ThroughputMonitor.step()` on the tiny model."""
+    out = ctx.workdir / "monitor.json"
+    plan = ctx.config.monitor
+    command = [ctx.python, str(HERE / "_monitor_worker.py"), "--reps", str(plan.reps[0]), "--steps",
+               str(plan.steps[0]), "--warmup", str(plan.warmup[0]), "--out", str(out)]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    return step_rows(json.loads(out.read_text()), "monitor", "Step + ThroughputMonitor.step() vs plain step, 1 proc")
+
+
 # -- import time ----------------------------------------------------------------------------------
 def interleave(reps: int, plain: Callable[[], float], lite: Callable[[], float]) -> tuple[list[float], list[float]]:
     """Call `plain` and `lite` `reps` times each, alternating which goes first (ABBA...)."""
@@ -407,7 +493,9 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
-    "steps": bench_steps, "loader": bench_loader, "compile": bench_compile, "ddp": bench_ddp, "import": bench_import,
+    "steps": bench_steps, "loader": bench_loader, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
+    "deepspeed": bench_deepspeed,
+    "checkpoint": bench_checkpoint, "monitor": bench_monitor, "import": bench_import,
     "launch": bench_launch, "memory": bench_memory,
 }
 

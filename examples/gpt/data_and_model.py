@@ -45,18 +45,23 @@ def make_dataset(tokenizer: CharTokenizer, block_size: int) -> TensorDataset:
 
 
 class CausalSelfAttention(nn.Module):
+    """Separate query, key and value projections, so that a tensor-parallel plan can split each by
+    heads (`tensor_parallel.py`); the head count follows from the width each process holds."""
+
     def __init__(self, width: int, heads: int) -> None:
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
+        self.head_width = width // heads
+        self.query = nn.Linear(width, width)
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        batch, length, _ = x.shape
+        q, k, v = (proj(x).view(batch, length, -1, self.head_width).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+        return self.out(y.transpose(1, 2).reshape(batch, length, -1))
 
 
 class Block(nn.Module):

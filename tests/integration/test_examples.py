@@ -71,3 +71,15 @@ def test_mnist_style_example_sums_a_python_float_loss_on_every_rank(run_script, 
     assert 0 < float(printed["0"]) < 10
     saved = torch.load(checkpoint, weights_only=True)
     assert set(saved) == {"model", "optimizer", "epochs"} and saved["epochs"] == 1
+
+
+def test_tensor_parallel_gpt_through_lite_equals_its_plain_pytorch_twin_on_four_processes(run_script, output_of):
+    # dp2 x tp2 on CPU; the twin is started by torchrun, Lite's version by itself.
+    args = ("--steps", "3", "--data-parallel-size", "2")
+    lite = run_script(EXAMPLES / "gpt" / "train_tp.py", "--devices", "4", *args)
+    plain = run_script(command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                                str(EXAMPLES / "gpt" / "train_tp_plain.py"), *args])
+    assert lite.returncode == 0, output_of(lite)
+    assert plain.returncode == 0, output_of(plain)
+    assert "data parallel 2 x tensor parallel 2" in lite.stdout
+    assert abs(final_loss(lite.stdout) - final_loss(plain.stdout)) < 1e-5

@@ -96,6 +96,9 @@ CELLS: list[Cell] = [
     Cell("ddp_fork", 2),
     Cell("fsdp", 2),
     Cell("fsdp", 2, precision="bf16-mixed"),
+    # tensor parallel over 2 processes (dp1 x tp2): the row-wise layer sums partial products, so
+    # float32 parity rather than bits
+    Cell("model_parallel", 2, tolerance=FLOAT32),
     Cell("ddp_sharded", 2, backend="fairscale", tolerance=EXACT),
     # lite-deepspeed (the offload presets train to the same parity in lite-deepspeed's own tests;
     # each DeepSpeed start costs 15-25 s here, so the matrix keeps one cell per stage)
@@ -134,6 +137,7 @@ class Resume:
 
 _SINGLE, _DDP, _FSDP = BY_ID["single_device-1-32-true"], BY_ID["ddp-2-32-true"], BY_ID["fsdp-2-32-true"]
 _SHARDED = BY_ID["ddp_sharded-2-32-true"]
+_MODEL_PARALLEL = BY_ID["model_parallel-2-32-true"]
 _ZERO1, _ZERO2 = BY_ID["deepspeed_stage_1-2-32-true"], BY_ID["deepspeed_stage_2-2-32-true"]
 _ZERO3 = BY_ID["deepspeed_stage_3-2-32-true"]
 _XLA1, _XLA2 = BY_ID["tpu-auto-1-32-true"], BY_ID["tpu-xla-2-32-true"]
@@ -145,6 +149,7 @@ RESUMES: list[Resume] = [
     Resume(_SINGLE, _FSDP),
     Resume(_FSDP, _DDP),
     Resume(_FSDP, _SINGLE),
+    Resume(_MODEL_PARALLEL, _SINGLE),
     Resume(_SHARDED, _SINGLE),
     Resume(_SINGLE, _SHARDED),
     Resume(_ZERO2, _ZERO1),

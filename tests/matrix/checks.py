@@ -15,14 +15,14 @@ SCENARIO = Path(__file__).resolve().parent / "scenario.py"
 
 
 def run_scenario(run_script: Callable[..., Any], output_of: Callable[..., str], cell: Cell, out_dir: Path,
-                 *args: Any) -> dict[str, Any]:
-    """Run the scenario under `cell`'s constructor arguments; rank 0's result.json."""
+                 *args: Any, script: Path = SCENARIO) -> dict[str, Any]:
+    """Run the scenario (or another matrix script) under `cell`'s constructor arguments; rank 0's result.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), **cell.env()}
     mutant = os.environ.get("LITE_MUTANT")  # tests/mutants: a planted fault in every process of the run
     if mutant:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [mutant, os.environ.get("PYTHONPATH")]))
-    proc = run_script(SCENARIO, out_dir, *args, env=env, timeout=cell.timeout)
+    proc = run_script(script, out_dir, *args, env=env, timeout=cell.timeout)
     assert proc.returncode == 0, output_of(proc)
     return json.loads((out_dir / "result.json").read_text())
 

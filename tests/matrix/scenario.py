@@ -86,7 +86,8 @@ class Scenario(LightningLite):
                 self.load(resume, state)
             except CheckpointError as err:
                 return {"error": str(err)}
-        loader = self.setup_dataloaders(DataLoader(make_data(), batch_size=GLOBAL_BATCH // self.world_size))
+        replicas = (self.strategy.distributed_sampler_kwargs() or {"num_replicas": 1})["num_replicas"]
+        loader = self.setup_dataloaders(DataLoader(make_data(), batch_size=GLOBAL_BATCH // replicas))
         losses = []
         for step, (x, y) in enumerate(loader):
             if step < state["step"]:
@@ -100,8 +101,13 @@ class Scenario(LightningLite):
             state["step"] = step + 1
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         self.save({"model": model}, Path(out_dir, "final"))
-        return {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
-                "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+        result = {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
+                  "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+        from evaluation import NOT_EVALUATED, evaluate_all  # its loops; test_evaluation.py checks them
+
+        if resume is None and self.strategy.precision.name == "32-true" and self.strategy.name not in NOT_EVALUATED:
+            result["evaluation"] = evaluate_all(self, model)
+        return result
 
     def failed_save(self, model: nn.Module, out_dir: str) -> dict[str, Any]:
         """What each rank raised from a save that cannot succeed (a function in the content), and
@@ -174,11 +180,38 @@ def xla_harness_strategy() -> Any:
     return (XLAFSDPStrategy if name == "xla_fsdp" else XLAStrategy)(pin_layout=False)
 
 
+def parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
+    """The scenario's MLP split by `model_parallel`: the first layer column-wise, the last row-wise,
+    then FSDP2 over the data-parallel dimension."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, device_mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return fully_shard(model, mesh=device_mesh["data_parallel"])
+
+
+def model_parallel_scenario() -> Scenario:
+    """`model_parallel` needs the user's function: the name in LITE_STRATEGY becomes an instance.
+    The variable is set again afterwards, for the ranks that run this script again."""
+    from lite_core.strategies import ModelParallelStrategy
+
+    name = os.environ.pop("LITE_STRATEGY")
+    try:
+        return Scenario(strategy=ModelParallelStrategy(parallelize))
+    finally:
+        os.environ["LITE_STRATEGY"] = name
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     resume = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--resume" else None
     harness = os.environ.get("LITE_XLA_CPU_HARNESS") == "1" and os.environ.get("LITE_DEVICES", "1") != "1"
-    lite = Scenario(strategy=xla_harness_strategy()) if harness else Scenario()
+    if harness:
+        lite = Scenario(strategy=xla_harness_strategy())
+    elif os.environ.get("LITE_STRATEGY") == "model_parallel":
+        lite = model_parallel_scenario()
+    else:
+        lite = Scenario()
     result = lite.run(str(out_dir), resume)
     if lite.global_rank != 0:
         return

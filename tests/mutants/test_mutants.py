@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 _TRAIN = "tests/matrix/test_matrix.py::test_training_matches_plain_pytorch"
 _RESUME = "tests/matrix/test_checkpoint_matrix.py::test_resume_under_another_strategy"
+_EVALUATE = "tests/matrix/test_evaluation.py::test_evaluation_equals_one_process"
 
 #: mutant -> (what it breaks, the matrix tests that must fail with it)
 MUTANTS = {
@@ -26,6 +27,7 @@ MUTANTS = {
     "strategy_swap": ("ddp_spawn silently runs as ddp", [f"{_TRAIN}[ddp_spawn-2-32-true]"]),
     "no_grad_sync": ("gradients are not all-reduced", [f"{_TRAIN}[ddp-2-32-true]"]),
     "no_sampler": ("the distributed sampler is not injected", [f"{_TRAIN}[ddp-2-32-true]"]),
+    "eval_padding": ("evaluation passes are padded like training ones", [f"{_EVALUATE}[ddp-2-32-true]"]),
     "no_optimizer_restore": ("a checkpoint loads the model but not the optimizer",
                              [f"{_RESUME}[ddp-2-32-true-to-single_device-1-32-true]"]),
 }

@@ -1,11 +1,12 @@
 """A 2-process `ddp` job whose rank 0 is killed (SIGKILL) in the middle of its second `save`.
 
-    python save_and_die.py CHECKPOINT
+    python save_and_die.py CHECKPOINT [background]
 
 Both ranks train one step and save `{"version": 1, "model": ..., "optimizer": ...}` to
 CHECKPOINT; rank 0 writes the expected weights to CHECKPOINT.expected.pt (plain torch.save).
 They then train another step and save version 2, but rank 0's write dies half way: `torch.save`
-writes part of the bytes, flushes them, and the process SIGKILLs itself.
+writes part of the bytes, flushes them, and the process SIGKILLs itself. With `background`, the
+second save is `save(..., blocking=False)`: rank 0 dies in its background writer thread.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def dying_save(obj: object, f: object, *args: object, **kwargs: object) -> None:
 
 
 class SaveAndDie(LightningLite):
-    def run(self, path: str) -> None:
+    def run(self, path: str, background: bool) -> None:
         torch.manual_seed(0)
         model = nn.Linear(4, 2)
         model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -39,11 +40,13 @@ class SaveAndDie(LightningLite):
             optimizer.step()
             if version == 2 and self.global_rank == 0:
                 torch.save = dying_save
-            self.save({"version": version, "model": model, "optimizer": optimizer}, path)
+            content = {"version": version, "model": model, "optimizer": optimizer}
+            self.save(content, path, blocking=not (background and version == 2))
             if version == 1 and self.global_rank == 0:
                 torch.save(model.state_dict(), path + ".expected.pt")
+        self.wait_for_checkpoint()
         print("UNEXPECTED: the second save returned")
 
 
 if __name__ == "__main__":
-    SaveAndDie(accelerator="cpu", strategy="ddp", devices=2).run(sys.argv[1])
+    SaveAndDie(accelerator="cpu", strategy="ddp", devices=2).run(sys.argv[1], sys.argv[2:] == ["background"])

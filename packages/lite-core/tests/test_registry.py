@@ -27,7 +27,7 @@ from lite_core.errors import (
 from lite_core.lite import LightningLite
 
 _BUILTIN_STRATEGIES = {"single_device", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "ddp_sharded",
-                       "ddp_sharded_spawn"}
+                       "ddp_sharded_spawn", "model_parallel"}
 #: Modules of the backends that tests write under `tmp_path`.
 _TMP_MODULES = ("lite_fake_old", "lite_fake_broken_accel")
 _FAKE_MODULES = ("lite_fake_backend.accelerator", "lite_fake_backend.strategy", "lite_fake_backend.broken")

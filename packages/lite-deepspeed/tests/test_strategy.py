@@ -164,3 +164,9 @@ def test_importing_the_package_imports_no_deepspeed():
     code = "import sys, lite_deepspeed, lite_deepspeed.presets; print('deepspeed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_background_save_falls_back_to_a_blocking_one_and_says_why():
+    strategy = LightningLite(accelerator="cpu", strategy="deepspeed_stage_2", devices=2).strategy
+    reason = strategy.why_no_background_save()
+    assert reason is not None and "engine.save_checkpoint" in reason and "\n" not in reason

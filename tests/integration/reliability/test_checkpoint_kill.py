@@ -1,6 +1,7 @@
-"""A 2-process `ddp` job killed (SIGKILL) while rank 0 writes a checkpoint leaves the previous
-checkpoint whole: it loads, with the weights of the first save; the next save removes the
-temporary file the killed one left behind."""
+"""A 2-process `ddp` job killed (SIGKILL) while rank 0 writes a checkpoint (in the foreground, or
+in the background writer of `save(..., blocking=False)`) leaves the previous checkpoint whole: it
+loads, with the weights of the first save; the next save removes the temporary file the killed
+one left behind."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from lite_core import LightningLite
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 
 
+@pytest.mark.parametrize("mode", ["blocking", "background"])
 def test_kill_during_save_in_a_ddp_job_keeps_the_previous_checkpoint(run_script, marker, survivors, tmp_path,
-                                                                     output_of):
+                                                                     output_of, mode):
     path = tmp_path / "ckpt.pt"
-    proc = run_script(command=[sys.executable, "save_and_die.py", str(path)], env={"LITE_TEST_JOB": marker})
+    proc = run_script(command=[sys.executable, "save_and_die.py", str(path), mode], env={"LITE_TEST_JOB": marker})
     assert proc.returncode == -signal.SIGKILL, output_of(proc)  # rank 0, the launching process, was killed
     assert "UNEXPECTED" not in proc.stdout
     assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), "the second save never started writing"

@@ -13,10 +13,11 @@ if TYPE_CHECKING:
     from lite_core._seed import seed_everything
     from lite_core.lite import LightningLite
     from lite_core.loggers import CSVLogger, Logger, TensorBoardLogger
+    from lite_core.monitor import ThroughputMonitor, measure_flops
     from lite_core.progress import progress_bar
 
-__all__ = ["CSVLogger", "LightningLite", "Logger", "TensorBoardLogger", "__version__", "progress_bar",
-           "seed_everything"]
+__all__ = ["CSVLogger", "LightningLite", "Logger", "TensorBoardLogger", "ThroughputMonitor", "__version__",
+           "measure_flops", "progress_bar", "seed_everything"]
 
 _LAZY = {
     "LightningLite": "lite_core.lite",
@@ -25,6 +26,8 @@ _LAZY = {
     "Logger": "lite_core.loggers",
     "TensorBoardLogger": "lite_core.loggers",
     "progress_bar": "lite_core.progress",
+    "ThroughputMonitor": "lite_core.monitor",
+    "measure_flops": "lite_core.monitor",
 }
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
 import weakref
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any, Callable
+
+import torch
 
 from torch.utils.data import (
     BatchSampler,
@@ -20,6 +23,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from lite_core._move import rebuild_mapping
 from lite_core._seed import seed_worker, worker_seeding_enabled
 from lite_core.errors import MisuseError
 
@@ -101,6 +105,181 @@ def _sharded(dataloader: DataLoader, sampler: Any, drop_last: bool, num_replicas
             " pass setup_dataloaders(..., replace_sampler=False) and shard it yourself."
         )
     return ShardedSampler(sampler, num_replicas, rank, drop_last=drop_last)
+
+
+# -- evaluation passes ---------------------------------------------------------------------------
+# Training shards pad (DistributedSampler repeats samples so that every rank has as many), which an
+# evaluation must not: a repeated sample is counted twice. An evaluation shard holds each sample
+# of the one-process loader exactly once, and every rank still gets the same number of batches,
+# so that a collective called once per batch (all_reduce, gather_for_metrics, FSDP's parameter
+# gathers) is called as often on every rank; a rank short of samples gets empty last batches.
+
+
+class EvaluationSampler(Sampler[int]):
+    """This rank's samples for an evaluation pass: each sample of `order` once, none repeated.
+
+    `order` is cut into rounds of `num_replicas * batch_size` samples. In a full round, rank `r`
+    takes the round's `r`-th batch; the last round's samples are split into `num_replicas`
+    consecutive parts (the first ones larger by one). So rank `r`'s `i`-th batch, gathered in
+    rank order, is round `i` in the one-process order. `batches_per_rank` is the same on every
+    rank: the rounds; where a round has fewer samples than ranks, some ranks have one batch fewer
+    (`len(loader)`), and the set-up loader adds an empty batch for them.
+
+    Args:
+        order: the one-process order of the samples (the same on every rank).
+        batch_size: the loader's batch size.
+        drop_last: leave out the samples of the one-process loader's incomplete last batch.
+        num_replicas: how many ranks hold distinct data.
+        rank: this rank among them.
+    """
+
+    def __init__(self, order: Sampler[int], batch_size: int, drop_last: bool, num_replicas: int, rank: int) -> None:
+        self.order = order
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def _total(self) -> int:
+        total = len(self.order)  # type: ignore[arg-type]
+        return total - total % self.batch_size if self.drop_last else total
+
+    def _spans(self) -> list[tuple[int, int]]:
+        """This rank's batches as `(start, stop)` positions in the order."""
+        size, replicas, rank = self.batch_size, self.num_replicas, self.rank
+        full, rest = divmod(self._total(), replicas * size)
+        spans = [(k * replicas * size + rank * size, k * replicas * size + (rank + 1) * size) for k in range(full)]
+        base, extra = divmod(rest, replicas)
+        start = full * replicas * size + rank * base + min(rank, extra)
+        if base + (rank < extra):
+            spans.append((start, start + base + (rank < extra)))
+        return spans
+
+    @property
+    def batches_per_rank(self) -> int:
+        """How many batches every rank iterates (its own, then empty ones)."""
+        return math.ceil(self._total() / (self.num_replicas * self.batch_size))
+
+    def __len__(self) -> int:
+        return sum(stop - start for start, stop in self._spans())
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.order)
+        return iter([index for start, stop in self._spans() for index in order[start:stop]])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the order (a shuffled order changes with it)."""
+        if hasattr(self.order, "set_epoch"):
+            self.order.set_epoch(epoch)
+
+
+def distribute_for_evaluation(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`)."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        return dataloader  # the dataset decides what each rank reads
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        raise MisuseError(
+            f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
+            " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
+        )
+    if batch_sampler is None:  # batch_size=None: every sample is a batch of its own
+        sampler, size, drop_last = dataloader.sampler, 1, False
+    else:
+        sampler, size, drop_last = batch_sampler.sampler, batch_sampler.batch_size, batch_sampler.drop_last
+    order = _one_process_order(dataloader, sampler, seed)
+    if order is None:
+        return dataloader
+    shard = EvaluationSampler(order, size, drop_last, num_replicas, rank)
+    # Each rank's part of a round is at most one batch, so batching its samples by `size` cuts
+    # exactly its batches: the loader keeps its batch size.
+    return _rebuild(dataloader, {"sampler": shard, "batch_size": None if batch_sampler is None else size,
+                                 "drop_last": False})
+
+
+def _one_process_order(dataloader: DataLoader, sampler: Any, seed: int) -> Sampler[int] | None:
+    """The order in which one process would see the samples, drawn alike on every rank (`None`:
+    the loader is sharded already)."""
+    if isinstance(sampler, DistributedSampler):
+        return None
+    if type(sampler) is RandomSampler and not sampler.replacement:
+        return DistributedSampler(dataloader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+    if not isinstance(sampler, Sized):
+        raise MisuseError(
+            f"The dataloader's sampler ({type(sampler).__name__}) has no length, so Lite cannot shard it:"
+            " pass setup_dataloaders(..., replace_sampler=False) and shard it yourself."
+        )
+    return sampler  # SequentialSampler, or the user's own, drawn alike on every rank
+
+
+class EvenBatches:
+    """An evaluation pass over `dataloader` (from `distribute_for_evaluation`): its batches, then
+    empty ones until this rank has as many as every other rank. An empty batch has the structure
+    of the rank's last batch (or of one collated sample) with 0 rows.
+
+    It stands where the dataloader stands (its other attributes are the dataloader's), so that a
+    strategy's device loader (XLA's, which marks a step per batch) sees every rank's batches alike.
+    """
+
+    def __init__(self, dataloader: DataLoader) -> None:
+        self.dataloader = dataloader
+
+    def __len__(self) -> int:
+        return self.dataloader.sampler.batches_per_rank
+
+    def __iter__(self) -> Iterator[Any]:
+        missing = len(self) - len(self.dataloader)
+        last = None
+        for last in self.dataloader:
+            yield last
+        for _ in range(missing):
+            yield emptied(last if last is not None else _one_sample_batch(self.dataloader))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataloader":
+            raise AttributeError(name)
+        return getattr(self.dataloader, name)
+
+
+def _one_sample_batch(dataloader: DataLoader) -> Any:
+    """A batch of the evaluation order's first sample, as the loader collates it."""
+    index = next(iter(dataloader.sampler.order))
+    return dataloader.collate_fn([dataloader.dataset[index]])
+
+
+def emptied(batch: Any) -> Any:
+    """`batch` with 0 rows: each tensor cut to its first 0 rows, each list of plain values (a
+    collated column of strings, say) emptied, in dicts, lists, tuples, namedtuples and dataclasses."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:0] if batch.dim() else batch
+    if isinstance(batch, Mapping):
+        return rebuild_mapping(batch, {key: emptied(value) for key, value in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(emptied(value) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        if all(isinstance(value, (str, bytes, int, float, bool)) or value is None for value in batch):
+            return type(batch)()
+        return type(batch)(emptied(value) for value in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: emptied(getattr(batch, f.name))
+                                             for f in dataclasses.fields(batch) if f.init})
+    return batch
+
+
+class EvaluationPass:
+    """A set-up loader's evaluation shard, and when a pass over the loader uses it.
+
+    Args:
+        dataloader: the loader sharded for evaluation (`distribute_for_evaluation`).
+        applies: called when a pass starts; whether that pass is an evaluation pass.
+        automatic: whether `applies` is Lite's rule (`sharding="auto"`) rather than the user's choice.
+    """
+
+    def __init__(self, dataloader: DataLoader, applies: Callable[[], bool], automatic: bool) -> None:
+        self.dataloader = dataloader
+        self.applies = applies
+        self.automatic = automatic
+        self.running = False  # a pass is under way (set by the set-up loader)
 
 
 def _rebuild(dataloader: DataLoader, picking: dict[str, Any]) -> DataLoader:

@@ -64,7 +64,7 @@ def _move(obj: Any, device: torch.device, move_tensor: Callable[[Tensor], Tensor
     if _has_to_method(obj):
         return obj.to(device)
     if isinstance(obj, Mapping):
-        return _rebuild_mapping(obj, {key: _move(value, device, move_tensor) for key, value in obj.items()})
+        return rebuild_mapping(obj, {key: _move(value, device, move_tensor) for key, value in obj.items()})
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
         return type(obj)(*(_move(value, device, move_tensor) for value in obj))
     if isinstance(obj, (list, tuple)):
@@ -78,7 +78,7 @@ def _has_to_method(obj: Any) -> bool:
     return not isinstance(obj, type) and callable(getattr(obj, "to", None))
 
 
-def _rebuild_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
+def rebuild_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
     """A mapping of `original`'s type holding `items`."""
     kind = type(original)
     if kind is dict:

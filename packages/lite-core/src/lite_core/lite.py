@@ -6,6 +6,7 @@ import atexit
 import functools
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -19,7 +20,9 @@ from torch.utils.data import DataLoader
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
+from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
+from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
@@ -84,7 +87,10 @@ class LightningLite:
         self._callbacks = _arguments.as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
+        self._evaluation_passes: weakref.WeakSet[_data.EvaluationPass] = weakref.WeakSet()
         self._inside_run = False
+        self._background_saves = BackgroundSaves()
+        self._profiler: Any = None
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
         self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
@@ -97,12 +103,13 @@ class LightningLite:
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[])
+        state.update(_set_up=None, _models=[], _evaluation_passes=None, _profiler=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._set_up = weakref.WeakSet()
+        self._evaluation_passes = weakref.WeakSet()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -186,8 +193,11 @@ class LightningLite:
         outer, self._inside_run = self._inside_run, True
         try:
             with self._strategy.run_context(), _data.recording_loader_arguments():
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                self.wait_for_checkpoint()
+                return result
         except BaseException as err:
+            self._background_saves.abandon()
             self._strategy.mark_failed()
             if not _is_clean_exit(err):
                 record_failure(self.local_rank)
@@ -267,13 +277,40 @@ class LightningLite:
         return wrapped
 
     def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
-                          move_to_device: bool = True) -> Any:
-        """Shard each dataloader across processes and move its batches to the device."""
+                          move_to_device: bool = True, sharding: str = "auto") -> Any:
+        """Shard each dataloader across processes and move its batches to the device.
+
+        Under a distributed strategy each rank loads its own shard (ranks that hold the same data,
+        e.g. tensor-parallel peers, share one). A training pass and an evaluation pass shard
+        differently:
+
+        - training: every rank gets as many samples, so DDP's and FSDP's collectives line up;
+          where the dataset does not split evenly, samples from its start are repeated;
+        - evaluation: every sample once, none repeated; every rank still iterates as many
+          batches, the last one smaller or, where fewer samples than ranks remain, empty (0 rows),
+          so a collective called once per batch is called as often on every rank. Summing over
+          the ranks (`all_reduce`, `all_gather`, `gather_for_metrics`, torchmetrics) gives what
+          one process computes.
+
+        Args:
+            dataloaders: torch `DataLoader`s.
+            replace_sampler: shard each loader (`False`: its sampler already yields this rank's
+                samples, e.g. your own `DistributedSampler`).
+            move_to_device: move each batch to this process's device.
+            sharding: `"auto"` decides when each pass starts: a pass that starts with gradients
+                disabled (`torch.no_grad()`, `torch.inference_mode()`) or with every set-up model
+                in eval mode (`model.eval()`) is an evaluation pass; `"evaluation"` or
+                `"training"` shards every pass that way.
+        """
+        if sharding not in _SHARDINGS:
+            choices = ", ".join(map(repr, _SHARDINGS))
+            raise MisuseError(f"setup_dataloaders() got sharding={sharding!r}: pass one of {choices}.")
         self._require_environment("setup_dataloaders")
-        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device) for d in dataloaders]
+        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding) for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
-    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool) -> LiteDataLoader:
+    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool,
+                          sharding: str) -> LiteDataLoader:
         if not isinstance(dataloader, DataLoader):
             raise MisuseError(
                 f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
@@ -281,11 +318,37 @@ class LightningLite:
             )
         self._claim(dataloader, "dataloader")
         shard = self._strategy.distributed_sampler_kwargs()
+        evaluation = None
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
-            dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
+            evaluation = self._evaluation_pass(dataloader, shard, seed, sharding)
+            if sharding != "evaluation":
+                dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
+            elif evaluation is not None:
+                dataloader = evaluation.dataloader
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
-        return LiteDataLoader(dataloader, self._strategy if move_to_device else None)
+        if evaluation is not None and evaluation.dataloader is not dataloader:
+            _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
+        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation)
+
+    def _evaluation_pass(self, dataloader: DataLoader, shard: dict[str, int], seed: int,
+                         sharding: str) -> _data.EvaluationPass | None:
+        """The evaluation shard of `dataloader` and when it applies (`None`: never)."""
+        if sharding == "training":
+            return None
+        loader = _data.distribute_for_evaluation(dataloader, shard["num_replicas"], shard["rank"], seed)
+        if not isinstance(loader.sampler, _data.EvaluationSampler):
+            return None  # the dataset or the user's sampler decides what each rank reads
+        applies = self._evaluating if sharding == "auto" else _always
+        evaluation = _data.EvaluationPass(loader, applies, automatic=sharding == "auto")
+        self._evaluation_passes.add(evaluation)
+        return evaluation
+
+    def _evaluating(self) -> bool:
+        """Whether a pass over a loader set up with `sharding="auto"` starting now evaluates."""
+        if not torch.is_grad_enabled():
+            return True
+        return bool(self._models) and not any(model.module.training for model in self._models)
 
     def _claim(self, obj: Any, kind: str) -> None:
         if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
@@ -316,10 +379,19 @@ class LightningLite:
                 " through the model the loss belongs to: call backward(loss, model=model)."
             )
         if self._strategy.is_distributed:
+            self._check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
+
+    def _check_not_evaluating(self) -> None:
+        if any(p.running and p.automatic for p in self._evaluation_passes):
+            raise MisuseError(
+                "backward() ran inside a pass over a dataloader that Lite sharded for evaluation (the pass began"
+                " with gradients disabled or every set-up model in eval mode): call model.train() and iterate"
+                " with gradients enabled, or set the loader up with setup_dataloaders(..., sharding='training')."
+            )
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
@@ -435,6 +507,27 @@ class LightningLite:
         data = collective_input(data, self.device, move=self._strategy.batch_to_device)
         return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
 
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Each tensor in `data` concatenated over the processes along its first dimension.
+
+        For evaluation: call it on each batch's predictions and targets (or once on everything a
+        process collected) and compute the metric from the result. Processes may hold different
+        numbers of rows (the last batch of an evaluation pass is smaller or empty on some ranks);
+        each row appears once, nothing is left out or repeated, and processes that hold the same
+        data (tensor-parallel peers) count once. Over the batches of an evaluation pass the rows
+        come in the one-process order. With one process it returns `data` as tensors.
+
+        Args:
+            data: a tensor, a Python number, or dicts, lists and tuples of them. A 0-dim tensor or
+                a number counts as one row. Beyond the first, every dimension must be the same on
+                every process.
+
+        Returns:
+            `data`'s structure with each leaf a tensor on `self.device` holding every process's rows.
+        """
+        self._require_collectives("gather_for_metrics")
+        return gather_for_metrics(data, self._strategy)
+
     def _require_collectives(self, method: str) -> None:
         if self._strategy.is_distributed and not self._strategy.environment_ready:
             raise MisuseError(f"{method}() needs the processes to be running: call it inside run() or after launch().")
@@ -450,10 +543,38 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
-    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str]) -> None:
-        """Save `content` (modules and optimizers become their state) atomically from rank 0."""
+    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
+        """Save `content` (modules and optimizers become their state) atomically from rank 0.
+
+        Args:
+            content: what to save, by key; modules, optimizers and objects with `state_dict()`
+                are saved as their state.
+            filepath: the file (or, under `fsdp`, the directory) to write.
+            blocking: `False` returns once the state is copied to host memory and writes it in a
+                background thread while training goes on. The next `save`, `load`,
+                `wait_for_checkpoint()` and the end of `run()` wait for it, and raise a
+                `CheckpointError` on every rank if the write failed. A strategy that cannot write
+                in the background saves in the foreground with a warning that says why.
+        """
         self._require_collectives("save")
-        self._strategy.save_checkpoint(os.fspath(filepath), content)
+        self.wait_for_checkpoint()
+        path = os.fspath(filepath)
+        reason = None if blocking else self._strategy.why_no_background_save()
+        if blocking or reason is not None:
+            if reason is not None:
+                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
+                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=2)
+            self._strategy.save_checkpoint(path, content)
+            return
+        self._background_saves.start(path, self._strategy.stage_checkpoint(path, content))
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the checkpoint that `save(..., blocking=False)` is writing is complete.
+
+        Raises a `CheckpointError` on every rank if its write failed on any rank. Every rank must
+        call it; it returns at once when no save is in flight.
+        """
+        self._background_saves.wait(self._strategy)
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
@@ -477,10 +598,51 @@ class LightningLite:
         """
         from lite_core.checkpoint._io import existing_or_previous
 
+        self.wait_for_checkpoint()
         path = existing_or_previous(os.fspath(filepath))
         if missing_ok and not os.path.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+
+    @contextmanager
+    def profile(self, folder: str | os.PathLike[str], ranks: list[int] | None = None, wait: int = 1,
+                warmup: int = 1, active: int = 3, repeat: int = 1, **profiler_kwargs: Any) -> Generator[Any, None, None]:
+        """Run torch's profiler (`torch.profiler.profile`) on `ranks` and write one Chrome trace
+        per rank into `folder`: `trace-rank{R}.json` (`trace-rank{R}-{n}.json` with `repeat > 1`).
+
+        Mark each step with the `step()` of the object this yields, or let a `ThroughputMonitor`
+        do it (its `step()` marks the profiler's step too; use one or the other). The schedule
+        skips `wait` steps, warms up for `warmup` and records `active` steps, `repeat` times.
+
+        Args:
+            folder: where the traces go (created if needed).
+            ranks: the global ranks to profile; `None` profiles every rank.
+            wait: steps to skip before profiling.
+            warmup: steps profiled but thrown away (the profiler's own start-up cost).
+            active: steps recorded in the trace.
+            repeat: how many wait/warm-up/active cycles (each writes a trace).
+            **profiler_kwargs: passed on to `torch.profiler.profile` (`activities`,
+                `record_shapes`, `profile_memory`, `with_stack`, ...).
+
+        Example:
+            with self.profile("traces", wait=1, warmup=1, active=2) as prof:
+                for batch in loader:
+                    ...
+                    prof.step()
+        """
+        from lite_core.profiler import profile
+
+        with profile(self.global_rank, folder, ranks, wait, warmup, active, repeat, **profiler_kwargs) as prof:
+            outer, self._profiler = self._profiler, prof
+            try:
+                yield prof
+            finally:
+                self._profiler = outer
+
+    def _profiler_step(self) -> None:
+        """Mark a step of the profiler that `profile()` runs (called by `ThroughputMonitor.step`)."""
+        if self._profiler is not None:
+            self._profiler.step()
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""
@@ -505,6 +667,14 @@ class LightningLite:
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
         return _seed.seed_everything(seed, workers=workers)
+
+
+#: What `setup_dataloaders(sharding=...)` accepts.
+_SHARDINGS = ("auto", "training", "evaluation")
+
+
+def _always() -> bool:
+    return True
 
 
 def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:

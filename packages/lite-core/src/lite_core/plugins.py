@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         on_writing_ranks,
         read_checkpoint,
         restore,
+        stage_to_host,
         to_state,
     )
     from lite_core.environments.environment import ClusterEnvironment
@@ -99,7 +100,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
     **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
     **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "READER_FILE", "read_checkpoint", "restore",
-                     "to_state", "on_rank_zero", "on_writing_ranks"], "lite_core.checkpoint"),
+                     "to_state", "on_rank_zero", "on_writing_ranks", "stage_to_host"], "lite_core.checkpoint"),
     **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
                      "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
                      "CheckpointError", "MissingDependencyError"], "lite_core.errors"),

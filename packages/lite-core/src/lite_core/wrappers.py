@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
+from lite_core._data import EvaluationPass, EvenBatches
 from lite_core._methods import is_user_method
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
@@ -265,12 +266,19 @@ class LiteDataLoader:
     Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch
     (a `set_epoch` the user called since wins). `state_dict()`/`load_state_dict()` carry its
     position through a checkpoint, so a resumed run shuffles as the uninterrupted one did.
+
+    With an `evaluation` shard (distributed strategies), a pass that it `applies` to iterates that
+    shard instead: every sample once, and as many batches as every other rank (the last ones
+    possibly empty); see `LightningLite.setup_dataloaders`.
     """
 
-    def __init__(self, dataloader: DataLoader, strategy: Strategy | None) -> None:
+    def __init__(self, dataloader: DataLoader, strategy: Strategy | None,
+                 evaluation: EvaluationPass | None = None) -> None:
         self._dataloader = dataloader
         self._strategy = strategy
         self._position = LoaderPosition(dataloader)
+        self._evaluation = evaluation
+        self._evaluation_position = None if evaluation is None else LoaderPosition(evaluation.dataloader)
 
     @property
     def dataloader(self) -> DataLoader:
@@ -278,6 +286,9 @@ class LiteDataLoader:
         return self._dataloader
 
     def __len__(self) -> int:
+        evaluation = self._evaluation
+        if evaluation is not None and evaluation.applies():
+            return evaluation.dataloader.sampler.batches_per_rank
         return len(self._dataloader)
 
     def state_dict(self) -> dict[str, Any]:
@@ -290,23 +301,36 @@ class LiteDataLoader:
         self._position.load_state_dict(state_dict)
 
     def __iter__(self) -> Iterator[Any]:
+        evaluation = self._evaluation
+        if evaluation is not None and evaluation.applies():
+            return self._evaluation_pass(evaluation)
+        return self._batches(self._dataloader, self._position)
+
+    def _evaluation_pass(self, evaluation: EvaluationPass) -> Iterator[Any]:
+        evaluation.running = True
+        try:
+            yield from self._batches(EvenBatches(evaluation.dataloader), self._evaluation_position)
+        finally:
+            evaluation.running = False
+
+    def _batches(self, dataloader: DataLoader | EvenBatches, position: LoaderPosition) -> Iterator[Any]:
         # One generator for the whole pass (no nested one): it runs once per batch.
-        self._position.start_epoch()
+        position.start_epoch()
         if self._strategy is None:
-            yield from self._dataloader
+            yield from dataloader
         elif not _moves_batches_plainly(self._strategy):
             move = self._strategy.batch_to_device
-            for batch in self._strategy.process_dataloader(self._dataloader):
+            for batch in self._strategy.process_dataloader(dataloader):
                 yield move(batch)
         else:
             # The strategy moves batches the default way: look the device up once per epoch, and
             # pass batches that are already there (every batch on CPU) through untouched.
             device = self._strategy.root_device
-            for batch in self._strategy.process_dataloader(self._dataloader):
+            for batch in self._strategy.process_dataloader(dataloader):
                 yield batch if already_on(batch, device) else move_to_device(batch, device)
-        self._position.end_epoch()
+        position.end_epoch()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_dataloader", "_position"):
+        if name in ("_dataloader", "_position", "_evaluation", "_evaluation_position"):
             raise AttributeError(name)
         return getattr(self._dataloader, name)

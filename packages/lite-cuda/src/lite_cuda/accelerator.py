@@ -90,6 +90,16 @@ class CUDAAccelerator(Accelerator):
             else:
                 _require_bf16(precision, index, gpu)
 
+    def peak_flops(self, device: torch.device, dtype: str) -> float | None:
+        """Dense data-sheet peak of this GPU (see `lite_cuda._peaks`), `None` for GPUs not listed."""
+        from lite_cuda._peaks import dense_peak_flops
+
+        return dense_peak_flops(_runtime.initialized_gpu(device.index or 0).name, dtype)
+
+    def peak_memory(self, device: torch.device) -> int:
+        """The CUDA caching allocator's peak of allocated memory on `device`."""
+        return int(torch.cuda.max_memory_allocated(device))
+
     def describe(self) -> str:
         return f"cuda ({_runtime.device_count()} GPU(s) visible)"
 

@@ -245,6 +245,14 @@ class DeepSpeedStrategy(DDPStrategy):
             return
         _checkpoint.save(path, content, self)
 
+    def why_no_background_save(self) -> str | None:
+        """DeepSpeed writes its engine checkpoint itself (`engine.save_checkpoint`, with collectives
+        over the training process group and no copy to host memory first), so it cannot run in
+        a thread beside training: `save(blocking=False)` writes in the foreground."""
+        return ("DeepSpeed's engine.save_checkpoint writes each rank's shards straight from the live"
+                " engine with collectives over the training process group, so it cannot run beside"
+                " training; use save(...) (blocking), or DeepSpeed's own asynchronous checkpointing")
+
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
         """Resume the DeepSpeed model and optimizer in `state` from any checkpoint: a directory

@@ -65,6 +65,12 @@ class XLAAccelerator(Accelerator):
 
         return torch_xla.device(index)
 
+    def peak_flops(self, device: torch.device, dtype: str) -> float | None:
+        """Dense per-chip peak of this TPU generation (see `lite_xla._peaks`); `None` off TPU."""
+        from lite_xla import _peaks
+
+        return _peaks.dense_peak_flops(_peaks.accelerator_type(), dtype)
+
 
 def device_count() -> int:
     """How many XLA devices this host has, read without starting the runtime (at least 1)."""

@@ -68,6 +68,21 @@ class Accelerator(ABC):
     def teardown(self) -> None:
         """Release what `setup_device` took."""
 
+    def peak_flops(self, device: torch.device, dtype: str) -> float | None:
+        """The dense (no structured sparsity) peak FLOP/s of `device` for matrix multiplications in
+        `dtype` (`"fp64"`, `"fp32"`, `"tf32"`, `"bf16"`, `"fp16"` or `"fp8"`), or `None` when
+        it is not known; `ThroughputMonitor` divides by it for MFU and leaves MFU out for `None`."""
+        return None
+
+    def peak_memory(self, device: torch.device) -> int:
+        """The most memory (bytes) this process has held on `device` so far: the device
+        allocator's peak where there is one; by default the process's peak resident set size."""
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+
     def describe(self) -> str:
         """One line for `lite env` and error messages."""
         return f"{self.name} (available: {self.is_available()})"

@@ -19,6 +19,7 @@ turning content into plain state and back (`to_state`, `restore`), the sharded f
 
 from __future__ import annotations
 
+from lite_core.checkpoint._background import stage_to_host
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
 from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
@@ -37,5 +38,6 @@ __all__ = [
     "read_checkpoint",
     "read_sharded",
     "restore",
+    "stage_to_host",
     "to_state",
 ]

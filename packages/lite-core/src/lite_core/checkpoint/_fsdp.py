@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
 from lite_core.checkpoint._io import remove_stale_temporaries, writer
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
 from lite_core.checkpoint._rank_zero import on_rank_zero
@@ -29,6 +30,7 @@ from lite_core.wrappers import forward_module, unwrap_optimizer
 
 if TYPE_CHECKING:
     from lite_core.strategies.fsdp import FSDPStrategy
+    from lite_core.strategies.strategy import Strategy
 
 
 def _unwrap(value: Any) -> Any:
@@ -91,25 +93,63 @@ def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Non
     on_rank_zero(strategy, path, lambda: strategy.checkpoint_io.save({**state, **extra}, path))
 
 
-def save_sharded(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> None:
+def stage_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Write:
+    """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
+    objects, plain = _split(content)
+    state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
+    extra = stage_to_host(_extra(strategy, plain))
+    if strategy.global_rank != 0:
+        return nothing
+    return lambda: strategy.checkpoint_io.save({**state, **extra}, path)
+
+
+def save_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> None:
     """Every process writes its shards into a fresh directory that then replaces `path`, so a
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
 
     started = time.time()
+    state, extra, staging = _prepare_sharded(strategy, path, content)
+    dcp.save(state, checkpoint_id=staging)
+    on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, Path(path), started))
+
+
+def stage_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> Write:
+    """`save_sharded` in the background: torch distributed checkpoint's `async_save` copies the
+    shards to host memory and writes them in its thread, over a process group of its own; when
+    they are written (on every rank), rank 0 puts the directory in place as `save_sharded` does.
+
+    A strategy whose checkpoints are sharded this way (any module that `_state_of` reads with
+    torch's `get_model_state_dict`) returns this from its `stage_checkpoint`.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    started = time.time()
+    state, extra, staging = _prepare_sharded(strategy, path, content)
+    extra = stage_to_host(extra)
+    written = dcp.async_save(state, checkpoint_id=staging, process_group=checkpoint_process_group())
+
+    def write() -> None:
+        written.result()
+        if strategy.global_rank == 0:
+            _finish_sharded(strategy, staging, extra, Path(path), started)
+
+    return write
+
+
+def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(the modules' and optimizers' sharded state, the other values, the staging directory)."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     extra = _extra(strategy, plain)
-    target = Path(path)
-    staging = on_rank_zero(strategy, path, lambda: _staging_directory(target))
-    dcp.save(state, checkpoint_id=staging)
+    staging = on_rank_zero(strategy, path, lambda: _staging_directory(Path(path)))
+    return state, extra, staging
 
-    def finish() -> None:
-        strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
-        _replace(Path(staging), target)
-        remove_stale_temporaries(target, started, folders=True)  # what interrupted saves left
 
-    on_rank_zero(strategy, path, finish)
+def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], target: Path, started: float) -> None:
+    strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
+    _replace(Path(staging), target)
+    remove_stale_temporaries(target, started, folders=True)  # what interrupted saves left
 
 
 def _staging_directory(target: Path) -> str:

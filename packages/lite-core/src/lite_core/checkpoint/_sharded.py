@@ -26,7 +26,7 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
     (modules as full state dicts, optimizers with state keyed by parameter name).
 
     Args:
-        source: a directory written by `save` under `strategy="fsdp"`.
+        source: a directory written by `save` under `strategy="fsdp"` or `"model_parallel"`.
         destination: the file to write.
 
     Example:

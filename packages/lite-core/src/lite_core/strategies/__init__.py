@@ -16,6 +16,7 @@ _LAZY = {
     "DDPSpawnStrategy": "lite_core.strategies.ddp",
     "DDPForkStrategy": "lite_core.strategies.ddp",
     "FSDPStrategy": "lite_core.strategies.fsdp",
+    "ModelParallelStrategy": "lite_core.strategies.model_parallel",
     "DDPShardedStrategy": "lite_core.strategies.ddp_sharded",
     "DDPShardedSpawnStrategy": "lite_core.strategies.ddp_sharded",
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _fsdp_init, _fsdp_optimizers
+from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 
 _STATE_DICT_TYPES = ("sharded", "full")
@@ -36,13 +36,20 @@ class FSDPStrategy(DDPStrategy):
             process (torch distributed checkpoint); `"full"` writes one `torch.load`-able file
             from rank 0. `load` reads both kinds under any strategy and process count.
         reshard_after_forward: free the gathered parameters after the forward pass and gather
-            them again for backward (less memory, more communication).
+            them again for backward (less memory, more communication). `None` (default) is
+            torch's choice: every sharded submodule reshards, the root module keeps its
+            parameters for the backward pass that follows at once (one all-gather per step fewer).
         mixed_precision: a `torch.distributed.fsdp.MixedPrecisionPolicy` with which
             `fully_shard` casts the gathered parameters (and inputs, gradients, outputs) itself.
             By default it casts nothing: `precision="bf16-mixed"` then means what it means under
             `ddp`, float32 parameters with the forward pass under `torch.autocast`.
         timeout: how long a collective waits for the other ranks (see `DDPStrategy`).
         process_group_backend: overrides the accelerator's `torch.distributed` backend.
+        replicate_size: hybrid sharding (HSDP): the processes form `replicate_size` groups; each
+            group shards the model among its own processes, and the groups hold replicas of
+            each other (gradients are averaged across them). `None` (default) shards over every
+            process. It must divide the number of processes; e.g. the number of nodes, so that
+            shards are exchanged only within a node.
     """
 
     name = "fsdp"
@@ -51,11 +58,13 @@ class FSDPStrategy(DDPStrategy):
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
 
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
-                 state_dict_type: str = "sharded", reshard_after_forward: bool = True,
+                 state_dict_type: str = "sharded", reshard_after_forward: bool | None = None,
                  timeout: float | timedelta | None = None, process_group_backend: str | None = None,
-                 mixed_precision: Any = None) -> None:
+                 mixed_precision: Any = None, replicate_size: int | None = None) -> None:
         super().__init__(timeout=timeout, process_group_backend=process_group_backend)
         _check_policy(mixed_precision)
+        _check_replicate_size(replicate_size)
+        self._replicate_size = replicate_size
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ConfigurationError(
                 f"state_dict_type={state_dict_type!r} is not supported: pass 'sharded' or 'full'."
@@ -69,6 +78,15 @@ class FSDPStrategy(DDPStrategy):
         #: (id of a sharded module, method name) already registered as a forward method.
         self._forward_methods: set[tuple[int, str]] = set()
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def connect(self, accelerator: Any, environment: Any, device_indexes: list[int], num_nodes: int) -> None:
+        super().connect(accelerator, environment, device_indexes, num_nodes)
+        processes = len(device_indexes) * num_nodes
+        if self._replicate_size is not None and processes % self._replicate_size:
+            raise ConfigurationError(
+                f"replicate_size={self._replicate_size} does not divide the {processes} processes into equal"
+                " groups: choose a replicate_size that divides devices x num_nodes."
+            )
 
     # -- modules -------------------------------------------------------------------------------
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
@@ -121,7 +139,11 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
         device_type = self.root_device.type
-        mesh = init_device_mesh(device_type, (self.world_size,))
+        if self._replicate_size is None:
+            mesh = init_device_mesh(device_type, (self.world_size,))
+        else:  # a 2-D mesh makes fully_shard replicate across its first dimension and shard along the second
+            mesh = init_device_mesh(device_type, (self._replicate_size, self.world_size // self._replicate_size),
+                                    mesh_dim_names=("replicate", "shard"))
         # Pinned memory speeds up copies to an accelerator; with the CPU as the device there is none.
         offload = CPUOffloadPolicy(pin_memory=device_type != "cpu") if self._cpu_offload else OffloadPolicy()
         return {
@@ -165,7 +187,7 @@ class FSDPStrategy(DDPStrategy):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not all(isinstance(p, DTensor) for p in params):
             raise MisuseError(
-                "This optimizer holds parameters that strategy='fsdp' did not shard: create it from"
+                f"This optimizer holds parameters that strategy={self.name!r} did not shard: create it from"
                 " the parameters of the model returned by setup_module(), then call setup_optimizers()."
             )
         return optimizer
@@ -175,8 +197,11 @@ class FSDPStrategy(DDPStrategy):
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
                             norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
-        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # One norm over every parameter, whatever its mesh and placements (see `_clip`).
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
+        return _clip.clip_grad_norm(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
@@ -184,6 +209,12 @@ class FSDPStrategy(DDPStrategy):
             _fsdp_checkpoint.save_full(self, path, content)
         else:
             _fsdp_checkpoint.save_sharded(self, path, content)
+
+    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Callable[[], None]:
+        """Sharded: torch distributed checkpoint's `async_save`; full: gathered to rank 0 and copied."""
+        if self.state_dict_type == "full":
+            return _fsdp_checkpoint.stage_full(self, path, content)
+        return _fsdp_checkpoint.stage_sharded(self, path, content)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
@@ -196,12 +227,18 @@ class FSDPStrategy(DDPStrategy):
             if any(p is first for p in module.parameters()):
                 return module
         raise MisuseError(
-            "This optimizer updates no model set up by strategy='fsdp': create it from the parameters"
+            f"This optimizer updates no model set up by strategy={self.name!r}: create it from the parameters"
             " of the model returned by setup_module()."
         )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(state_dict_type={self.state_dict_type!r}, timeout={self.timeout})"
+
+
+def _check_replicate_size(size: Any) -> None:
+    if size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        return
+    raise ConfigurationError(f"replicate_size={size!r} is not valid: pass a positive integer, or None to shard over every process.")
 
 
 def _check_policy(policy: Any) -> None:

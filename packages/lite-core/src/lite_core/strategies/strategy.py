@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 from contextlib import ExitStack, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
 import torch
 from torch import nn
@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core._methods import call_through
 from lite_core._move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
+from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
@@ -319,6 +320,29 @@ class Strategy:
         """
         state = to_state(content, self)
         on_rank_zero(self, path, lambda: self.checkpoint_io.save(state, path))
+
+    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Callable[[], None]:
+        """The first half of `save(..., blocking=False)`: copy `content`'s state into host memory
+        now (what `save_checkpoint` would write), and return the rest of the save, which Lite runs
+        in a background thread on every rank and whose failure it then tells every rank.
+
+        The returned function may not run collectives on the training process group (the training
+        loop uses it meanwhile). A strategy that overrides `save_checkpoint` overrides this too, or
+        `why_no_background_save` makes `save(blocking=False)` write in the foreground.
+        """
+        state = stage_to_host(to_state(content, self))
+        if self.global_rank != 0:
+            return nothing
+        return lambda: self.checkpoint_io.save(state, path)
+
+    def why_no_background_save(self) -> str | None:
+        """Why `save(blocking=False)` cannot write in the background under this strategy (the end
+        of a warning sentence), or `None` when it can."""
+        own_save = type(self).save_checkpoint is not Strategy.save_checkpoint
+        if own_save and type(self).stage_checkpoint is Strategy.stage_checkpoint:
+            return (f"{type(self).__name__} writes its checkpoints its own way and has no stage_checkpoint"
+                    " that copies them to host memory first")
+        return None
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:

@@ -204,6 +204,10 @@ class XLAStrategy(XLAStrategyBase):
             return tensor.unsqueeze(0).clone()  # never a view of the input, as a real gather
         import torch_xla.core.xla_model as xm
 
+        if not sync_grads:
+            # Run what is pending first: replicas whose pending work differs (an evaluation's last
+            # batches differ in size) then still compile one and the same collective graph.
+            _device.cut_graph()
         tensor = _device.as_data(tensor, self.root_device).reshape(1, *tensor.shape)
         if sync_grads:
             import torch_xla.core.functions as xf
@@ -226,6 +230,7 @@ class XLAStrategy(XLAStrategyBase):
 
         ops = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX,
                "min": xm.REDUCE_MIN, "product": xm.REDUCE_MUL}
+        _device.cut_graph()  # as in all_gather: one and the same collective graph on every replica
         data = _device.as_data(tensor, self.root_device)
         result = xm.all_reduce(ops[reduce_op], data, pin_layout=self.pin_layout).reshape(tensor.shape)
         if reduce_op == "mean":

@@ -1,0 +1,245 @@
+"""`ThroughputMonitor`: samples, items (tokens) and FLOPs per second, MFU, data-loading time and
+peak memory of your own loop; `measure_flops`: the FLOPs of one training step, counted by torch.
+
+MFU (model FLOPs utilisation) is the model's FLOPs per second (forward plus backward, as
+`measure_flops` counts them, or as you give them) divided by the dense peak FLOP/s of every
+device the job uses, in the dtype the matrix multiplications run in.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from lite_core.errors import ConfigurationError, MisuseError
+
+if TYPE_CHECKING:
+    from lite_core.lite import LightningLite
+
+T = TypeVar("T")
+
+#: The matmul dtype of each Lite precision (`32-true` is `tf32` when torch's float32 matmul
+#: precision allows TF32: `torch.set_float32_matmul_precision("high")` or `"medium"`).
+_PRECISION_DTYPES = {"64-true": "fp64", "16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16",
+                     "bf16-true": "bf16"}
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                  backward: bool = True, on_meta: bool = True) -> int:
+    """The FLOPs of one step of `model` on `inputs`: forward, plus backward with `backward=True`.
+
+    Counted by `torch.utils.flop_counter.FlopCounterMode` (matrix multiplications and
+    convolutions; element-wise work is not counted). With `on_meta=True` the count runs on a
+    copy of the model on the meta device, so it allocates no memory and costs no real step;
+    `inputs` (tensors, alone or in dicts, lists, tuples) are moved to the meta device too.
+
+    Args:
+        model: the plain model, or the one `setup()` returned.
+        inputs: what the model is called with: one tensor or a tuple of positional arguments.
+        loss_fn: turns the model's output into the scalar to differentiate (default: `.sum()`).
+        backward: count the backward pass too (about twice the forward).
+        on_meta: count on a meta-device copy instead of the model itself.
+
+    Returns:
+        The FLOPs of one step on this batch.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lite_core.wrappers import original_module
+
+    module = original_module(model)
+    if on_meta:
+        module = _meta_copy(module)
+        inputs = tree_map_only(torch.Tensor, _meta_input, inputs)
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        output = module(*args)
+        if backward:
+            loss = loss_fn(output) if loss_fn is not None else output.sum()
+            loss.backward()
+    return int(counter.get_total_flops())
+
+
+def _meta_input(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the meta device, a leaf that wants a gradient if the original does."""
+    meta = tensor.detach().to("meta")
+    return meta.requires_grad_() if tensor.requires_grad else meta
+
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` whose parameters and buffers are empty meta tensors."""
+    memo: dict[int, Any] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        meta = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+    return copy.deepcopy(module, memo)
+
+
+class ThroughputMonitor:
+    """Throughput, MFU, data-loading time and peak memory of your loop, over a rolling window.
+
+    Call `step()` once per optimizer step with the number of samples (and items, e.g. tokens)
+    this process's batch held. Every `log_every_n_steps` steps the monitor sends its metrics to
+    Lite's loggers (`lite.log_dict`, rank 0) and, if given one, to a progress bar.
+
+    Global rates assume every data-parallel replica processes a batch of the same size:
+    `samples_per_sec = batch_size * data_parallel_size / time`. Per-device rates divide by the
+    data-parallel size (the ranks that hold distinct data, as the strategy's sampler shards
+    them), FLOP/s per device and MFU by every device the job uses.
+
+    Args:
+        lite: the `LightningLite` the loop runs in.
+        window: how many recent steps the rates average over.
+        flops_per_step: the FLOPs of one step of this process (see `measure_flops`); `None` leaves
+            FLOP/s and MFU out.
+        peak_flops: dense peak FLOP/s of one device, overriding what the accelerator knows.
+        dtype: the matmul dtype for the accelerator's peak (`"fp32"`, `"tf32"`, `"bf16"`, `"fp16"`,
+            `"fp8"`, `"fp64"`); default: from the precision (`32-true` is `tf32` when torch allows it).
+        log_every_n_steps: how often `step()` logs (0: never; read `compute()` yourself).
+        progress_bar: a tqdm bar (e.g. from `lite_core.progress_bar`) whose postfix shows the
+            samples per second and MFU.
+
+    Example:
+        monitor = ThroughputMonitor(self, flops_per_step=measure_flops(model, x), log_every_n_steps=10)
+        for x, y in monitor.timed(loader):
+            ...
+            optimizer.step()
+            monitor.step(batch_size=len(x), items=x.numel())
+    """
+
+    def __init__(self, lite: LightningLite, window: int = 50, flops_per_step: float | None = None,
+                 peak_flops: float | None = None, dtype: str | None = None, log_every_n_steps: int = 50,
+                 progress_bar: Any = None) -> None:
+        _check_positive_or_none(peak_flops, "peak_flops", "the dense peak FLOP/s of one device, e.g. 989e12")
+        _check_positive_or_none(flops_per_step, "flops_per_step", "the FLOPs of one step, e.g. from measure_flops()")
+        if window < 2:
+            raise ConfigurationError(f"window={window} needs at least 2 steps to measure a rate: pass window >= 2.")
+        if dtype is not None and dtype not in DTYPES:
+            raise ConfigurationError(f"dtype={dtype!r} is not a matmul dtype Lite knows: pass one of {list(DTYPES)}.")
+        self._lite = lite
+        self._flops_per_step = flops_per_step
+        self._log_every = log_every_n_steps
+        self._bar = progress_bar
+        shard = lite.strategy.distributed_sampler_kwargs()
+        self.data_parallel_size = int(shard["num_replicas"]) if shard else 1
+        self.devices = max(lite.world_size, 1)
+        self.peak_flops = peak_flops if peak_flops is not None else self._accelerator_peak(dtype)
+        # (end time, samples, items, seconds waiting for data) of each step; one more than the window.
+        self._steps: deque[tuple[float, int, int, float]] = deque(maxlen=window + 1)
+        self._waited = 0.0
+        self.step_count = 0
+        self._next_log = log_every_n_steps if log_every_n_steps > 0 else -1
+
+    def _accelerator_peak(self, dtype: str | None) -> float | None:
+        strategy = self._lite.strategy
+        if strategy.accelerator is None:
+            return None
+        return strategy.accelerator.peak_flops(strategy.root_device, dtype or _matmul_dtype(strategy.precision.name))
+
+    def timed(self, dataloader: Iterable[T]) -> Iterator[T]:
+        """Iterate `dataloader`, counting the time each batch took to arrive as data-loading time."""
+        iterator = iter(dataloader)
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._waited += time.perf_counter() - started
+            yield batch
+
+    def step(self, batch_size: int, items: int | None = None) -> dict[str, float] | None:
+        """Record one finished step of this process: `batch_size` samples holding `items` items
+        (tokens; default: the samples). Also marks a step of the profiler `lite.profile()` runs.
+
+        Returns:
+            The metrics when this step logged them, else `None`.
+        """
+        # The hot path of every step: plain attribute reads, one clock reading, one append.
+        if type(batch_size) is not int or batch_size <= 0:
+            _refuse_batch_size(batch_size)
+        self._steps.append((_clock(), batch_size, items, self._waited))  # items None: the samples
+        self._waited = 0.0
+        self.step_count += 1
+        if self._lite._profiler is not None:
+            self._lite._profiler.step()
+        if self.step_count == self._next_log:
+            self._next_log += self._log_every
+            metrics = self.compute()
+            if metrics:
+                self._lite.log_dict(metrics, step=self.step_count)
+                self._show(metrics)
+            return metrics
+        return None
+
+    def compute(self) -> dict[str, float]:
+        """The metrics over the window (empty until two steps were recorded)."""
+        if len(self._steps) < 2:
+            return {}
+        steps = list(self._steps)[1:]  # the first entry only marks when the window's first step began
+        elapsed = steps[-1][0] - self._steps[0][0]
+        samples = sum(s[1] for s in steps) * self.data_parallel_size
+        items = sum(s[1] if s[2] is None else s[2] for s in steps) * self.data_parallel_size
+        batches = len(steps) * self.data_parallel_size
+        metrics = {
+            "throughput/batches_per_sec": batches / elapsed,
+            "throughput/samples_per_sec": samples / elapsed,
+            "throughput/items_per_sec": items / elapsed,
+            "throughput/device/batches_per_sec": batches / elapsed / self.data_parallel_size,
+            "throughput/device/samples_per_sec": samples / elapsed / self.data_parallel_size,
+            "throughput/device/items_per_sec": items / elapsed / self.data_parallel_size,
+            "throughput/data_wait_fraction": min(sum(s[3] for s in steps) / elapsed, 1.0),
+            "memory/peak_bytes": float(self._peak_memory()),
+        }
+        if self._flops_per_step is not None:
+            flops = self._flops_per_step * len(steps) * self.data_parallel_size / elapsed
+            metrics["throughput/flops_per_sec"] = flops
+            metrics["throughput/device/flops_per_sec"] = flops / self.devices
+            if self.peak_flops is not None:
+                metrics["throughput/mfu"] = flops / (self.devices * self.peak_flops)
+        return metrics
+
+    def _peak_memory(self) -> int:
+        strategy = self._lite.strategy
+        return strategy.accelerator.peak_memory(strategy.root_device) if strategy.accelerator is not None else 0
+
+    def _show(self, metrics: dict[str, float]) -> None:
+        if self._bar is None:
+            return
+        postfix = {"samples/s": f"{metrics['throughput/samples_per_sec']:.3g}"}
+        if "throughput/mfu" in metrics:
+            postfix["MFU"] = f"{metrics['throughput/mfu']:.1%}"
+        self._bar.set_postfix(postfix, refresh=False)
+
+
+_clock = time.perf_counter
+
+
+def _refuse_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0:
+        return  # an int subclass
+    raise MisuseError(f"ThroughputMonitor.step() got batch_size={batch_size!r}: pass the number of"
+                      " samples in this step's batch, a positive int.")
+
+
+def _matmul_dtype(precision: str) -> str:
+    if precision in _PRECISION_DTYPES:
+        return _PRECISION_DTYPES[precision]
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def _check_positive_or_none(value: Any, name: str, what: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ConfigurationError(f"{name}={value!r} is not a positive number: pass {what}, or None.")

@@ -1,0 +1,95 @@
+"""`ModelParallelStrategy` and `FSDPStrategy(replicate_size=...)` at construction: the mesh's sizes,
+and bad input refused in one sentence (what needs processes is in tests/integration/sharded)."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from lite_core import LightningLite
+from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.plugins import CPUAccelerator
+from lite_core.strategies import FSDPStrategy, ModelParallelStrategy
+
+
+def _identity(model: nn.Module, device_mesh: object) -> nn.Module:
+    return model
+
+
+def _strategy_of(strategy: object, **kwargs: object) -> ModelParallelStrategy:
+    return LightningLite(accelerator="cpu", strategy=strategy, **kwargs)._strategy  # type: ignore[return-value]
+
+
+def _one_sentence(message: str) -> bool:
+    return message.count(". ") == 0 and message.endswith(".")
+
+
+def test_auto_sizes_are_data_parallel_across_nodes_and_tensor_parallel_within_one(monkeypatch, clean_env) -> None:
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("NODE_RANK", "0")
+    assert _strategy_of(ModelParallelStrategy(_identity), devices=4, num_nodes=2).mesh_shape == (2, 4)
+    assert _strategy_of(ModelParallelStrategy(_identity), devices=4).mesh_shape == (1, 4)
+    assert _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=2), devices=4).mesh_shape == (2, 2)
+    assert _strategy_of(ModelParallelStrategy(_identity, tensor_parallel_size=1), devices=4).mesh_shape == (4, 1)
+
+
+@pytest.mark.parametrize(("dp", "tp"), [(2, 3), (3, "auto"), ("auto", 3)])
+def test_sizes_that_do_not_make_the_world_size_are_refused_at_construction(dp, tp, clean_env) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=dp, tensor_parallel_size=tp), devices=4)
+    message = str(info.value)
+    assert message.startswith(f"data_parallel_size={dp!r} x tensor_parallel_size={tp!r} does not make the world size 4")
+    assert _one_sentence(message)
+
+
+@pytest.mark.parametrize(("kwargs", "start"), [
+    ({"data_parallel_size": 0}, "data_parallel_size=0 is not valid"),
+    ({"tensor_parallel_size": "many"}, "tensor_parallel_size='many' is not valid"),
+    ({"parallelize_fn": "plan"}, "parallelize_fn='plan' is not callable"),
+])
+def test_bad_arguments_are_refused_in_one_sentence(kwargs, start) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ModelParallelStrategy(**{"parallelize_fn": _identity, **kwargs})
+    assert str(info.value).startswith(start) and _one_sentence(str(info.value))
+
+
+def test_the_name_suffices_to_choose_it_and_setup_asks_for_the_function(clean_env) -> None:
+    strategy = _strategy_of("model_parallel", devices=4)
+    assert type(strategy) is ModelParallelStrategy and strategy.mesh_shape == (1, 4)
+    with pytest.raises(MisuseError) as info:
+        strategy.setup_module(nn.Linear(2, 2))
+    assert "pass strategy=ModelParallelStrategy(parallelize_fn=...)" in str(info.value)
+    assert _one_sentence(str(info.value))
+
+
+def test_the_device_mesh_before_launch_is_refused(clean_env) -> None:
+    with pytest.raises(MisuseError, match="device_mesh was asked for before the processes were launched"):
+        _ = _strategy_of(ModelParallelStrategy(_identity), devices=4).device_mesh
+
+
+def test_float16_mixed_precision_is_refused_in_one_sentence(clean_env) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(ModelParallelStrategy(_identity), devices=4, precision="16-mixed")
+    message = str(info.value)
+    assert message == ("precision='16-mixed' is not supported by strategy='model_parallel' on accelerator='cpu':"
+                       " choose one of ['32-true', 'bf16-mixed', 'bf16-true'].")
+
+
+def test_an_accelerator_without_a_process_group_is_refused(clean_env) -> None:
+    no_group = type("NoGroupAccelerator", (CPUAccelerator,), {"name": "nogroup", "distributed_backend": None})()
+    with pytest.raises(ConfigurationError) as info:
+        LightningLite(accelerator=no_group, strategy=ModelParallelStrategy(_identity), devices=4)
+    message = str(info.value)
+    assert message.startswith("strategy='model_parallel' does not run on accelerator='nogroup': it needs a"
+                              " torch.distributed process group")
+    assert _one_sentence(message)
+
+
+def test_hsdp_replicate_size_must_divide_the_processes(clean_env) -> None:
+    assert _strategy_of(FSDPStrategy(replicate_size=2), devices=4)._replicate_size == 2
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(FSDPStrategy(replicate_size=3), devices=4)
+    assert str(info.value).startswith("replicate_size=3 does not divide the 4 processes") and _one_sentence(str(info.value))
+    with pytest.raises(ConfigurationError, match="replicate_size=0 is not valid"):
+        FSDPStrategy(replicate_size=0)

@@ -1,0 +1,168 @@
+"""`measure_flops` counts what the analytic formula says; `ThroughputMonitor` reports rates over
+its window, divides per-device numbers by the data-parallel size, leaves MFU out where no peak
+is known, logs to Lite's loggers, and refuses bad input in one sentence."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import lite_core
+from lite_core import LightningLite, ThroughputMonitor, measure_flops
+from lite_core.accelerators.cpu import CPUAccelerator
+from lite_core.errors import ConfigurationError, MisuseError
+
+BATCH, IN, HIDDEN, OUT = 8, 16, 32, 4
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+
+
+def _forward_flops() -> int:
+    return 2 * BATCH * IN * HIDDEN + 2 * BATCH * HIDDEN * OUT  # 2 * batch * in * out per Linear
+
+
+def test_the_flops_of_a_small_mlp_equal_the_analytic_count() -> None:
+    model = _mlp()
+    x = torch.randn(BATCH, IN)
+    assert measure_flops(model, x, backward=False) == _forward_flops()
+    # With backward: x3 (the gradient of each Linear's input and of its weight cost one forward
+    # each); the input must want its gradient for the first Linear to pay for its input gradient.
+    assert measure_flops(model, x.requires_grad_()) == 3 * _forward_flops()
+    # The first layer's input gradient is skipped when the input needs none, as torch does.
+    assert measure_flops(model, torch.randn(BATCH, IN)) == 3 * _forward_flops() - 2 * BATCH * IN * HIDDEN
+
+
+def test_measuring_on_the_meta_device_leaves_the_model_untouched() -> None:
+    model = _mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert measure_flops(model, torch.randn(BATCH, IN), on_meta=True) > 0
+    assert all(p.grad is None and p.device.type == "cpu" for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    lite = LightningLite(accelerator="cpu")
+    assert measure_flops(lite.setup(_mlp()), torch.randn(BATCH, IN), backward=False) == _forward_flops()
+
+
+class RecordingLogger:
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict[str, float], int | None]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((metrics, step))
+
+
+class KnownPeakCPU(CPUAccelerator):
+    def peak_flops(self, device: torch.device, dtype: str) -> float | None:
+        return {"fp32": 1e9, "tf32": 2e9}.get(dtype)
+
+
+def _run_steps(monitor: ThroughputMonitor, steps: int, seconds: float, batch: int = 4, items: int = 40) -> None:
+    for _ in range(steps):
+        time.sleep(seconds)
+        monitor.step(batch_size=batch, items=items)
+
+
+def test_rates_mfu_and_logging_over_the_window() -> None:
+    logger = RecordingLogger()
+    lite = LightningLite(accelerator=KnownPeakCPU(), loggers=logger)
+    monitor = ThroughputMonitor(lite, window=4, flops_per_step=1e7, log_every_n_steps=5)
+    _run_steps(monitor, 5, 0.02)
+    [(metrics, step)] = logger.logged
+    assert step == 5
+    rate = metrics["throughput/samples_per_sec"]
+    assert 4 / 0.04 < rate < 4 / 0.02 * 1.01  # 4 samples every 20 ms (plus the sleep's own overshoot)
+    assert metrics["throughput/items_per_sec"] == pytest.approx(10 * rate)
+    assert metrics["throughput/batches_per_sec"] == pytest.approx(rate / 4)
+    assert metrics["throughput/device/samples_per_sec"] == pytest.approx(rate)  # one replica
+    flops = metrics["throughput/flops_per_sec"]
+    assert flops == pytest.approx(1e7 * rate / 4)
+    assert metrics["throughput/mfu"] == pytest.approx(flops / 1e9)  # fp32: torch's default matmul precision
+    assert metrics["memory/peak_bytes"] > 10 * 2**20  # this process's peak RSS
+    assert 0 <= metrics["throughput/data_wait_fraction"] <= 1
+
+
+def test_per_device_numbers_divide_by_the_data_parallel_size_not_the_world_size(monkeypatch) -> None:
+    lite = LightningLite(accelerator=KnownPeakCPU())
+    monkeypatch.setattr(type(lite.strategy), "distributed_sampler_kwargs", lambda self: {"num_replicas": 2, "rank": 0})
+    monkeypatch.setattr(type(lite.strategy), "world_size", property(lambda self: 4))  # 2-way data x 2-way model parallel
+    monitor = ThroughputMonitor(lite, flops_per_step=1e6, log_every_n_steps=0)
+    _run_steps(monitor, 3, 0.01)
+    metrics = monitor.compute()
+    assert metrics["throughput/samples_per_sec"] == pytest.approx(2 * metrics["throughput/device/samples_per_sec"])
+    assert metrics["throughput/flops_per_sec"] == pytest.approx(4 * metrics["throughput/device/flops_per_sec"])
+    assert metrics["throughput/mfu"] == pytest.approx(metrics["throughput/flops_per_sec"] / (4 * 1e9))
+
+
+def test_without_a_known_peak_mfu_is_left_out_and_a_user_peak_brings_it_back() -> None:
+    lite = LightningLite(accelerator="cpu")
+    monitor = ThroughputMonitor(lite, flops_per_step=1e6, log_every_n_steps=0)
+    assert monitor.peak_flops is None
+    _run_steps(monitor, 3, 0.001)
+    assert "throughput/flops_per_sec" in monitor.compute() and "throughput/mfu" not in monitor.compute()
+    given = ThroughputMonitor(lite, flops_per_step=1e6, peak_flops=5e9, log_every_n_steps=0)
+    _run_steps(given, 3, 0.001)
+    assert given.compute()["throughput/mfu"] == pytest.approx(given.compute()["throughput/flops_per_sec"] / 5e9)
+
+
+def test_the_peak_follows_the_precision_and_torch_matmul_precision() -> None:
+    lite = LightningLite(accelerator=KnownPeakCPU())
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert ThroughputMonitor(lite).peak_flops == 2e9
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert ThroughputMonitor(lite).peak_flops == 1e9
+    assert ThroughputMonitor(lite, dtype="bf16").peak_flops is None
+
+
+def test_data_wait_fraction_counts_the_time_batches_take_to_arrive() -> None:
+    monitor = ThroughputMonitor(LightningLite(accelerator="cpu"), log_every_n_steps=0)
+
+    def slow_loader() -> Any:
+        for _ in range(4):
+            time.sleep(0.03)
+            yield torch.ones(2)
+
+    for _ in monitor.timed(slow_loader()):
+        time.sleep(0.01)
+        monitor.step(batch_size=2)
+    assert 0.5 < monitor.compute()["throughput/data_wait_fraction"] <= 1.0  # 30 of every 40 ms
+
+
+def test_the_progress_bar_shows_the_rate_and_mfu() -> None:
+    class Bar:
+        postfix: dict[str, str] = {}
+
+        def set_postfix(self, postfix: dict[str, str], refresh: bool = True) -> None:
+            Bar.postfix = postfix
+
+    monitor = ThroughputMonitor(LightningLite(accelerator="cpu"), flops_per_step=1e6, peak_flops=1e9,
+                                log_every_n_steps=3, progress_bar=Bar())
+    _run_steps(monitor, 3, 0.001)
+    assert set(Bar.postfix) == {"samples/s", "MFU"}
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5])
+def test_a_non_positive_batch_size_is_one_sentence(batch_size: Any) -> None:
+    monitor = ThroughputMonitor(LightningLite(accelerator="cpu"))
+    with pytest.raises(MisuseError, match=r"^ThroughputMonitor.step\(\) got batch_size=.*: pass the number of samples"
+                                          r" in this step's batch, a positive int\.$"):
+        monitor.step(batch_size=batch_size)
+
+
+@pytest.mark.parametrize("peak", [0, -1e12, float("nan"), "989e12"])
+def test_a_peak_that_is_not_a_positive_number_is_one_sentence(peak: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"^peak_flops=.* is not a positive number: pass the dense peak"
+                                                 r" FLOP/s of one device, e\.g\. 989e12, or None\.$"):
+        ThroughputMonitor(LightningLite(accelerator="cpu"), peak_flops=peak)
+
+
+def test_the_monitor_is_exported_lazily_from_the_package_root() -> None:
+    assert {"ThroughputMonitor", "measure_flops"} <= set(lite_core.__all__)
+    assert lite_core.ThroughputMonitor is ThroughputMonitor
