@@ -41,7 +41,8 @@ JOBS = [("single_device", 1), ("ddp", 2), ("ddp_spawn", 2), ("fsdp", 2)]
 def plain() -> dict[str, object]:
     losses, regressor = models.plain_regressor()
     gpt2_losses, tokens, gpt2 = models.plain_gpt2()
-    return {"losses": losses, "regressor": regressor, "gpt2_losses": gpt2_losses, "tokens": tokens, "gpt2": gpt2}
+    return {"losses": losses, "regressor": regressor, "gpt2_losses": gpt2_losses, "tokens": tokens, "gpt2": gpt2,
+            "perplexity": models.plain_gpt2_perplexity()}
 
 
 def close(actual: list[float], expected: list[float], tolerance: float) -> bool:
@@ -75,6 +76,13 @@ def test_gpt2_trains_and_generates_as_plain_pytorch(set_up_model_job, plain, str
     record, _ = set_up_model_job(strategy, devices)
     assert close(record["gpt2"]["losses"], plain["gpt2_losses"], DISTRIBUTED), (record["gpt2"], plain["gpt2_losses"])
     assert record["gpt2"]["tokens"] == [plain["tokens"]] * devices  # every rank generated them
+
+
+@pytest.mark.parametrize(("strategy", "devices"), JOBS)
+def test_gpt2_evaluation_with_torchmetrics_equals_one_process(set_up_model_job, plain, strategy, devices):
+    record, _ = set_up_model_job(strategy, devices)
+    # 11 sequences over 2 processes: each once (a padded shard moves it by about 6e-4 of itself)
+    assert abs(record["gpt2"]["perplexity"] / plain["perplexity"] - 1) <= 1e-6, (record["gpt2"], plain["perplexity"])
 
 
 @pytest.mark.parametrize(("strategy", "devices"), JOBS)

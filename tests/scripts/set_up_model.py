@@ -8,7 +8,8 @@ One job runs three cases (one launch per strategy keeps CI short); rank 0 writes
 - `methods`: `Regressor` trained through `loss = model.training_step(x, y)` on the set-up model.
 - `compiled`: `setup(torch.compile(Regressor()))` trained through `model(x)`; its checkpoint
   (model and optimizer) loads into an uncompiled set-up model and back, each giving the same output.
-- `gpt2`: a tiny `GPT2LMHeadModel` with AdamW and `get_linear_schedule_with_warmup`, trained on
+- `gpt2`: a tiny `GPT2LMHeadModel`, first evaluated untrained with torchmetrics' `Perplexity` over
+  11 sequences (an uneven split), then trained with AdamW and `get_linear_schedule_with_warmup`, trained on
   its `ModelOutput.loss`; then `generate` on every rank, and a checkpoint of the model at
   `OUT_DIR/gpt2.ckpt` for the test to load into a fresh `GPT2LMHeadModel`.
 
@@ -100,6 +101,10 @@ class SetUpModel(LightningLite):
         model = models.gpt2()
         optimizer, schedule = models.gpt2_optimizer(model)
         model, optimizer = self.setup(model, optimizer)
+        model.eval()  # evaluated first, untrained: the weights are exactly the plain model's
+        evaluation = self.setup_dataloaders(DataLoader(models.gpt2_eval_data(), batch_size=models.EVAL_BATCH))
+        perplexity = models.perplexity(model, evaluation, self.device)
+        model.train()
         losses = []
         for (tokens,) in self._loader(models.gpt2_data()):
             output = model(input_ids=tokens, labels=tokens)
@@ -111,7 +116,7 @@ class SetUpModel(LightningLite):
         model.eval()
         tokens = models.generate(model)
         self.save({"model": model}, out / "gpt2.ckpt")
-        return {"losses": losses, "tokens": self.all_gather(torch.tensor(tokens)).tolist()}
+        return {"losses": losses, "tokens": self.all_gather(torch.tensor(tokens)).tolist(), "perplexity": perplexity}
 
 
 def strategy_for(name: str) -> Any:
