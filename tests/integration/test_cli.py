@@ -148,12 +148,6 @@ def test_bad_choice_fails_before_starting_anything(run_script, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_several_nodes_need_a_main_port(run_script, tmp_path):
-    proc = lite_run(run_script, tmp_path, "--num-nodes", "2")
-    assert proc.returncode == 2
-    assert "--num-nodes above 1 needs the same --main-port on every node" in proc.stderr
-
-
 # -- lite env -----------------------------------------------------------------------------------------
 def with_path(folder: Path) -> str:
     """PYTHONPATH with `folder` in front of what the tests already run with."""
