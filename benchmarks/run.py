@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "ddp", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "ddp", "import", "launch", "restart", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -87,7 +87,7 @@ FULL = Config(
 
 #: Largest acceptable Lite/plain ratio per measurement (None: reported without a target).
 TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "steps:mlp2048": 1.005, "ddp:tiny": 1.02, "ddp:mlp1024": 1.005,
-           "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "memory": None,
+           "import": 1.05, "import-attrib": 1.05, "launch": 1.2, "launch-cli": 1.05, "restart": None, "memory": None,
            "memory-default-malloc": None}
 
 
@@ -348,10 +348,43 @@ def bench_launch(ctx: Context) -> list[Row]:
                    f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
         return run_child(command, timeout, env)[0]
 
+    def lite_run() -> float:
+        command = [ctx.python, "-m", "lite_core.cli", "run", "--nproc-per-node=2", str(HERE / "_launch_plain.py"),
+                   *steps]
+        return run_child(command, timeout, env)[0]
+
     plain_s, lite_s = interleave(ctx.config.launch_reps, plain, lite)
+    torchrun_s, cli_s = interleave(ctx.config.launch_reps, plain, lite_run)
     return [paired_row("launch", "Launch-to-exit, 2-proc DDP: `python lite_script.py` vs `torchrun --nproc-per-node=2`",
                        "s", plain_s, lite_s, note=f"{ctx.config.launch_steps} tiny steps per rank; "
-                       f"{statistics.median(lite_s) - statistics.median(plain_s):+.2f} s")]
+                       f"{statistics.median(lite_s) - statistics.median(plain_s):+.2f} s"),
+            paired_row("launch-cli", "Launch-to-exit, the same plain 2-proc script: `lite run --nproc-per-node=2` vs"
+                       " `torchrun --nproc-per-node=2`", "s", torchrun_s, cli_s,
+                       note=f"{statistics.median(cli_s) - statistics.median(torchrun_s):+.2f} s")]
+
+
+# -- restart ---------------------------------------------------------------------------------------
+def bench_restart(ctx: Context) -> list[Row]:
+    """Measurement 4b: seconds from a worker's death to every worker training again, under
+    `lite run --max-restarts 1` vs `torchrun --max-restarts 1` (the same Lite script)."""
+    env = child_env(1)
+    timeout = ctx.config.child_timeout_s
+
+    def recovery(launcher: list[str]) -> Callable[[], float]:
+        def fn() -> float:
+            with tempfile.TemporaryDirectory(dir=ctx.workdir) as out:
+                run_child([*launcher, "--nproc-per-node=2", "--max-restarts=1", str(HERE / "_restart_job.py"), out],
+                          timeout, env)
+                died = float(Path(out, "died_at").read_text())
+                return max(float(p.read_text()) for p in Path(out).glob("trained_rank*")) - died
+        return fn
+
+    torchrun = recovery([ctx.python, "-m", "torch.distributed.run", "--standalone"])
+    lite_run = recovery([ctx.python, "-m", "lite_core.cli", "run"])
+    plain_s, lite_s = interleave(ctx.config.launch_reps, torchrun, lite_run)
+    return [paired_row("restart", "Worker death to every worker training again, 2 procs, `--max-restarts 1`:"
+                       " `lite run` vs `torchrun --standalone`", "s", plain_s, lite_s,
+                       note="goal: Lite <= 10 s; the same Lite script under both")]
 
 
 # -- memory ----------------------------------------------------------------------------------------
@@ -395,7 +428,7 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
     "steps": bench_steps, "loader": bench_loader, "ddp": bench_ddp, "import": bench_import,
-    "launch": bench_launch, "memory": bench_memory,
+    "launch": bench_launch, "restart": bench_restart, "memory": bench_memory,
 }
 
 
