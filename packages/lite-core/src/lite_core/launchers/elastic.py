@@ -121,6 +121,16 @@ class _Reporter:
         else:
             self.say(f"local rank {first} failed first (its error is {f'in {where}' if where else 'above'}) and local"
                      f" rank {exited} then ended with {describe_exit(code)}; stopping every rank.")
+        if where and first in by_local:
+            self._show_traceback(by_local[first])
+
+    def _show_traceback(self, failure: Any) -> None:
+        """The traceback a rank whose output is off the terminal left in torch's error file (`record`)."""
+        message = failure.message
+        trace = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
+        if trace:
+            sys.stderr.write(trace if trace.endswith("\n") else f"{trace}\n")
+            sys.stderr.flush()
 
     def _log_folder(self, local_rank: int, stderrs: dict[int, str]) -> str | None:
         """The folder of `local_rank`'s log files when its errors are not (also) on the terminal."""
