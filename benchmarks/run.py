@@ -349,8 +349,8 @@ def bench_launch(ctx: Context) -> list[Row]:
         return run_child(command, timeout, env)[0]
 
     def lite_run() -> float:
-        command = [ctx.python, "-m", "lite_core.cli", "run", "--nproc-per-node=2", str(HERE / "_launch_plain.py"),
-                   *steps]
+        command = [ctx.python, "-m", "lite_core.cli", "run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                   f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
         return run_child(command, timeout, env)[0]
 
     plain_s, lite_s = interleave(ctx.config.launch_reps, plain, lite)
