@@ -18,6 +18,7 @@ from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
 from lite_core.strategies._settle import settle_collectives
+from lite_core.strategies.process_group import init_attempt_process_group
 from lite_core.strategies.strategy import Strategy, check_reduce_op
 
 T = TypeVar("T")
@@ -141,13 +142,8 @@ class DDPStrategy(Strategy):
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
         try:
-            dist.init_process_group(
-                backend=self._backend or self.accelerator.distributed_backend,
-                init_method=f"tcp://{env.main_address}:{env.main_port}",
-                rank=self.global_rank,
-                world_size=self.world_size,
-                timeout=self._timeout,
-            )
+            init_attempt_process_group(self._backend or self.accelerator.distributed_backend, env.main_address,
+                                       env.main_port, self.global_rank, self.world_size, self._timeout)
         except RuntimeError as err:
             if self.global_rank == 0 and _is_port_in_use(err):
                 raise ConfigurationError(
