@@ -56,6 +56,9 @@ class DDPStrategy(Strategy):
         self._launcher: Launcher | None = None
         self._teardown_registered = False
         self._progress: CollectiveProgress | None = None
+        #: Whether Lite created the default process group (one that existed before, e.g. Ray
+        #: Train's, is reused and left to its owner at teardown).
+        self._owns_process_group = False
 
     @property
     def timeout(self) -> timedelta:
@@ -127,6 +130,7 @@ class DDPStrategy(Strategy):
         super().setup_environment()
         if not dist.is_initialized():
             self._init_process_group()
+            self._owns_process_group = True
         # A one-process job in this process leaves the variables as they were: a process started
         # from here later (a notebook's `!python train.py`) must not inherit the port, which this
         # process keeps while the group lives.
@@ -157,11 +161,15 @@ class DDPStrategy(Strategy):
         if self._progress is not None:
             self._progress.close()
             self._progress = None
-        if dist.is_initialized():
+        # A group Lite did not create is its owner's to end: Lite only waits for the ranks, once.
+        ours = self._owns_process_group
+        if dist.is_initialized() and (ours or self._environment_ready):
             if not (failed or self._failed):
                 dist.barrier()
                 settle_collectives(self.root_device)
-            dist.destroy_process_group()
+            if ours:
+                dist.destroy_process_group()
+                self._owns_process_group = False
         super().teardown(failed)
 
     # -- model ---------------------------------------------------------------------------------------
