@@ -1,7 +1,7 @@
 """Two "nodes" on loopback, each its own `lite run` meeting at a c10d rendezvous, like two
 machines running the same command: a plain 2-node job, a worker that dies once on node 2 under
 `--max-restarts 1`, and node 2's launcher killed for good under `--nnodes 1:2`. Each ends with
-the weights of one uninterrupted process (1e-6), because `elastic_job.py` resumes from its
+the weights of one uninterrupted process (1e-6), because `elastic_nodes_job.py` resumes from its
 checkpoint and keeps its global batch at any world size."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ RDZV_CONF = "join_timeout=60,last_call_timeout=1,close_timeout=5"
 
 
 def uninterrupted_weights() -> list[list[float]]:
-    """elastic_job.py in one plain PyTorch process: batches of 8, in order."""
+    """elastic_nodes_job.py in one plain PyTorch process: batches of 8, in order."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     try:
-        from elastic_job import EPOCHS, GLOBAL_BATCH, data
+        from elastic_nodes_job import EPOCHS, GLOBAL_BATCH, data
     finally:
         sys.path.pop(0)
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def start_nodes(start_script, port: int, out: Path, how: str, nnodes: str = "2",
         options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
                    "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
                    f"{RDZV_CONF},is_host={1 - node}", "--max-restarts", str(restarts))
-        nodes.append(start_script("elastic_job.py", out, how, python_args=options))
+        nodes.append(start_script("elastic_nodes_job.py", out, how, python_args=options))
     return nodes
 
 
