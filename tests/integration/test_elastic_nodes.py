@@ -86,7 +86,10 @@ def test_a_worker_that_dies_on_node_2_restarts_every_worker(start_script, free_t
     assert "lite run: local rank 0 failed with exit code 3; stopping every rank." in outputs[1][1]
     assert (tmp_path / "died").exists()
     done = records(tmp_path)
-    assert sorted(done) == [0, 1] and all(r["world_size"] == 2 and r["restart"] == "1" for r in done.values())
+    assert sorted(done) == [0, 1] and all(r["world_size"] == 2 for r in done.values())
+    # Node 2 restarted after its failure; node 1 either after its own rank failed or because
+    # node 2 came back to the rendezvous (a membership restart, which the agent does not count).
+    assert done[1]["restart"] == "1" and done[0]["restart"] in ("0", "1")
     for record in done.values():
         assert_uninterrupted(record)
 
