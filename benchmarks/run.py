@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch", "memory")
+SECTIONS = ("steps", "loader", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch",
+            "restart", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -103,7 +104,8 @@ TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps
            "memory-default-malloc": None,
            **{f"{kind}:{model}": 1.02 for kind in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
               for model in ("tiny", "mlp1024")},
-           "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02}
+           "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02,
+           "launch-cli": 1.05, "restart": None}
 
 
 @dataclass
@@ -447,10 +449,43 @@ def bench_launch(ctx: Context) -> list[Row]:
                    f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
         return run_child(command, timeout, env)[0]
 
+    def lite_run() -> float:
+        command = [ctx.python, "-m", "lite_core.cli", "run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                   f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
+        return run_child(command, timeout, env)[0]
+
     plain_s, lite_s = interleave(ctx.config.launch_reps, plain, lite)
+    torchrun_s, cli_s = interleave(ctx.config.launch_reps, plain, lite_run)
     return [paired_row("launch", "Launch-to-exit, 2-proc DDP: `python lite_script.py` vs `torchrun --nproc-per-node=2`",
                        "s", plain_s, lite_s, note=f"{ctx.config.launch_steps} tiny steps per rank; "
-                       f"{statistics.median(lite_s) - statistics.median(plain_s):+.2f} s")]
+                       f"{statistics.median(lite_s) - statistics.median(plain_s):+.2f} s"),
+            paired_row("launch-cli", "Launch-to-exit, the same plain 2-proc script: `lite run --nproc-per-node=2` vs"
+                       " `torchrun --nproc-per-node=2`", "s", torchrun_s, cli_s,
+                       note=f"{statistics.median(cli_s) - statistics.median(torchrun_s):+.2f} s")]
+
+
+# -- restart ---------------------------------------------------------------------------------------
+def bench_restart(ctx: Context) -> list[Row]:
+    """Measurement 4b: seconds from a worker's death to every worker training again, under
+    `lite run --max-restarts 1` vs `torchrun --max-restarts 1` (the same Lite script)."""
+    env = child_env(1)
+    timeout = ctx.config.child_timeout_s
+
+    def recovery(launcher: list[str]) -> Callable[[], float]:
+        def fn() -> float:
+            with tempfile.TemporaryDirectory(dir=ctx.workdir) as out:
+                run_child([*launcher, "--nproc-per-node=2", "--max-restarts=1", str(HERE / "_restart_job.py"), out],
+                          timeout, env)
+                died = float(Path(out, "died_at").read_text())
+                return max(float(p.read_text()) for p in Path(out).glob("trained_rank*")) - died
+        return fn
+
+    torchrun = recovery([ctx.python, "-m", "torch.distributed.run", "--standalone"])
+    lite_run = recovery([ctx.python, "-m", "lite_core.cli", "run"])
+    plain_s, lite_s = interleave(ctx.config.launch_reps, torchrun, lite_run)
+    return [paired_row("restart", "Worker death to every worker training again, 2 procs, `--max-restarts 1`:"
+                       " `lite run` vs `torchrun --standalone`", "s", plain_s, lite_s,
+                       note="goal: Lite <= 10 s; the same Lite script under both")]
 
 
 # -- memory ----------------------------------------------------------------------------------------
@@ -496,7 +531,7 @@ BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
     "steps": bench_steps, "loader": bench_loader, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
     "deepspeed": bench_deepspeed,
     "checkpoint": bench_checkpoint, "monitor": bench_monitor, "import": bench_import,
-    "launch": bench_launch, "memory": bench_memory,
+    "launch": bench_launch, "restart": bench_restart, "memory": bench_memory,
 }
 
 

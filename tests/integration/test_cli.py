@@ -121,6 +121,19 @@ def test_failing_rank_ends_the_job_with_its_exit_code(run_script, tmp_path, outp
     assert not records(tmp_path)
 
 
+def test_the_failing_ranks_traceback_reaches_the_summary_from_torchs_error_file(run_script, tmp_path, output_of):
+    # The ranks' output goes to files only: the traceback on the terminal is the one each rank's
+    # `record` wrapper wrote into the error file the agent reads.
+    logs = tmp_path / "logs"
+    proc = run_script(command=[*LITE, "run", "--accelerator", "cpu", "--devices", "2", "--log-dir", str(logs),
+                               "--redirects", "3", "reliability_job.py", "ddp", "raise", "1", str(tmp_path)])
+    assert proc.returncode == 1, output_of(proc)
+    said = proc.stderr.splitlines()
+    assert said[0].startswith("lite run: local rank 1 failed") and f"in {logs}" in said[0], output_of(proc)
+    assert said[1] == "Traceback (most recent call last):" and said[-1] == "RuntimeError: boom on rank 1"
+    assert 'reliability_job.py", line' in proc.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_lite_run_ends_every_rank(start_script, tmp_path, wait_gone, sig):
     proc = start_script("cli_job.py", tmp_path, "hang",
@@ -146,12 +159,6 @@ def test_bad_choice_fails_before_starting_anything(run_script, tmp_path):
         + proc.stderr.split("valid names are ", 1)[1].strip()
     ]
     assert not list(tmp_path.iterdir())
-
-
-def test_several_nodes_need_a_main_port(run_script, tmp_path):
-    proc = lite_run(run_script, tmp_path, "--num-nodes", "2")
-    assert proc.returncode == 2
-    assert "--num-nodes above 1 needs the same --main-port on every node" in proc.stderr
 
 
 # -- lite env -----------------------------------------------------------------------------------------

@@ -1,34 +1,117 @@
-"""`lite run`'s command line, parsed in this process (no rank is started): torchrun's option
-names, and one-sentence errors for what is missing or contradictory."""
+"""`lite run`'s command line, parsed in this process: torchrun's own options with torchrun's
+meaning (the agent's `LaunchConfig` they give), Lite's names for them, Lite's choices exported,
+and one-sentence errors for what cannot work. Only the rendezvous tests start the agent (no rank
+is started: nobody else ever joins)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+
 import pytest
 
-from lite_core.cli import build_parser, main
+from lite_core.cli import main
+from lite_core.cli._run import launch_config, parse
 
 
-def parse(*argv: str) -> dict:
-    args = vars(build_parser().parse_args(["run", *argv]))
-    return {k: v for k, v in args.items() if k != "handler"}
+@pytest.fixture(autouse=True)
+def kept_environment(clean_env: None) -> Iterator[None]:
+    """`launch_config` exports Lite's choices to os.environ (the ranks inherit them): undo it."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
-def test_torchrun_option_names_mean_the_same_as_lites() -> None:
-    torchrun = parse("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-                     "--master-port", "29500", "train.py", "--lr", "0.1")
-    lite = parse("--devices", "2", "--num-nodes", "2", "--node-rank", "1", "--main-address", "10.0.0.1",
-                 "--main-port", "29500", "train.py", "--lr", "0.1")
-    underscores = parse("--nproc_per_node", "2", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
-                        "--master_port", "29500", "train.py", "--lr", "0.1")
+def config_of(*argv: str):
+    return launch_config(parse(argv))
+
+
+def test_lites_names_mean_the_same_as_torchruns() -> None:
+    torchrun = vars(parse(["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400",
+                           "train.py", "--lr", "0.1"]))
+    lite = vars(parse(["--num-nodes", "2", "--node-rank", "1", "--main-address", "10.0.0.1", "--main-port", "29400",
+                       "train.py", "--lr", "0.1"]))
+    underscores = vars(parse(["--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1", "--master_port",
+                              "29400", "train.py", "--lr", "0.1"]))
     assert torchrun == lite == underscores
-    assert lite["devices"] == "2" and lite["script_args"] == ["--lr", "0.1"]
+    assert lite["training_script_args"] == ["--lr", "0.1"] and lite["nnodes"] == "2:2"
+
+
+def test_every_torchrun_option_reaches_the_agent(tmp_path) -> None:
+    config, entrypoint, args = config_of(
+        "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400",
+        "--rdzv-id", "job7", "--rdzv-conf", "join_timeout=5,last_call_timeout=1", "--max-restarts", "3",
+        "--monitor-interval", "0.5", "--log-dir", str(tmp_path), "--redirects", "3", "--tee", "1",
+        "--local-ranks-filter", "0", "--role", "trainer", "train.py", "--epochs", "2")
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 2, 2)
+    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id) == ("c10d", "127.0.0.1:29400", "job7")
+    assert config.rdzv_configs.items() >= {"join_timeout": "5", "last_call_timeout": "1"}.items()
+    assert (config.max_restarts, config.monitor_interval, config.role) == (3, 0.5, "trainer")
+    specs = config.logs_specs
+    assert (specs.root_log_dir, specs._redirects.value, specs._tee.value, specs._local_ranks_filter) == (
+        str(tmp_path), 3, 1, {0})
+    # Every rank runs the script through Lite's entry module (torch's `record` around it).
+    assert entrypoint == sys.executable
+    assert args == ["-u", "-m", "lite_core.launchers.rank", "train.py", "--epochs", "2"]
+
+
+def test_a_module_and_a_program_without_python() -> None:
+    _, entrypoint, args = config_of("--nproc-per-node", "2", "-m", "mypkg.train", "--lr", "1")
+    assert (entrypoint, args) == (sys.executable, ["-u", "-m", "lite_core.launchers.rank", "-m", "mypkg.train",
+                                                   "--lr", "1"])
+    _, entrypoint, args = config_of("--no-python", "./train.sh", "fast")
+    assert (entrypoint, args) == ("./train.sh", ["fast"])
+
+
+def test_rendezvous_defaults_are_torchruns() -> None:
+    alone, _, _ = config_of("train.py")  # one node, no port: a free port of this machine
+    assert (alone.rdzv_backend, alone.rdzv_endpoint) == ("c10d", "localhost:0")
+    standalone, _, _ = config_of("--standalone", "train.py")
+    assert (standalone.rdzv_backend, standalone.rdzv_endpoint) == ("c10d", "localhost:0")
+    static, _, _ = config_of("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "train.py")
+    assert (static.rdzv_backend, static.rdzv_endpoint, static.rdzv_configs["rank"]) == ("static", "10.0.0.1:29500", 1)
+    # Lite's grace period after SIGTERM, unless --shutdown-timeout says otherwise.
+    assert alone.shutdown_timeout == 5
+    assert config_of("--shutdown-timeout", "9", "train.py")[0].shutdown_timeout == 9
+
+
+def test_lites_choices_are_exported_to_the_ranks() -> None:
+    config, _, _ = config_of("--accelerator", "cpu", "--strategy", "ddp", "--devices", "2", "--precision", "64-true",
+                             "--nnodes", "2", "--master-port", "29400", "train.py")
+    assert config.nproc_per_node == 2
+    assert {k: os.environ[k] for k in ("LITE_ACCELERATOR", "LITE_STRATEGY", "LITE_DEVICES", "LITE_PRECISION",
+                                       "LITE_NUM_NODES")} == {
+        "LITE_ACCELERATOR": "cpu", "LITE_STRATEGY": "ddp", "LITE_DEVICES": "2", "LITE_PRECISION": "64-true",
+        "LITE_NUM_NODES": "2"}
+
+
+def test_an_elastic_node_count_is_left_to_the_agent() -> None:
+    config_of("--nnodes", "1:2", "--nproc-per-node", "cpu", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              "127.0.0.1:29400", "train.py")
+    assert "LITE_NUM_NODES" not in os.environ  # it changes between restarts: Lite takes the launcher's count
+    assert os.environ["LITE_DEVICES"] == str(os.cpu_count())  # torchrun's `cpu`: one process per CPU
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     ((), "SCRIPT is missing: name the Python file to run after the options, e.g. `lite run --devices 2 train.py`."),
     (("-m",), "MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`."),
-    (("--tee", "train.py"), "--tee copies the rank logs to the terminal, so it needs --log-dir DIR as well."),
     (("--max-restarts", "-1", "train.py"), "--max-restarts -1 is negative: pass 0 or more restarts."),
+    (("--nnodes", "3:2", "train.py"),
+     "--nnodes 3:2 has a minimum above its maximum: pass MIN:MAX with MIN <= MAX, e.g. --nnodes 2:3."),
+    (("--nnodes", "two", "train.py"),
+     "--nnodes two is not a number of nodes: pass N or MIN:MAX, e.g. --nnodes 2 or --nnodes 1:4."),
+    (("--nnodes", "0", "train.py"), "--nnodes 0 asks for no node: pass at least 1, e.g. --nnodes 1:1."),
+    (("--nproc-per-node", "0", "train.py"),
+     "--nproc-per-node 0 starts no process: pass a number of processes per node (1 or more), or cpu, gpu or auto."),
+    (("--nnodes", "1:2", "train.py"),
+     "--nnodes 1:2 needs a rendezvous that lets nodes come and go: add --rdzv-backend c10d --rdzv-endpoint"
+     " HOST:PORT (the same on every node)."),
+    (("--devices", "2", "--nproc-per-node", "2", "train.py"),
+     "--devices 2 and --nproc-per-node 2 both give the processes per node: pass only one of them."),
+    (("--nnodes", "2", "--node-rank", "2", "train.py"),
+     "--node-rank 2 is outside the 2 node(s) of the job: pass a rank from 0 to 1."),
     (("--standalone", "--nnodes", "2", "train.py"),
      "--standalone runs one node on a free port: drop --num-nodes/--nnodes and --main-port/--master-port."),
 ])
@@ -36,3 +119,26 @@ def test_a_bad_command_line_is_refused_in_one_sentence(capsys: pytest.CaptureFix
                                                        message: str) -> None:
     assert main(["run", *argv]) == 2
     assert capsys.readouterr().err == f"lite run: error: {message}\n"
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_nobody_serves_is_named_after_the_rendezvous_timeout(capsys, free_tcp_port) -> None:
+    endpoint = f"127.0.0.1:{free_tcp_port()}"
+    # is_host=0: this node only joins (on loopback it would otherwise host the endpoint itself).
+    assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-conf", "is_host=0,read_timeout=1", "train.py"]) == 2
+    assert capsys.readouterr().err == (
+        f"lite run: error: Nobody answered at the rendezvous endpoint {endpoint} before the rendezvous timeout:"
+        " start the node that hosts it (node 0, or the host named in --rdzv-endpoint) or fix the address and port"
+        " on this one.\n")
+
+
+@pytest.mark.timeout(60)
+def test_nodes_that_never_join_are_named_after_the_join_timeout(capsys, free_tcp_port) -> None:
+    endpoint = f"127.0.0.1:{free_tcp_port()}"
+    assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-conf", "join_timeout=1", "train.py"]) == 2
+    assert capsys.readouterr().err == (
+        f"lite run: error: Fewer than 2 node(s) joined the rendezvous at {endpoint} before its timeout: start every"
+        " node with the same --rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise --rdzv-conf"
+        " join_timeout=SECONDS.\n")

@@ -1,6 +1,7 @@
 """`lite run --max-restarts N`: a job that checkpoints every epoch and resumes at the top of
 `run()` survives a rank's death; one that keeps failing ends after N restarts with the last
-failure's traceback and exit code. The same jobs use torchrun's option names and `--log-dir`."""
+failure's traceback and exit code. The same jobs use torchrun's option names, `--log-dir`,
+`--redirects` and `--tee` (torchrun's meaning: one folder per attempt and local rank)."""
 
 from __future__ import annotations
 
@@ -48,29 +49,36 @@ def assert_each_rank_finished_like_an_uninterrupted_run(out_dir: Path) -> None:
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
+def rank_log(logs: Path, attempt: int, local_rank: int, stream: str = "stdout") -> Path:
+    """torchrun's layout: LOG_DIR/<run id>_<suffix>/attempt_<n>/<local rank>/<stream>.log."""
+    (run,) = logs.iterdir()
+    return run / f"attempt_{attempt}" / str(local_rank) / f"{stream}.log"
+
+
 def test_a_restart_resumes_the_job_as_if_nothing_happened(run_script, marker, survivors, tmp_path, output_of):
     logs = tmp_path / "logs"
     proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--nproc-per-node", "2", "--standalone",
-                               "--log-dir", str(logs), "restart_job.py", str(tmp_path), "exit"],
+                               "--log-dir", str(logs), "--redirects", "3", "restart_job.py", str(tmp_path), "exit"],
                       env={"LITE_TEST_JOB": marker})
     assert proc.returncode == 0, output_of(proc)
     assert proc.stderr.splitlines() == [
-        f"lite run: local rank 1 failed with exit code 3 (its output is in {logs / 'rank1.log'}); stopping every rank.",
+        f"lite run: local rank 1 failed with exit code 3 (its output is in {rank_log(logs, 0, 1).parent});"
+        " stopping every rank.",
         "lite run: restarting every rank (restart 1 of 1).",
     ], output_of(proc)
     assert proc.stdout == ""  # the ranks' output went to their files only
 
     assert_each_rank_finished_like_an_uninterrupted_run(tmp_path)
-    # Both attempts' output, appended: epoch 0 before the failure, then epochs 1 and 2 after it.
-    assert (logs / "rank1.log").read_text().splitlines() == [
-        "rank 1 finished epoch 0", "rank 1 finished epoch 1", "rank 1 finished epoch 2"]
+    # Each attempt's output: epoch 0 before the failure, then epochs 1 and 2 after it.
+    assert rank_log(logs, 0, 1).read_text().splitlines() == ["rank 1 finished epoch 0"]
+    assert rank_log(logs, 1, 1).read_text().splitlines() == ["rank 1 finished epoch 1", "rank 1 finished epoch 2"]
     assert survivors(marker, 3.0) == []
 
 
 def test_a_rank_that_fails_on_every_attempt_ends_the_job_after_the_last_restart(run_script, marker, survivors,
                                                                                  tmp_path, output_of):
     logs = tmp_path / "logs"
-    proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--devices", "2", "--log-dir", str(logs), "--tee",
+    proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--devices", "2", "--log-dir", str(logs), "--tee", "3",
                                "restart_job.py", str(tmp_path), "sigkill-then-raise"],
                       env={"LITE_TEST_JOB": marker})
     assert proc.returncode == 1, output_of(proc)
@@ -85,7 +93,7 @@ def test_a_rank_that_fails_on_every_attempt_ends_the_job_after_the_last_restart(
         r" with exit code 1); stopping every rank\.", said[2]), output_of(proc)
     # The last failure's traceback is on the terminal (--tee) and in the rank's file.
     assert "RuntimeError: rank 1 fails again after the restart" in proc.stderr
-    assert "RuntimeError: rank 1 fails again after the restart" in (logs / "rank1.log").read_text()
+    assert "RuntimeError: rank 1 fails again after the restart" in rank_log(logs, 1, 1, "stderr").read_text()
     assert "rank 0 finished epoch 0" in proc.stdout
     assert not list(tmp_path.glob("rank*.json"))
     assert survivors(marker, 3.0) == []

@@ -26,20 +26,23 @@ _PLUGIN_KINDS = (Precision, ClusterEnvironment, CheckpointIO)
 
 
 def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any,
-            plugins: Any) -> Strategy:
+            plugins: Any, left_to_launcher: frozenset[str] = frozenset()) -> Strategy:
     """Resolve every choice and return the strategy with accelerator, environment and precision.
 
-    Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`).
+    Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`). `left_to_launcher`
+    names the arguments among `devices` and `num_nodes` that the caller left at their defaults:
+    those take the counts of the launcher that started the processes, if one did.
     """
     accelerator, strategy = _lowercase(accelerator), _lowercase(strategy)
     given = _sort_plugins(precision, plugins)
+    environment = given.get(ClusterEnvironment) or detect_environment()
+    devices, num_nodes = _launcher_counts(environment, devices, num_nodes, left_to_launcher)
     _check_num_nodes(num_nodes)
     if isinstance(strategy, Strategy):
         check_instance(strategy)
     strategy_cls = type(strategy) if isinstance(strategy, Strategy) else _strategy_class(strategy)
     accel = _accelerator(accelerator, strategy_cls)
     indexes = accel.parse_devices(devices)
-    environment = given.get(ClusterEnvironment) or detect_environment()
     if strategy_cls is None:
         strategy_cls = STRATEGIES.load(_auto_strategy(accel, len(indexes) * num_nodes, environment))
     chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
@@ -52,6 +55,17 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
     return chosen
+
+
+def _launcher_counts(environment: ClusterEnvironment, devices: Any, num_nodes: Any,
+                     left_to_launcher: frozenset[str]) -> tuple[Any, Any]:
+    """`devices` and `num_nodes`, with the launcher's counts for those left at their defaults."""
+    counts = environment.process_counts() if left_to_launcher else None
+    if counts is None:
+        return devices, num_nodes
+    per_node, nodes = counts
+    return (per_node if "devices" in left_to_launcher else devices,
+            nodes if "num_nodes" in left_to_launcher else num_nodes)
 
 
 def _lowercase(name: Any) -> Any:

@@ -5,7 +5,10 @@ Precedence, for each of `accelerator`, `strategy`, `devices`, `num_nodes` and `p
 1. a value passed to `LightningLite(...)` in code wins; if the environment holds a different
    one, a warning names the variable that was ignored;
 2. otherwise the environment variable (`LITE_ACCELERATOR`, ...) is used;
-3. otherwise the default written in the signature (`"auto"`, `1`, `"32-true"`).
+3. otherwise, for `devices` and `num_nodes`, the counts of the launcher or scheduler that started
+   the processes (torchrun, SLURM, MPI, Kubeflow, Ray, ...: `ClusterEnvironment.process_counts`),
+   so a script that names no counts runs under any of them;
+4. otherwise the default written in the signature (`"auto"`, `1`, `"32-true"`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ VARIABLES: dict[str, str] = {
     "num_nodes": "LITE_NUM_NODES",
     "precision": "LITE_PRECISION",
 }
+#: Arguments that, left at their defaults, take the counts of the launcher that started the processes.
+LAUNCHER_COUNTS = ("devices", "num_nodes")
 #: Legacy arguments that choose `accelerator` and `devices` themselves.
 _LEGACY = {"gpus": ("accelerator", "devices"), "tpu_cores": ("accelerator", "devices")}
 
@@ -39,13 +44,17 @@ def from_environment(init: F) -> F:
     @functools.wraps(init)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
-        _apply(bound.arguments)
+        decided = _apply(bound.arguments)
+        # What neither the code nor the environment chose is the launcher's to say (its counts).
+        args[0]._left_to_launcher = frozenset(
+            name for name in LAUNCHER_COUNTS if name not in bound.arguments and name not in decided)
         return init(*bound.args, **bound.kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _apply(given: dict[str, Any]) -> None:
+def _apply(given: dict[str, Any]) -> set[str]:
+    """Fill `given` from `VARIABLES`; return the arguments that legacy ones (`gpus=`) decide."""
     decided = {name for legacy, names in _LEGACY.items() if given.get(legacy) is not None for name in names}
     for name, variable in VARIABLES.items():
         raw = os.environ.get(variable, "").strip()
@@ -60,6 +69,7 @@ def _apply(given: dict[str, Any]) -> None:
                 " argument from LightningLite(...) to let the command line or environment choose it.",
                 UserWarning, stacklevel=3,  # _apply, wrapper, then the line that constructed LightningLite
             )
+    return decided
 
 
 def parse(name: str, variable: str, raw: str) -> Any:

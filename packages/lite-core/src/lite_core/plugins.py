@@ -27,6 +27,9 @@ What is here, by purpose:
 - Batches: `move_to_device`, the walk that moves tensors wherever they sit in a batch (dicts,
   lists, tuples, namedtuples, dataclasses, `.to()` objects), with the backend's way of moving one
   tensor.
+- Process groups: `init_attempt_process_group` (and the `attempt_store` and `attempt_prefix` it
+  builds on), which every strategy that creates a `torch.distributed` group uses, so that a group
+  rebuilt after a restart never reads an earlier attempt's keys.
 - Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`, and
   `reduce_on_one_process` for what it returns when there is one process.
 
@@ -84,6 +87,7 @@ if TYPE_CHECKING:
     )
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
+    from lite_core.strategies.process_group import attempt_prefix, attempt_store, init_attempt_process_group
     from lite_core.strategies.single_device import SingleDeviceStrategy
     from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op, reduce_on_one_process
     from lite_core.wrappers import forward_module, is_set_up, original_module, unwrap_optimizer
@@ -96,6 +100,8 @@ _HOMES: dict[str, str] = {
                    "lite_core.strategies.strategy"),
     **dict.fromkeys(["SingleDeviceStrategy"], "lite_core.strategies.single_device"),
     **dict.fromkeys(["DDPStrategy"], "lite_core.strategies.ddp"),
+    **dict.fromkeys(["attempt_prefix", "attempt_store", "init_attempt_process_group"],
+                   "lite_core.strategies.process_group"),
     **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),
     **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
     **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),

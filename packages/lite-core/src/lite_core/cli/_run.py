@@ -1,139 +1,259 @@
-"""`lite run`: start every local rank of a script, as torchrun does, with Lite's choices exported."""
+"""`lite run`: torchrun with Lite's choices. The command line is torchrun's own parser
+(`torch.distributed.run.get_args_parser`) plus Lite's options and names; the job runs on torch's
+elastic agent (`lite_core.launchers.elastic`), every rank through `lite_core.launchers.rank`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from lite_core._defaults import VARIABLES
 from lite_core.errors import ConfigurationError
 
 _DESCRIPTION = """\
-Start one process per device on this node, each running `python SCRIPT ARGS` (or
-`python -m MODULE ARGS`) with LOCAL_RANK, RANK, NODE_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT set, and pass the options below to LightningLite through
-LITE_ACCELERATOR, LITE_STRATEGY, LITE_DEVICES, LITE_NUM_NODES and LITE_PRECISION.
-Arguments that the script passes to LightningLite(...) in code win over these options (with a
-warning). If any rank fails, the others are stopped and `lite run` exits with that rank's code, or, with
---max-restarts N, every rank is started again (up to N times) and the last attempt's code counts.
+Run SCRIPT (or, with -m, a module) on every rank, as torchrun does: this is torchrun underneath
+(torch's elastic agent), so every torchrun option below works with torchrun's spelling and
+meaning (--nnodes MIN:MAX, --rdzv-backend c10d, --max-restarts, --log-dir, --redirects, --tee,
+...). Lite adds --accelerator, --strategy, --precision and --devices, passed to LightningLite
+through LITE_ACCELERATOR, LITE_STRATEGY, LITE_PRECISION and LITE_DEVICES (arguments the script
+passes to LightningLite(...) in code win over them, with a warning), checks them before any
+process starts, and names the rank that failed first.
 """
 
-_EPILOG = """torchrun's names work too: --nproc-per-node (--devices), --nnodes (--num-nodes), --node-rank,
---master-addr (--main-address), --master-port (--main-port), --standalone.
+_EPILOG = """\
+Lite's names: --devices (--nproc-per-node, but in LightningLite's terms: 2, '0,1', auto),
+--num-nodes (--nnodes), --main-address (--master-addr), --main-port (--master-port).
 
-Restarts: each rank sees LITE_RESTART_COUNT (0, then 1, 2, ...); on one node every attempt gets a
-fresh free port unless --main-port is given. A script resumes by loading its last checkpoint at
-the top of run(): self.load(path, state, missing_ok=True).
+Several machines (the same command on each; HOST:PORT is one of them):
+  lite run --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py
+Elastic, with restarts:
+  lite run --nnodes 1:4 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py
+
+Restarts: each rank sees LITE_RESTART_COUNT (0, then 1, 2, ...). A script resumes by loading its
+last checkpoint at the top of run(): self.load(path, state, missing_ok=True).
 """
+
+#: Lite's names for torchrun's options: (Lite's flag, torchrun's destination, type).
+_ALIASES = (("--num-nodes", "nnodes", str), ("--main-address", "master_addr", str), ("--main-port", "master_port", int))
 
 
 def register(commands: Any) -> None:
-    """Add the `run` subcommand."""
-    parser = commands.add_parser("run", help="launch a script on every rank, like torchrun",
-                                 description=_DESCRIPTION, epilog=_EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--accelerator", help="e.g. cpu, cuda, tpu, auto")
-    parser.add_argument("--strategy", help="e.g. ddp, deepspeed_stage_3, auto")
-    parser.add_argument("--devices", "--nproc-per-node", "--nproc_per_node", dest="devices",
-                        help="devices (processes) per node: 2, '0,1', auto")
-    parser.add_argument("--num-nodes", "--nnodes", dest="num_nodes", type=int, help="machines in the job (default 1)")
-    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
-                        help="this machine's rank (default 0)")
-    parser.add_argument("--main-address", "--master-addr", "--master_addr", dest="main_address", default="127.0.0.1",
-                        help="address of node 0 (default 127.0.0.1)")
-    parser.add_argument("--main-port", "--master-port", "--master_port", dest="main_port", type=int,
-                        help="port on node 0; default: a free port (one node only)")
-    parser.add_argument("--standalone", action="store_true", help="one node on a free port (torchrun's option)")
-    parser.add_argument("--precision", help="e.g. 32-true, bf16-mixed, 16-mixed")
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="when a rank fails, stop every rank and start them all again, up to N times (default 0)")
-    parser.add_argument("--log-dir", metavar="DIR", help="write each rank's output to DIR/rank<RANK>.log")
-    parser.add_argument("--tee", action="store_true", help="with --log-dir: also show the output on the terminal")
-    parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, as with python -m")
-    parser.add_argument("script", metavar="SCRIPT", nargs="?", help="the Python file (or, with -m, module) to run")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed on to SCRIPT")
+    """Add the `run` subcommand. Its options are parsed in the handler, with torchrun's parser,
+    so that `lite --help` need not import torch."""
+    parser = commands.add_parser("run", help="launch a script on every rank: torchrun with Lite's choices",
+                                 add_help=False, prefix_chars="\0")
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
     parser.set_defaults(handler=run, command="run")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Resolve the choices, start the ranks of this node and supervise them until they end."""
-    from lite_core.launchers.supervision import Job
-
-    _check(args)
-    choices = _choices(args)
-    rendezvous = _rendezvous(args)
-    os.environ.update(rendezvous)  # the multi-node check below reads them, like a rank would
-    per_node = _processes_per_node(choices)
-    command = [sys.executable, *(["-m", args.script] if args.module else [args.script]), *args.script_args]
-    env = {**os.environ, **rendezvous, **{VARIABLES[k]: str(v) for k, v in choices.items()}}
-    job = Job(command, env, per_node, num_nodes=choices.get("num_nodes", 1), node_rank=args.node_rank,
-              max_restarts=args.max_restarts, fresh_port=args.main_port is None, log_dir=args.log_dir, tee=args.tee)
-    return job.run()
+    """The handler of `lite run`."""
+    return launch_command_line(args.argv)
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Refuse a command line that names no script or combines options that contradict each other."""
-    if args.script is None:
-        if args.module:
+def launch_command_line(argv: Sequence[str], name: str = "lite run") -> int:
+    """Parse `lite run`'s arguments `argv`, check them, and run the job on torch's elastic agent;
+    returns the exit code (Lite's lines start with `name`)."""
+    from lite_core.launchers.elastic import launch, quiet_agent
+
+    with quiet_agent():
+        options = parse(argv)
+        config, entrypoint, entry_args = launch_config(options)
+    return launch(config, entrypoint, entry_args, name=name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's argument parser with Lite's options and names added."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog, parser.description, parser.epilog = "lite run", _DESCRIPTION, _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    lite = parser.add_argument_group("Lite's choices (exported to every rank as LITE_*)")
+    lite.add_argument("--accelerator", help="e.g. cpu, cuda, tpu, auto")
+    lite.add_argument("--strategy", help="e.g. ddp, deepspeed_stage_3, auto")
+    lite.add_argument("--precision", help="e.g. 32-true, bf16-mixed, 16-mixed")
+    lite.add_argument("--devices", help="devices (processes) per node in LightningLite's terms: 2, '0,1', auto")
+    for flag, dest, kind in _ALIASES:
+        lite.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=f"the same as --{dest}")
+    # Told apart from torchrun's defaults, so that only a count the user gave is exported.
+    parser.set_defaults(nproc_per_node=os.environ.get("PET_NPROC_PER_NODE"), nnodes=os.environ.get("PET_NNODES"))
+    script = next(action for action in parser._actions if action.dest == "training_script")
+    script.nargs, script.metavar = "?", "SCRIPT"  # a missing script gets Lite's own sentence
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """`lite run`'s options, checked (each bad one refused in one sentence naming the fix)."""
+    options = build_parser().parse_args(list(argv))
+    _check_script(options)
+    options.gave_nodes = options.nnodes is not None
+    options.nodes = _nodes(options.nnodes or "1:1")
+    options.nnodes = f"{options.nodes[0]}:{options.nodes[1]}"
+    _check(options)
+    return options
+
+
+def _check_script(options: argparse.Namespace) -> None:
+    if options.training_script is None:
+        if options.module:
             raise ConfigurationError(
                 "MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`."
             )
         raise ConfigurationError("SCRIPT is missing: name the Python file to run after the options, e.g."
                                  " `lite run --devices 2 train.py`.")
-    if args.max_restarts < 0:
-        raise ConfigurationError(f"--max-restarts {args.max_restarts} is negative: pass 0 or more restarts.")
-    if args.tee and args.log_dir is None:
-        raise ConfigurationError("--tee copies the rank logs to the terminal, so it needs --log-dir DIR as well.")
-    if args.standalone and ((args.num_nodes or 1) > 1 or args.main_port is not None):
+
+
+def _nodes(value: str) -> tuple[int, int]:
+    """`--nnodes N` or `MIN:MAX` as (MIN, MAX)."""
+    parts = value.split(":")
+    if len(parts) > 2 or not all(part.strip().isdigit() for part in parts):
+        raise ConfigurationError(f"--nnodes {value} is not a number of nodes: pass N or MIN:MAX, e.g. --nnodes 2"
+                                 " or --nnodes 1:4.")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise ConfigurationError(f"--nnodes {value} asks for no node: pass at least 1, e.g. --nnodes 1:{max(high, 1)}.")
+    if low > high:
+        raise ConfigurationError(f"--nnodes {value} has a minimum above its maximum: pass MIN:MAX with MIN <= MAX,"
+                                 f" e.g. --nnodes {high}:{low}.")
+    return low, high
+
+
+def _check(options: argparse.Namespace) -> None:
+    """Refuse options that cannot work or that contradict each other."""
+    if options.max_restarts < 0:
+        raise ConfigurationError(f"--max-restarts {options.max_restarts} is negative: pass 0 or more restarts.")
+    if options.devices is not None and options.nproc_per_node is not None:
+        raise ConfigurationError(f"--devices {options.devices} and --nproc-per-node {options.nproc_per_node} both"
+                                 " give the processes per node: pass only one of them.")
+    if options.standalone and (options.nodes[1] > 1 or options.master_port is not None):
         raise ConfigurationError(
             "--standalone runs one node on a free port: drop --num-nodes/--nnodes and --main-port/--master-port."
         )
+    if options.rdzv_backend == "static" and not 0 <= options.node_rank < options.nodes[1]:
+        raise ConfigurationError(
+            f"--node-rank {options.node_rank} is outside the {options.nodes[1]} node(s) of the job: pass a rank"
+            f" from 0 to {options.nodes[1] - 1}."
+        )
+    if options.rdzv_backend == "static" and options.nodes[0] != options.nodes[1]:
+        raise ConfigurationError(f"--nnodes {options.nnodes} needs a rendezvous that lets nodes come and go: add"
+                                 " --rdzv-backend c10d --rdzv-endpoint HOST:PORT (the same on every node).")
 
 
-def _choices(args: argparse.Namespace) -> dict[str, Any]:
+def launch_config(options: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """The agent's `LaunchConfig`, entry point and arguments for checked `options` (torchrun's
+    `config_from_args`), with Lite's choices exported to this process's environment, which the
+    ranks inherit."""
+    from torch.distributed.run import config_from_args
+
+    choices = _choices(options)
+    options.nproc_per_node = str(_processes_per_node(options, choices))
+    os.environ.update({VARIABLES[name]: str(value) for name, value in choices.items()})
+    _rendezvous_defaults(options)
+    _run_each_rank_through_lite(options)
+    return config_from_args(options)
+
+
+def _choices(options: argparse.Namespace) -> dict[str, Any]:
     """The options given, else the `LITE_*` variables already exported, as LightningLite reads them."""
-    from lite_core._defaults import parse
+    from lite_core._defaults import parse as parse_variable
 
+    low, high = options.nodes
+    given = {"accelerator": options.accelerator, "strategy": options.strategy, "precision": options.precision,
+             "devices": options.devices, "num_nodes": low if options.gave_nodes and low == high else None}
     choices: dict[str, Any] = {}
     for name, variable in VARIABLES.items():
-        value = getattr(args, name)
+        value = given[name]
         if value is None and os.environ.get(variable, "").strip():
-            value = parse(name, variable, os.environ[variable].strip())
+            value = parse_variable(name, variable, os.environ[variable].strip())
         if value is not None:
             choices[name] = value
     return choices
 
 
-def _rendezvous(args: argparse.Namespace) -> dict[str, str]:
-    num_nodes = args.num_nodes or 1
-    if not 0 <= args.node_rank < num_nodes:
-        raise ConfigurationError(
-            f"--node-rank {args.node_rank} is outside the {num_nodes} node(s) of the job: pass a rank"
-            f" from 0 to {num_nodes - 1}."
-        )
-    port = args.main_port
-    if port is None:
-        if num_nodes > 1:
-            raise ConfigurationError(
-                "--num-nodes above 1 needs the same --main-port on every node: pass a free port of node 0."
-            )
-        from lite_core.environments.local import find_free_port
-
-        port = find_free_port()
-    return {"MASTER_ADDR": args.main_address, "MASTER_PORT": str(port), "NODE_RANK": str(args.node_rank)}
-
-
-def _processes_per_node(choices: dict[str, Any]) -> int:
-    """Resolve the choices as LightningLite would (so bad ones fail here) and count the devices."""
+def _processes_per_node(options: argparse.Namespace, choices: dict[str, Any]) -> int:
+    """How many ranks each node starts: torchrun's `--nproc-per-node` (a number, cpu, gpu, auto),
+    else the devices as LightningLite would resolve them. Either way the choices are resolved as
+    LightningLite would, so that a bad one fails here, before any process starts."""
     from lite_core._connector import connect
 
-    strategy = connect(choices.get("accelerator", "auto"), choices.get("strategy", "auto"),
-                       _devices(str(choices.get("devices", "auto"))), choices.get("num_nodes", 1),
-                       choices.get("precision", "32-true"), None)
-    return len(strategy.device_indexes)
+    count = None
+    if options.nproc_per_node is not None:
+        count = _local_world_size(options.nproc_per_node)
+        choices["devices"] = count
+    with _rendezvous_variables(options):
+        strategy = connect(choices.get("accelerator", "auto"), choices.get("strategy", "auto"),
+                           _devices(str(choices.get("devices", "auto"))), options.nodes[0],
+                           choices.get("precision", "32-true"), None)
+    return count if count is not None else len(strategy.device_indexes)
+
+
+def _local_world_size(value: str) -> int:
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        count = determine_local_world_size(value)
+    except ValueError:
+        count = None
+    if count is None or count < 1:
+        raise ConfigurationError(f"--nproc-per-node {value} starts no process: pass a number of processes per node"
+                                 " (1 or more), or cpu, gpu or auto.")
+    return int(count)
+
+
+@contextlib.contextmanager
+def _rendezvous_variables(options: argparse.Namespace) -> Iterator[None]:
+    """Resolving `num_nodes` > 1 checks for the variables a rank will have (the agent sets them there)."""
+    if options.nodes[0] == 1:
+        yield
+        return
+    values = {"MASTER_ADDR": options.master_addr, "MASTER_PORT": str(options.master_port or 29500),
+              "NODE_RANK": str(options.node_rank)}
+    missing = {name: value for name, value in values.items() if name not in os.environ}
+    os.environ.update(missing)
+    try:
+        yield
+    finally:
+        for name in missing:
+            os.environ.pop(name, None)
 
 
 def _devices(value: str) -> Any:
     return int(value) if value.strip().isdigit() else value
+
+
+def _rendezvous_defaults(options: argparse.Namespace) -> None:
+    """torchrun's defaults: `--standalone`, or one node with no port or endpoint given, meet on
+    a free port of this machine (a c10d store on localhost:0); otherwise the static rendezvous
+    uses `--master-port` (default 29500). Ranks get 5 s (Lite's grace period) to exit after
+    SIGTERM, unless `--shutdown-timeout` says otherwise."""
+    from lite_core.launchers.supervision import GRACE_SECONDS
+
+    alone = options.rdzv_backend == "static" and not options.rdzv_endpoint and options.master_port is None
+    if options.standalone or (alone and options.nodes[1] == 1):
+        import uuid
+
+        options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if options.master_port is None:
+        options.master_port = 29500
+    if options.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        options.shutdown_timeout = int(GRACE_SECONDS)
+
+
+def _run_each_rank_through_lite(options: argparse.Namespace) -> None:
+    """A Python script or module runs as `python -u -m lite_core.launchers.rank [-m] TARGET ARGS`
+    (see that module); `--no-python` and `--run-path` run as torchrun runs them."""
+    if options.no_python or options.run_path:
+        return
+    from lite_core.launchers import rank
+
+    target = rank.arguments(options.training_script, list(options.training_script_args), options.module)
+    options.module, options.training_script, options.training_script_args = True, rank.__name__, target
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run(argparse.Namespace(argv=sys.argv[1:])))

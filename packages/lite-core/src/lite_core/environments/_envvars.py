@@ -12,6 +12,20 @@ JOB_PORT_BASE = 15000
 JOB_PORT_SPAN = 20000
 
 
+def counts_of(per_node: int, world: int) -> tuple[int, int] | None:
+    """`(per_node, nodes)` for `world` processes placed `per_node` to a node, or `None` when they
+    do not divide evenly (then the counts cannot be one `devices` and one `num_nodes`)."""
+    if per_node < 1 or world < per_node or world % per_node:
+        return None
+    return per_node, world // per_node
+
+
+def int_or_none(name: str) -> int | None:
+    """`name` as an integer, or `None` when it is unset or not a plain integer (`2(x3)`)."""
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
 def env_int(name: str, launcher: str, default: int | None = None) -> int:
     """Read `name` as an integer; `launcher` names who should have set it, for the error message.
 

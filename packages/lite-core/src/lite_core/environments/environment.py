@@ -57,6 +57,15 @@ class ClusterEnvironment(ABC):
     def set_global_rank(self, rank: int) -> None:
         """Record the global rank Lite computed; environments that know it already ignore this."""
 
+    def process_counts(self) -> tuple[int, int] | None:
+        """The processes per node and the number of nodes the launcher started, if it says.
+
+        `LightningLite(devices=..., num_nodes=...)` left at their defaults take these, so a script
+        that names no counts runs under any launcher. `None` (the default) where Lite starts the
+        processes itself or the launcher does not tell.
+        """
+        return None
+
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Raise `ConfigurationError` when `devices`/`num_nodes` contradict this environment."""
 

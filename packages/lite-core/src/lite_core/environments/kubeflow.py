@@ -50,6 +50,9 @@ class KubeflowEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return self.global_rank()
 
+    def process_counts(self) -> tuple[int, int] | None:
+        return 1, self.world_size()  # one process per pod
+
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check that Lite asks for one device per pod and one node per pod.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from lite_core.environments._envvars import env_int
+from lite_core.environments._envvars import counts_of, env_int, int_or_none
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import ConfigurationError
 
@@ -76,6 +76,12 @@ class LocalEnvironment(ClusterEnvironment):
 
     def node_rank(self) -> int:
         return int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+
+    def process_counts(self) -> tuple[int, int] | None:
+        per_node = int_or_none("LOCAL_WORLD_SIZE") if self.creates_processes_externally else None
+        if per_node is None:
+            return None
+        return counts_of(per_node, int_or_none("WORLD_SIZE") or per_node)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check the process counts an external launcher exported against `devices` and `num_nodes`.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from lite_core.environments._envvars import env_int
+from lite_core.environments._envvars import counts_of, env_int
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import ConfigurationError
 
@@ -76,6 +76,9 @@ class MPIEnvironment(ClusterEnvironment):
 
     def _local_size(self) -> int:
         return env_int(self._names()[3], _LAUNCHER)
+
+    def process_counts(self) -> tuple[int, int] | None:
+        return counts_of(self._local_size(), self.world_size())
 
     def node_rank(self) -> int:
         # OMPI_COMM_WORLD_NODE_RANK is not a node index (it counts processes on the node across

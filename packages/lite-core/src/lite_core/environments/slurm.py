@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from lite_core.environments._envvars import env_int, port_from_env_or_job
+from lite_core.environments._envvars import counts_of, env_int, int_or_none, port_from_env_or_job
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import ConfigurationError
 
@@ -112,6 +112,14 @@ class SLURMEnvironment(ClusterEnvironment):
 
     def node_rank(self) -> int:
         return env_int("SLURM_NODEID", _LAUNCHER)
+
+    def process_counts(self) -> tuple[int, int] | None:
+        per_node, nodes = int_or_none("SLURM_NTASKS_PER_NODE"), int_or_none("SLURM_NNODES")
+        if per_node is not None:
+            return counts_of(per_node, self.world_size())
+        if nodes is not None and self.world_size() % nodes == 0:
+            return self.world_size() // nodes, nodes
+        return None
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check `--ntasks-per-node`, `--nodes` and `--ntasks` against `devices` and `num_nodes`.

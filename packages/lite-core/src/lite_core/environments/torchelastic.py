@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from lite_core.environments._envvars import env_int
+from lite_core.environments._envvars import counts_of, env_int, int_or_none
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import ConfigurationError
 
@@ -54,6 +54,10 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return env_int("GROUP_RANK", _LAUNCHER, default=0)
 
+    def process_counts(self) -> tuple[int, int] | None:
+        per_node = int_or_none("LOCAL_WORLD_SIZE")
+        return None if per_node is None else counts_of(per_node, self.world_size())
+
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check that torchrun's process counts match `devices` and `num_nodes`.
 
@@ -74,5 +78,6 @@ class TorchElasticEnvironment(ClusterEnvironment):
                 f"torchrun started {world} processes in total but "
                 f"LightningLite(devices={num_devices}, num_nodes={num_nodes}) expects "
                 f"{num_devices * num_nodes}: make them agree, e.g. num_nodes="
-                f"{max(world // max(num_devices, 1), 1)} or torchrun --nnodes={num_nodes}."
+                f"{max(world // max(num_devices, 1), 1)}, torchrun --nnodes={num_nodes}, or leave devices and num_nodes"
+                f" out of LightningLite(...) to take torchrun's counts."
             )

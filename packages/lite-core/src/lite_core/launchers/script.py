@@ -11,7 +11,7 @@ from typing import Any, Callable
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
 from lite_core.launchers.launcher import Launcher
-from lite_core.launchers.supervision import Job, RankProcesses, describe_exit, exit_code, on_interrupt
+from lite_core.launchers.supervision import RankProcesses, describe_exit, exit_code, on_interrupt
 
 #: Set to N > 0 to supervise the ranks from the process the user started and restart them all,
 #: up to N times, when one fails (as `lite run --max-restarts N` does).
@@ -26,8 +26,9 @@ class ScriptLauncher(Launcher):
     stops the other ranks at once, even while this process waits in a collective.
 
     With `LITE_MAX_RESTARTS=N` (N > 0) in the environment this process runs no rank itself: it
-    starts every local rank as a child, restarts them all when one fails, up to N times, and
-    exits with the last attempt's code (the code after `run()` runs only in the ranks).
+    hands the job to torch's elastic agent, exactly as `lite run --max-restarts N` does (every
+    local rank a child, all restarted when one fails, up to N times), and exits with the last
+    attempt's code (the code after `run()` runs only in the ranks).
     """
 
     needs_function = False
@@ -54,13 +55,12 @@ class ScriptLauncher(Launcher):
             return
         command = _script_command(self._strategy_name)
         restarts = _max_restarts()
-        chosen_port = "MASTER_PORT" in os.environ
+        if restarts:
+            self._supervise(restarts, chosen_port="MASTER_PORT" in os.environ)
         os.environ["MASTER_ADDR"] = self._environment.main_address
         os.environ["MASTER_PORT"] = str(self._environment.main_port)
         os.environ["NODE_RANK"] = str(self._environment.node_rank())
         os.environ["WORLD_SIZE"] = str(self._num_processes * self._num_nodes)
-        if restarts:
-            self._supervise(command, restarts, fresh_port=not chosen_port and self._num_nodes == 1)
         for local_rank in range(1, self._num_processes):
             self._ranks.start(local_rank, command, {**os.environ, "LOCAL_RANK": str(local_rank)})
         os.environ["LOCAL_RANK"] = "0"
@@ -69,11 +69,16 @@ class ScriptLauncher(Launcher):
         on_interrupt(self.stop)
         atexit.register(self._wait_for_children)
 
-    def _supervise(self, command: list[str], restarts: int, fresh_port: bool) -> None:
-        """Run every local rank as a child with up to `restarts` restarts, then exit with the job's code."""
-        job = Job(command, dict(os.environ), self._num_processes, num_nodes=self._num_nodes,
-                  node_rank=self._environment.node_rank(), max_restarts=restarts, fresh_port=fresh_port, name="lite")
-        raise SystemExit(job.run())
+    def _supervise(self, restarts: int, chosen_port: bool) -> None:
+        """Run the job as `lite run --max-restarts restarts` would, then exit with its code."""
+        from lite_core.cli._run import launch_command_line
+
+        argv = ["--nproc-per-node", str(self._num_processes), "--nnodes", str(self._num_nodes),
+                "--max-restarts", str(restarts)]
+        if chosen_port or self._num_nodes > 1:  # else, as torchrun does, a free port of this machine
+            argv += ["--node-rank", str(self._environment.node_rank()), "--master-addr",
+                     self._environment.main_address, "--master-port", str(self._environment.main_port)]
+        raise SystemExit(launch_command_line([*argv, *_script_target()], name="lite"))
 
     def _watch(self) -> None:
         failure = self._ranks.watch()
@@ -125,6 +130,14 @@ def main_script() -> str | None:
     """The script file this process runs as `__main__`, if there is one on disk."""
     script = getattr(sys.modules["__main__"], "__file__", None)
     return script if script and os.path.isfile(script) else None
+
+
+def _script_target() -> list[str]:
+    """What `lite run` runs to start this script again: `SCRIPT ARGS` or `-m MODULE ARGS`."""
+    module = main_module()
+    if module is not None:
+        return ["-m", module, *sys.argv[1:]]
+    return [os.path.abspath(main_script() or sys.argv[0]), *sys.argv[1:]]
 
 
 def _script_command(strategy_name: str) -> list[str]:

@@ -1,10 +1,10 @@
-"""Rank supervision, in one place for every launcher: starting rank processes so that they die
-with their launcher, watching them, stopping them all when one fails, blaming the rank that
-failed first, and the body every launched rank runs (`run_rank`).
+"""What Lite supervises itself, beside torch's elastic agent (which runs `lite run` and every
+restart, see `lite_core.launchers.elastic`): rank processes that die with their launcher, the
+script launcher's watchdog over the ranks it starts beside itself (`RankProcesses`), the notes
+that blame the rank that failed first, Ctrl-C while blocked in a collective, and the body of a
+rank that a launcher's own child runs (`run_rank`: `ddp_spawn`, `ddp_fork`, lite-xla's).
 
-Used by `lite run`, the script launcher (`ddp`), the multiprocessing launcher (`ddp_spawn`,
-`ddp_fork`) and backends' launchers (e.g. lite-xla's); part of the plugin interface
-(`lite_core.plugins`).
+Part of the plugin interface (`lite_core.plugins`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ import pickle
 import queue
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from types import FrameType
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -61,14 +58,20 @@ def record_failure(local_rank: int) -> None:
                 handle.write(repr(time.time()))
 
 
-def rank_to_blame(folder: str, exited: int) -> int:
-    """The local rank to blame when `exited` ended with an error: `exited` itself if it noted no
-    failure (it died abruptly: `os._exit`, a signal), else the rank that noted one first."""
+def failure_notes(folder: str) -> dict[int, float]:
+    """{local rank: when it failed} for every rank that noted a failure in `folder` (see `record_failure`)."""
     noted: dict[int, float] = {}
     for name in os.listdir(folder):
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(folder, name)) as handle:
                 noted[int(name.removeprefix("rank"))] = float(handle.read())
+    return noted
+
+
+def rank_to_blame(folder: str, exited: int) -> int:
+    """The local rank to blame when `exited` ended with an error: `exited` itself if it noted no
+    failure (it died abruptly: `os._exit`, a signal), else the rank that noted one first."""
+    noted = failure_notes(folder)
     if exited not in noted:
         return exited
     return min(noted, key=lambda rank: noted[rank])
@@ -189,16 +192,11 @@ class RankProcesses:
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
         self._signalled: dict[int, set[int]] = {}  # the signals `stop` sent each rank: not failures
         self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
-        self._copiers: list[threading.Thread] = []
 
-    def start(self, local_rank: int, command: list[str], env: dict[str, str], log: RankLog | None = None) -> None:
-        """Start local rank `local_rank` as `command` with environment `env`; its output goes to
-        `log` when given, else to this process's stdout and stderr."""
-        if log is None:
-            process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
-        else:
-            process = log.start(command, env)
-            self._copiers.extend(log.copiers)
+    def start(self, local_rank: int, command: list[str], env: dict[str, str]) -> None:
+        """Start local rank `local_rank` as `command` with environment `env` (its output goes to
+        this process's stdout and stderr)."""
+        process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
         self._processes[local_rank] = process
         threading.Thread(target=lambda: self._exits.put((local_rank, process.wait())), daemon=True).start()
 
@@ -247,184 +245,11 @@ class RankProcesses:
             process.send_signal(signum)
 
     def wait(self) -> None:
-        """Wait until every rank has ended and its output has been written out."""
+        """Wait until every rank has ended."""
         for process in self._processes.values():
             process.wait()
-        for copier in self._copiers:
-            copier.join()
-
-
-class RankLog:
-    """One rank's output in its own file (`stdout` and `stderr` together, appended), and with
-    `tee` also on this process's stdout and stderr."""
-
-    def __init__(self, path: str | os.PathLike[str], tee: bool = False) -> None:
-        self.path = os.fspath(path)
-        self.tee = tee
-        self.copiers: list[threading.Thread] = []
-
-    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start `command` with its output going to this log."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        handle = open(self.path, "ab", buffering=0)
-        if not self.tee:
-            with handle:
-                return subprocess.Popen(command, env=env, preexec_fn=die_with_parent, stdout=handle,
-                                        stderr=subprocess.STDOUT)
-        process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
-        lock = threading.Lock()
-        self.copiers = [_copier(process.stdout, handle, sys.stdout, lock),
-                        _copier(process.stderr, handle, sys.stderr, lock)]
-        threading.Thread(target=_close_after, args=(handle, self.copiers), daemon=True).start()
-        return process
-
-
-def _copier(source: Any, handle: Any, terminal: Any, lock: threading.Lock) -> threading.Thread:
-    """A started thread copying `source` line by line to the file `handle` and to `terminal`."""
-
-    def copy_lines() -> None:
-        for line in iter(source.readline, b""):
-            with lock:
-                handle.write(line)
-            terminal.buffer.write(line)
-            terminal.flush()
-        source.close()
-
-    thread = threading.Thread(target=copy_lines, daemon=True)
-    thread.start()
-    return thread
-
-
-def _close_after(handle: Any, threads: list[threading.Thread]) -> None:
-    for thread in threads:
-        thread.join()
-    handle.close()
 
 
 def exit_code(code: int) -> int:
     """The exit code a launcher passes on for a rank that ended with `code` (128 + N for signal N)."""
     return code if code > 0 else 128 - code
-
-
-#: Exported to every rank `lite run` starts: 0 on the first attempt, then 1, 2, ... after each restart.
-RESTART_VARIABLE = "LITE_RESTART_COUNT"
-
-
-class Job:
-    """`lite run`'s ranks: `per_node` processes running `command`, one per local rank of node
-    `node_rank`.
-
-    `run()` returns 0 when every rank exits with 0; as soon as one fails it stops the others and,
-    while restarts are left (`max_restarts`), starts every rank again (on a fresh free port when
-    `fresh_port`; otherwise on the same `MASTER_PORT`), else returns that rank's code (128 + N
-    for a rank killed by signal N). SIGTERM, SIGINT or SIGHUP sent to `lite run` stop every rank
-    and are never followed by a restart. With `log_dir`, local rank N writes its output to
-    `log_dir/rankG.log` (G its global rank), also on the terminal with `tee`. Its messages start
-    with `name`.
-    """
-
-    def __init__(self, command: list[str], env: dict[str, str], per_node: int, num_nodes: int,
-                 node_rank: int, max_restarts: int = 0, fresh_port: bool = False,
-                 log_dir: str | None = None, tee: bool = False, name: str = "lite run") -> None:
-        self._name = name
-        self._command = command
-        self._env = dict(env)
-        self._per_node = per_node
-        self._num_nodes = num_nodes
-        self._node_rank = node_rank
-        self._max_restarts = max_restarts
-        self._fresh_port = fresh_port
-        self._log_dir = log_dir
-        self._tee = tee
-        self._ranks = RankProcesses()
-        self._signal: int | None = None
-        self._failures = ""
-
-    def run(self) -> int:
-        """Start the ranks and supervise them until they end, restarting them after a failure
-        while restarts are left; returns the exit code of the last attempt."""
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals} if in_main_thread else {}
-        try:
-            restart = 0
-            while True:
-                code = self._attempt(restart)
-                if code == 0 or self._signal is not None or restart >= self._max_restarts:
-                    return code
-                restart += 1
-                self._say(f"restarting every rank (restart {restart} of {self._max_restarts}).")
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _attempt(self, restart: int) -> int:
-        """One start of every rank, supervised until they end; returns its exit code."""
-        self._ranks = RankProcesses()
-        if restart and self._fresh_port:
-            from lite_core.environments.local import find_free_port
-
-            self._env["MASTER_PORT"] = str(find_free_port())
-        with tempfile.TemporaryDirectory(prefix="lite-run-failures-") as folder:
-            self._failures = folder
-            try:
-                self._start(restart)
-                return self._supervise()
-            finally:
-                self._ranks.stop()
-                self._ranks.wait()
-
-    def _start(self, restart: int) -> None:
-        for local_rank in range(self._per_node):
-            global_rank = self._node_rank * self._per_node + local_rank
-            env = {
-                **self._env,
-                "LOCAL_RANK": str(local_rank),
-                "RANK": str(global_rank),
-                "LOCAL_WORLD_SIZE": str(self._per_node),
-                "WORLD_SIZE": str(self._per_node * self._num_nodes),
-                FAILURE_DIR_VARIABLE: self._failures,
-                RESTART_VARIABLE: str(restart),
-            }
-            log = None if self._log_dir is None else RankLog(self._log_path(local_rank), tee=self._tee)
-            self._ranks.start(local_rank, self._command, env, log)
-
-    def _supervise(self) -> int:
-        failure = self._ranks.watch(interrupted=lambda: self._signal is not None)
-        if self._signal is not None:
-            self._say(f"received {signal.Signals(self._signal).name}; stopping every rank.")
-            return 128 + self._signal
-        if failure is None:
-            return 0
-        local_rank, code = failure
-        self._say(self._blame(local_rank, code))
-        return exit_code(code)
-
-    def _blame(self, local_rank: int, code: int) -> str:
-        """The line that names the failing rank: the first to record a failure, if another one."""
-        first = rank_to_blame(self._failures, local_rank)
-        log = self._log_of(first)
-        if first == local_rank:
-            where = f" (its output is in {log})" if log else ""
-            return f"local rank {local_rank} failed with {describe_exit(code)}{where}; stopping every rank."
-        return (f"local rank {first} failed first (its error is {f'in {log}' if log else 'above'}) and local rank"
-                f" {local_rank} then ended with {describe_exit(code)}; stopping every rank.")
-
-    def _log_of(self, local_rank: int) -> str | None:
-        """The file that holds `local_rank`'s output, when it is not on the terminal."""
-        if self._log_dir is None or self._tee:
-            return None
-        return self._log_path(local_rank)
-
-    def _log_path(self, local_rank: int) -> str:
-        """`log_dir/rankG.log`, G the global rank of local rank `local_rank`."""
-        assert self._log_dir is not None
-        return os.path.join(self._log_dir, f"rank{self._node_rank * self._per_node + local_rank}.log")
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signal = signum
-
-    def _say(self, message: str) -> None:
-        sys.stderr.write(f"{self._name}: {message}\n")
-        sys.stderr.flush()

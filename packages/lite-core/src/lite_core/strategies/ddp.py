@@ -18,6 +18,7 @@ from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
 from lite_core.strategies._settle import settle_collectives
+from lite_core.strategies.process_group import init_attempt_process_group
 from lite_core.strategies.strategy import Strategy, check_reduce_op
 
 T = TypeVar("T")
@@ -55,6 +56,9 @@ class DDPStrategy(Strategy):
         self._launcher: Launcher | None = None
         self._teardown_registered = False
         self._progress: CollectiveProgress | None = None
+        #: Whether Lite created the default process group (one that existed before, e.g. Ray
+        #: Train's, is reused and left to its owner at teardown).
+        self._owns_process_group = False
 
     @property
     def timeout(self) -> timedelta:
@@ -126,6 +130,7 @@ class DDPStrategy(Strategy):
         super().setup_environment()
         if not dist.is_initialized():
             self._init_process_group()
+            self._owns_process_group = True
         # A one-process job in this process leaves the variables as they were: a process started
         # from here later (a notebook's `!python train.py`) must not inherit the port, which this
         # process keeps while the group lives.
@@ -141,13 +146,8 @@ class DDPStrategy(Strategy):
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
         try:
-            dist.init_process_group(
-                backend=self._backend or self.accelerator.distributed_backend,
-                init_method=f"tcp://{env.main_address}:{env.main_port}",
-                rank=self.global_rank,
-                world_size=self.world_size,
-                timeout=self._timeout,
-            )
+            init_attempt_process_group(self._backend or self.accelerator.distributed_backend, env.main_address,
+                                       env.main_port, self.global_rank, self.world_size, self._timeout)
         except RuntimeError as err:
             if self.global_rank == 0 and _is_port_in_use(err):
                 raise ConfigurationError(
@@ -161,11 +161,15 @@ class DDPStrategy(Strategy):
         if self._progress is not None:
             self._progress.close()
             self._progress = None
-        if dist.is_initialized():
+        # A group Lite did not create is its owner's to end: Lite only waits for the ranks, once.
+        ours = self._owns_process_group
+        if dist.is_initialized() and (ours or self._environment_ready):
             if not (failed or self._failed):
                 dist.barrier()
                 settle_collectives(self.root_device)
-            dist.destroy_process_group()
+            if ours:
+                dist.destroy_process_group()
+                self._owns_process_group = False
         super().teardown(failed)
 
     # -- model ---------------------------------------------------------------------------------------

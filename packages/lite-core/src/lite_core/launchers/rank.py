@@ -1,0 +1,60 @@
+"""The program every rank of `lite run` runs: `python -m lite_core.launchers.rank [-m] TARGET ARGS`
+runs the script TARGET (or, with `-m`, the module) as `python TARGET ARGS` would, with three
+additions:
+
+- it dies with the launcher that started it (Linux parent-death signal), so a launcher killed
+  even by SIGKILL leaves no rank behind;
+- its body is wrapped in torch's `record`, so that an exception goes into the error file the
+  elastic agent reads for its summary of the failure;
+- it exports `LITE_RESTART_COUNT`, the agent's attempt number (`TORCHELASTIC_RESTART_COUNT`).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from lite_core.launchers.supervision import die_with_parent
+
+#: Set by the launcher: its pid, which every rank it started checks against its parent's.
+LAUNCHER_PID_VARIABLE = "LITE_LAUNCHER_PID"
+#: Exported to every rank: 0 on the first attempt, then 1, 2, ... after each restart.
+RESTART_VARIABLE = "LITE_RESTART_COUNT"
+
+
+def arguments(target: str, args: list[str], module: bool = False) -> list[str]:
+    """The arguments of this module (`python -m lite_core.launchers.rank ...`) that run `target args`."""
+    return [*(["-m"] if module else []), target, *args]
+
+
+def main(argv: list[str]) -> None:
+    """Run the script or module named in `argv` (`[-m] TARGET ARGS`) as this rank."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    _die_with_launcher()
+    os.environ[RESTART_VARIABLE] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    module = argv[:1] == ["-m"]
+    target, *args = argv[1:] if module else argv
+    record(_run)(target, args, module)
+
+
+def _die_with_launcher() -> None:
+    die_with_parent()
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE, "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        os._exit(1)  # the launcher died before the parent-death signal was armed
+
+
+def _run(target: str, args: list[str], module: bool) -> None:
+    if module:
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    sys.argv = [target, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python TARGET` puts it first
+    runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

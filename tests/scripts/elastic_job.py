@@ -1,0 +1,97 @@
+"""A job for launchers that restart it at any world size: it names no process counts, checkpoints
+after every epoch, resumes at the top of `run()`, and sizes its per-rank batch from
+`self.world_size` so the global batch stays `GLOBAL_BATCH` however many processes run it.
+
+    torchrun ... elastic_job.py OUT_DIR HOW [SECONDS_PER_STEP]
+
+HOW: `die-once`: global rank 1 `os._exit(3)`s in the middle of the second epoch on the first
+attempt only (OUT_DIR/died marks that it did); in the next attempt rank 1 starts a second after
+rank 0, so that a group built on the previous attempt's keys finds rank 1's dead address there.
+`steady`: nobody dies (the test may kill a node). Every rank prints `epoch E world W` after each
+epoch and the rank that finishes writes OUT_DIR/rank{r}.json with its final weights and world size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lite_core import LightningLite
+
+torch.set_num_threads(1)
+EPOCHS = 3
+GLOBAL_BATCH = 8
+
+
+def data() -> TensorDataset:
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return TensorDataset(x, x.sum(1, keepdim=True) + 1)
+
+
+def reference_weights(epochs: int = EPOCHS) -> list[list[float]]:
+    """The job on one process in plain PyTorch, without any failure."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = data().tensors
+    for _ in range(epochs):
+        for start in range(0, len(x), GLOBAL_BATCH):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x[start:start + GLOBAL_BATCH]), y[start:start + GLOBAL_BATCH]).backward()
+            optimizer.step()
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+class Elastic(LightningLite):
+    def run(self, out_dir: str, how: str, seconds_per_step: float) -> None:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1).double()
+        model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        # Interleaved shards (no shuffle) of GLOBAL_BATCH / world_size: each step's ranks together
+        # hold the same 8 samples as one process's batch of 8.
+        loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH // self.world_size))
+        checkpoint = Path(out_dir, "last.ckpt")
+        state = {"epoch": 0, "model": model, "optimizer": optimizer}
+        self.load(checkpoint, state, missing_ok=True)
+        for epoch in range(state["epoch"], EPOCHS):
+            for step, (x, y) in enumerate(loader):
+                if how == "die-once" and epoch == 1 and step == 1 and self.global_rank == 1:
+                    if not Path(out_dir, "died").exists():
+                        Path(out_dir, "died").touch()
+                        os._exit(3)
+                optimizer.zero_grad()
+                self.backward(nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                time.sleep(seconds_per_step)
+            print(f"epoch {epoch} world {self.world_size}", flush=True)
+            state["epoch"] = epoch + 1
+            self.save(state, checkpoint)
+        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size}
+        Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
+
+
+def stagger_the_restart(out_dir: Path) -> None:
+    """After the death, rank 0 builds its group first and rank 1 a second later, so that rank 0
+    looks rank 1 up while only the dead attempt's rank 1 is in the store (unless it is scoped)."""
+    if not (out_dir / "died").exists():
+        return
+    if os.environ.get("RANK") == "0":
+        (out_dir / "rank0-restarted").touch()
+    elif os.environ.get("RANK") == "1":
+        while not (out_dir / "rank0-restarted").exists():
+            time.sleep(0.05)
+        time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    out, how = sys.argv[1], sys.argv[2]
+    if how == "die-once":
+        stagger_the_restart(Path(out))
+    Elastic().run(out, how, float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
