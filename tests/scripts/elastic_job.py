@@ -76,7 +76,8 @@ class Elastic(LightningLite):
                     progress.write(f"epoch {epoch} world {self.world_size}\n")
             state["epoch"] = epoch + 1
             self.save(state, checkpoint)
-        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size}
+        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
+                  "environment": self._strategy.environment.name}
         Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 

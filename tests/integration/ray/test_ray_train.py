@@ -48,7 +48,7 @@ def assert_equal_to_the_one_process_run(out_dir: Path) -> None:
     expected = reference_weights()
     for rank in (0, 1):
         record = json.loads((out_dir / f"rank{rank}.json").read_text())
-        assert record["world"] == 2
+        assert (record["world"], record["environment"]) == (2, "ray")
         for got, want in zip(record["weight"], expected):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
