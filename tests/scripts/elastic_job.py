@@ -8,7 +8,7 @@ HOW: `die-once`: global rank 1 `os._exit(3)`s in the middle of the second epoch 
 attempt only (OUT_DIR/died marks that it did); in the next attempt rank 1 starts a second after
 rank 0, so that a group built on the previous attempt's keys finds rank 1's dead address there.
 `steady`: nobody dies (the test may kill a node). Every rank prints `epoch E world W` after each
-epoch and the rank that finishes writes OUT_DIR/rank{r}.json with its final weights and world size.
+epoch (rank 0 also appends it to OUT_DIR/progress.txt) and the rank that finishes writes OUT_DIR/rank{r}.json with its final weights and world size.
 """
 
 from __future__ import annotations
@@ -71,9 +71,13 @@ class Elastic(LightningLite):
                 optimizer.step()
                 time.sleep(seconds_per_step)
             print(f"epoch {epoch} world {self.world_size}", flush=True)
+            if self.global_rank == 0:
+                with open(Path(out_dir, "progress.txt"), "a") as progress:
+                    progress.write(f"epoch {epoch} world {self.world_size}\n")
             state["epoch"] = epoch + 1
             self.save(state, checkpoint)
-        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size}
+        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
+                  "environment": self._strategy.environment.name}
         Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 

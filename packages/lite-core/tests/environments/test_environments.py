@@ -15,6 +15,7 @@ from lite_core.environments import (
     LocalEnvironment,
     LSFEnvironment,
     MPIEnvironment,
+    RayTrainEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
     detect_environment,
@@ -379,7 +380,7 @@ def test_kubeflow_validate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_detection_order() -> None:
     assert ENVIRONMENTS == (
-        TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment,
+        TorchElasticEnvironment, RayTrainEnvironment, SLURMEnvironment, LSFEnvironment,
         MPIEnvironment, KubeflowEnvironment, LocalEnvironment,
     )  # fmt: skip
     assert all(issubclass(cls, ClusterEnvironment) for cls in ENVIRONMENTS)

@@ -3,6 +3,9 @@ or scheduler that started the processes; counts the code names that disagree are
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from lite_core import LightningLite
@@ -71,3 +74,14 @@ def test_devices_that_disagree_with_the_launcher_are_refused(monkeypatch):
     launched_by(monkeypatch, "slurm")
     with pytest.raises(ConfigurationError, match=r"SLURM runs 2 tasks per node but LightningLite\(devices=4\)"):
         LightningLite(accelerator="cpu", strategy="ddp", devices=4)
+
+
+def test_a_ray_train_worker_is_recognised_even_inside_a_slurm_allocation(monkeypatch):
+    launched_by(monkeypatch, "slurm", SLURM_NTASKS=1, SLURM_NTASKS_PER_NODE=1, SLURM_NNODES=1)  # Ray's own job
+    launched_by(monkeypatch, "ray-style")
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # a Ray worker has Ray imported
+    lite = LightningLite(accelerator="cpu", strategy="ddp")
+    assert lite._strategy.environment.name == "ray"
+    assert (lite._strategy.num_nodes, lite.world_size, lite.global_rank, lite.node_rank) == (3, 6, 3, 1)
+    with pytest.raises(ConfigurationError, match=r"^Ray Train started 2 worker\(s\) on this node and 6 in total"):
+        LightningLite(accelerator="cpu", strategy="ddp", devices=1)

@@ -1,0 +1,64 @@
+"""A Lite script's `run()` inside a Ray Train `TorchTrainer` on a local Ray cluster of 2 CPUs: Lite
+launches nothing, takes Ray's process counts, reuses the process group Ray created, and ends equal
+to the one-process run; Ray's own restart (`FailureConfig(max_failures=1)`) resumes from the
+user's checkpoint. One cluster serves the module (starting Ray costs seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="needs lite-core[ray]: these tests run in the test-ray environment")
+from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from ray.train.torch import TorchTrainer  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+SCRIPTS = Path(__file__).parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import ray_job  # noqa: E402
+from elastic_job import reference_weights  # noqa: E402
+
+sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    env_vars = {"PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+                "LITE_COLLECTIVE_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env_vars})
+    yield
+    ray.shutdown()
+
+
+def fit(out_dir: Path, how: str, max_failures: int = 0) -> None:
+    trainer = TorchTrainer(ray_job.train, train_loop_config={"out_dir": str(out_dir), "how": how},
+                           scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                           run_config=RunConfig(storage_path=str(out_dir / "ray"), name="lite",
+                                                failure_config=FailureConfig(max_failures=max_failures)))
+    trainer.fit()
+
+
+def assert_equal_to_the_one_process_run(out_dir: Path) -> None:
+    expected = reference_weights()
+    for rank in (0, 1):
+        record = json.loads((out_dir / f"rank{rank}.json").read_text())
+        assert (record["world"], record["environment"]) == (2, "ray")
+        for got, want in zip(record["weight"], expected):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+
+
+def test_two_ray_workers_equal_the_one_process_run(local_cluster, tmp_path):
+    fit(tmp_path, "steady")
+    assert_equal_to_the_one_process_run(tmp_path)
+
+
+def test_rays_restart_resumes_from_the_users_checkpoint(local_cluster, tmp_path):
+    fit(tmp_path, "die-once", max_failures=1)
+    assert (tmp_path / "died").exists()  # worker 1 did die once
+    assert_equal_to_the_one_process_run(tmp_path)
