@@ -67,16 +67,22 @@ class ShardedSampler(Sampler[int]):
             self.sampler.set_epoch(epoch)
 
 
-def distribute(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
-    """A copy of `dataloader` that loads only this rank's shard, with its other settings kept."""
-    if isinstance(dataloader.dataset, IterableDataset):
-        return dataloader  # the dataset decides what each rank reads
+def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler | None:
+    """The dataloader's batch sampler (None with `batch_size=None`); a custom one Lite cannot shard is refused."""
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
         raise MisuseError(
             f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
             " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
         )
+    return batch_sampler
+
+
+def distribute(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """A copy of `dataloader` that loads only this rank's shard, with its other settings kept."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        return dataloader  # the dataset decides what each rank reads
+    batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is not None and dataloader.batch_size is None:  # `batch_sampler=BatchSampler(...)`
         sampler = _sharded(dataloader, batch_sampler.sampler, batch_sampler.drop_last, num_replicas, rank, seed)
         if sampler is None:
@@ -177,12 +183,7 @@ def distribute_for_evaluation(dataloader: DataLoader, num_replicas: int, rank: i
     """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`)."""
     if isinstance(dataloader.dataset, IterableDataset):
         return dataloader  # the dataset decides what each rank reads
-    batch_sampler = dataloader.batch_sampler
-    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
-        raise MisuseError(
-            f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
-            " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
-        )
+    batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is None:  # batch_size=None: every sample is a batch of its own
         sampler, size, drop_last = dataloader.sampler, 1, False
     else:
