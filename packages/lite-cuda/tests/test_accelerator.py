@@ -84,10 +84,17 @@ def test_the_real_runtime_of_a_cpu_only_torch_reports_no_gpu(monkeypatch: pytest
 
 # --- processes: NCCL, the device of each rank ----------------------------------------------------------
 
+def _no_store_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's store in this process's memory: no rank 0 serves MASTER_PORT here, and a client
+    of a real TCPStore would wait for it (Lite builds the group on a per-attempt store)."""
+    monkeypatch.setattr(dist, "TCPStore", lambda *args, **kwargs: dist.HashStore())
+
+
 def test_several_gpus_run_ddp_over_nccl(fake_gpus: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = fake_gpus(4)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
+    _no_store_server(monkeypatch)
     monkeypatch.setenv("LOCAL_RANK", "1")  # as if started by Lite's launcher for rank 1
     monkeypatch.setenv("MASTER_PORT", "29555")
 
@@ -105,6 +112,7 @@ def test_the_process_group_backend_can_still_be_overridden(fake_gpus: Any, monke
     fake_gpus(2)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
+    _no_store_server(monkeypatch)
     monkeypatch.setenv("MASTER_PORT", "29556")
     lite = LightningLite(accelerator="cuda", strategy=DDPStrategy(process_group_backend="gloo"), devices=2)
     lite.strategy.setup_environment()
