@@ -1,5 +1,7 @@
 """Worker: `save`/`load` of a 200 MB state, Lite vs plain torch, and the training stall of a
-background save, interleaved in one process.
+background save, interleaved in one process. Before each timed repetition the page cache's
+dirty pages are written out (`os.sync()`, not timed), so that no arm is slowed by the disk
+write an earlier arm left behind.
 
     python _checkpoint_worker.py --reps N --out FILE
 
@@ -88,6 +90,7 @@ def main() -> None:
         for rep in range(args.reps):
             shift = rep % len(order)
             for arm in order[shift:] + order[:shift]:
+                os.sync()  # no arm pays for the disk write another arm left in the page cache
                 results[name][arm].append(timed(arms[arm]))
                 lite.wait_for_checkpoint()
     megabytes = os.path.getsize(paths["lite"]) / 1e6

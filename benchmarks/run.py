@@ -93,7 +93,7 @@ FULL = Config(
     tp=StepPlan(("mlp512tp",), reps=(16,), steps=(20,), warmup=(10,)),
     import_reps=12, importtime_reps=4, launch_reps=6, launch_steps=10, memory_reps=4, memory_steps=5,
     memory_default_allocator=True,
-    engine=StepPlan(("tiny", "mlp1024"), reps=(16, 8), steps=(60, 4), warmup=(20, 2)), checkpoint_reps=7,
+    engine=StepPlan(("tiny", "mlp1024"), reps=(16, 8), steps=(60, 4), warmup=(20, 2)), checkpoint_reps=15,
     monitor=StepPlan(("tiny",), reps=(40,), steps=(500,), warmup=(300,)),
     step_timeout_s=420, child_timeout_s=120,
 )
