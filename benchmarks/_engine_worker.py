@@ -12,7 +12,9 @@ ranks then build, from the same weights:
 * `lite`    - the model and optimizer set up by Lite, stepped with `lite.backward` / `optimizer.step`.
 * `control` - (with `--control`) a second hand-written arm: the A/A noise floor.
 
-All arms share the one process group; rank 0 times its steps and writes the JSON.
+All arms share the one process group; rank 0 times its steps and writes the JSON. Then both ranks
+count the function calls of 10 steps of `plain` and of `lite` (`sys.setprofile`): unlike the step
+time on two busy cores, that difference does not move with the machine's load.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from _common import MODELS, Arm, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
+from _common import MODELS, Arm, count_calls, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -106,9 +108,13 @@ def main() -> None:
         arms = build_arms(lite, args.kind, name, args.control)
         batches = MODELS[name].batches(seed=1 + lite.global_rank)
         run_interleaved(arms, batches, warmup=warmup, reps=rep_count, steps=step_count, before_block=dist.barrier)
+        calls = {arm.name: count_calls(arm, batches) for arm in arms[:2]}  # every rank steps: collectives
+        extra = calls["lite"][1] - calls["plain"][1]
         result["models"][name] = {
             "description": MODELS[name].description, "reps": rep_count, "steps_per_block": step_count,
             "block_medians_ns": {arm.name: arm.block_medians_ns for arm in arms},
+            "calls_per_step": {arm_name: per_step for arm_name, (per_step, _) in calls.items()},
+            "extra_lite_calls_per_step": {k: v / 10 for k, v in extra.most_common()},
         }
     if lite.is_global_zero:
         write_json(args.out, result)

@@ -93,7 +93,7 @@ FULL = Config(
     tp=StepPlan(("mlp512tp",), reps=(16,), steps=(20,), warmup=(10,)),
     import_reps=12, importtime_reps=4, launch_reps=6, launch_steps=10, memory_reps=4, memory_steps=5,
     memory_default_allocator=True,
-    engine=StepPlan(("tiny", "mlp1024"), reps=(16, 8), steps=(60, 4), warmup=(20, 2)), checkpoint_reps=15,
+    engine=StepPlan(("tiny", "mlp1024"), reps=(40, 12), steps=(60, 4), warmup=(20, 2)), checkpoint_reps=15,
     monitor=StepPlan(("tiny",), reps=(40,), steps=(500,), warmup=(300,)),
     step_timeout_s=420, child_timeout_s=120,
 )
@@ -271,20 +271,22 @@ def bench_compile(ctx: Context) -> list[Row]:
     return step_rows(result, "compile", f"Compiled step (torch.compile, inductor), 1 proc, {result['threads']} thread(s)")
 
 
-def call_rows(ctx: Context, result: dict[str, Any]) -> list[Row]:
-    """Deterministic rows: function calls per step, plain vs Lite (the wrappers' extra Python work)."""
+def call_rows(ctx: Context, result: dict[str, Any], kind: str = "") -> list[Row]:
+    """Deterministic rows: function calls per step, plain vs Lite (the wrappers' extra Python work);
+    `kind` names the strategy in the rows' keys and labels (none: the single-process rows)."""
     rows = []
+    prefix, where = (f"{kind}-", f"{kind}, rank 0, ") if kind else ("", "")
     for name, data in result["models"].items():
         calls = data.get("calls_per_step")
         if not calls:
             continue
         extra = data["extra_lite_calls_per_step"]
-        rows.append(Row(f"calls:{name}", f"Calls per step (deterministic, sys.setprofile): {name}", "calls",
-                        plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+        rows.append(Row(f"{prefix}calls:{name}", f"Calls per step (deterministic, sys.setprofile): {where}{name}",
+                        "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
                         note=f"{calls['lite'] - calls['plain']:+.0f} calls/step", reps=10))
         if len(rows) == 1:
             listing = ", ".join(f"{fn} x{count:g}" if count != 1 else fn for fn, count in extra.items())
-            ctx.notes.append(f"Extra calls in one Lite step ({name}): {listing}.")
+            ctx.notes.append(f"Extra calls in one Lite step ({where}{name}): {listing}.")
     return rows
 
 
@@ -316,7 +318,8 @@ def _engine_rows(ctx: Context, kind: str, python: str) -> list[Row]:
     run_child(command, ctx.config.step_timeout_s, env)
     label = {"fsdp": "Step, 2-proc fsdp vs hand-written fully_shard"}.get(
         kind, f"Step, 2-proc {kind} vs hand-written DeepSpeed engine loop")
-    return step_rows(json.loads(out.read_text()), kind, f"{label}, rank 0")
+    result = json.loads(out.read_text())
+    return step_rows(result, kind, f"{label}, rank 0") + call_rows(ctx, result, kind)
 
 
 def bench_fsdp(ctx: Context) -> list[Row]:
