@@ -7,7 +7,11 @@
   state dict keys, and its checkpoints load into an uncompiled run and back;
 - a tiny Hugging Face GPT-2 (`GPT2LMHeadModel` from a `GPT2Config`, AdamW, transformers' linear
   warm-up) trains as in plain PyTorch, `generate` gives plain PyTorch's tokens, and Lite's
-  checkpoint loads into a fresh `GPT2LMHeadModel`.
+  checkpoint loads into a fresh `GPT2LMHeadModel`;
+- where every rank holds the whole model, Hugging Face utilities called on rank 0 alone (no tensor
+  in the call: they run on the user's module, outside the strategy's collectives) finish:
+  `num_parameters()` after the first step, and `save_pretrained(folder)`, which
+  `GPT2LMHeadModel.from_pretrained` reads back as the trained model.
 
 Each strategy is one run of `tests/scripts/set_up_model.py` (all three cases; 2 processes).
 DeepSpeed's run is in lite-deepspeed's tests.
@@ -99,3 +103,15 @@ def test_gpt2_checkpoint_loads_into_a_fresh_gpt2(set_up_model_job, plain, strate
     tokens = torch.tensor(plain["tokens"])
     with torch.no_grad():
         assert torch.allclose(fresh(tokens).logits, plain["gpt2"](tokens).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("strategy", "devices"), [job for job in JOBS if job[0] != "fsdp"])
+def test_gpt2_utilities_called_on_rank_zero_alone_finish_and_save_the_trained_model(set_up_model_job, plain,
+                                                                                     strategy, devices):
+    from transformers import GPT2LMHeadModel
+
+    record, out_dir = set_up_model_job(strategy, devices)
+    assert record["gpt2"]["parameters"] == plain["gpt2"].num_parameters()
+    saved = GPT2LMHeadModel.from_pretrained(out_dir / "gpt2-pretrained")
+    checkpoint = torch.load(out_dir / "gpt2.ckpt", weights_only=True)["model"]
+    assert all(torch.equal(value, checkpoint[key]) for key, value in saved.state_dict().items())

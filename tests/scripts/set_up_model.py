@@ -11,7 +11,9 @@ One job runs three cases (one launch per strategy keeps CI short); rank 0 writes
 - `gpt2`: a tiny `GPT2LMHeadModel`, first evaluated untrained with torchmetrics' `Perplexity` over
   11 sequences (an uneven split), then trained with AdamW and `get_linear_schedule_with_warmup`, trained on
   its `ModelOutput.loss`; then `generate` on every rank, and a checkpoint of the model at
-  `OUT_DIR/gpt2.ckpt` for the test to load into a fresh `GPT2LMHeadModel`.
+  `OUT_DIR/gpt2.ckpt` for the test to load into a fresh `GPT2LMHeadModel`. Where every rank holds
+  the whole model, rank 0 alone also calls `model.num_parameters()` after the first step and
+  `model.save_pretrained(OUT_DIR/gpt2-pretrained)` at the end.
 
 Losses are per step, averaged over the ranks. `fsdp` shards each `GPT2Block` as its own unit.
 """
@@ -105,7 +107,7 @@ class SetUpModel(LightningLite):
         evaluation = self.setup_dataloaders(DataLoader(models.gpt2_eval_data(), batch_size=models.EVAL_BATCH))
         perplexity = models.perplexity(model, evaluation, self.device)
         model.train()
-        losses = []
+        losses, alone = [], {}
         for (tokens,) in self._loader(models.gpt2_data()):
             output = model(input_ids=tokens, labels=tokens)
             self.backward(output.loss, model=model)
@@ -113,10 +115,24 @@ class SetUpModel(LightningLite):
             schedule.step()
             optimizer.zero_grad()
             losses.append(self._mean(output.loss))
+            if len(losses) == 1 and self.strategy.name in REPLICATED:
+                # One rank alone, mid-training, then every rank waits for it (the Hugging Face habit).
+                # Had it run as a forward pass, DDP's first forward after the first backward would
+                # rebuild its buckets, a collective that rank 1, in the barrier, never joins.
+                if self.is_global_zero:
+                    alone["parameters"] = model.num_parameters()
+                self.barrier()
         model.eval()
         tokens = models.generate(model)
+        if self.is_global_zero and self.strategy.name in REPLICATED:
+            model.save_pretrained(out / "gpt2-pretrained")  # the Hugging Face habit: one rank writes
         self.save({"model": model}, out / "gpt2.ckpt")
-        return {"losses": losses, "tokens": self.all_gather(torch.tensor(tokens)).tolist(), "perplexity": perplexity}
+        return {"losses": losses, "tokens": self.all_gather(torch.tensor(tokens)).tolist(), "perplexity": perplexity,
+                **alone}
+
+
+#: Strategies whose every rank holds the whole model: there rank 0 alone may `save_pretrained`.
+REPLICATED = ("single_device", "ddp", "ddp_spawn")
 
 
 def strategy_for(name: str) -> Any:

@@ -44,6 +44,14 @@ class Net(nn.Module):
     def training_step(self, x: torch.Tensor) -> torch.Tensor:
         return self(x).pow(2).mean() * self.scale
 
+    def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Takes its tensors in a mapping, as from a tokenizer's `BatchEncoding`."""
+        return self(batch["x"])
+
+    def write(self, folder: str) -> str:
+        """A utility that computes nothing from an input, as `save_pretrained(folder)`."""
+        return folder
+
     @property
     def width(self) -> int:
         return self.settings.width
@@ -111,6 +119,20 @@ def test_a_method_runs_as_one_forward_pass_of_the_strategys_wrapper() -> None:
     wrapper = model._forward_module
     assert [len(args) for args in wrapper.calls] == [1, 1]  # once per method call, whatever it calls inside
     assert "forward" not in vars(plain)  # the user's forward is its own again afterwards
+
+
+def test_a_method_called_with_tensors_runs_through_the_wrapper_and_one_without_runs_on_the_module() -> None:
+    """`save_pretrained(folder)` on one rank must not enter the strategy's forward (its collectives
+    would wait for the other ranks): a call without a tensor among its arguments runs on the module."""
+    plain = _net()
+    model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain)
+    wrapper = model._forward_module
+    x = torch.randn(3, 4)
+    assert torch.equal(model.encode({"x": x}), plain(x))
+    assert model.generate([x][0], steps=1).shape == (3, 4)
+    assert len(wrapper.calls) == 2  # tensors in a mapping count too
+    assert model.write("folder") == "folder"
+    assert len(wrapper.calls) == 2
 
 
 def test_a_wrapper_that_never_calls_the_module_is_an_error_not_a_wrong_result() -> None:

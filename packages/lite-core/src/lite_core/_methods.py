@@ -5,15 +5,22 @@
 unsharding, DeepSpeed's engine). A strategy's wrapper runs its own work around one call of the
 user's module (`DistributedDataParallel.forward` calls `self.module(...)`); making that one call
 run the method instead routes the method through the wrapper, whatever the wrapper is.
+
+A method called without a tensor among its arguments (`save_pretrained(folder)`,
+`num_parameters()`, `resize_token_embeddings(n)`) computes nothing from an input: it runs on the
+user's module as it is, so one rank alone may call it (under `if self.is_global_zero:`) without
+waiting in the strategy's collectives (DDP's buffer broadcast and bucket rebuild, FSDP's
+all-gather) for ranks that never come.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MethodType
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from lite_core.errors import MisuseError
@@ -25,6 +32,22 @@ def is_user_method(module: nn.Module, name: str, value: Any) -> bool:
     """Whether `value`, read as `module.<name>`, is a method of the user's module (its class or a
     mixin such as a `generate`), not one of `nn.Module`'s own (`state_dict`, `to`, `train`, ...)."""
     return isinstance(value, MethodType) and value.__self__ is module and not hasattr(nn.Module, name)
+
+
+def computes_on_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a method call passes a tensor (in a list, tuple or mapping such as a tokenizer's
+    `BatchEncoding`, too): such a call is a forward pass; one without is a utility call."""
+    return _holds_tensor(args) or _holds_tensor(kwargs)
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensor(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(item) for item in value)
+    return False
 
 
 @contextmanager

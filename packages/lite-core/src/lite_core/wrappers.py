@@ -16,7 +16,7 @@ from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
 from lite_core._data import EvaluationPass, EvenBatches
-from lite_core._methods import is_user_method
+from lite_core._methods import computes_on_input, is_user_method
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
 
@@ -34,9 +34,11 @@ _CONTAINER_METHODS = ("__getitem__", "__len__", "__iter__", "__contains__")
 class LiteModule(nn.Module):
     """The user's module as set up by Lite; `forward` applies the precision.
 
-    Every other method of the user's module called on it (`model.generate(...)`,
+    Every other method of the user's module called with a tensor (`model.generate(ids)`,
     `model.training_step(x, y)`) runs the same way: under the precision and as one forward pass
-    through the strategy (`Strategy.call_module_method`). Attributes that are not methods
+    through the strategy (`Strategy.call_module_method`); one called without a tensor
+    (`model.save_pretrained(folder)`) runs on the user's module as it is, so one rank alone may
+    call it. Attributes that are not methods
     (submodules, tensors, config objects) are the user's module's, and `nn.Module`'s own methods
     (`state_dict`, `parameters`, `train`, `to`, ...) keep their meaning.
 
@@ -92,6 +94,8 @@ class LiteModule(nn.Module):
     def _as_forward(self, name: str, method: Any) -> Any:
         @wraps(method)
         def run_as_forward(*args: Any, **kwargs: Any) -> Any:
+            if not computes_on_input(args, kwargs):  # save_pretrained(folder): no forward, no collectives
+                return method(*args, **kwargs)
             return self._run_method(name, args, kwargs)
 
         return run_as_forward
