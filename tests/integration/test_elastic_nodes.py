@@ -1,7 +1,7 @@
 """Two "nodes" on loopback, each its own `lite run` meeting at a c10d rendezvous, like two
 machines running the same command: a plain 2-node job, a worker that dies once on node 2 under
 `--max-restarts 1`, and node 2's launcher killed for good under `--nnodes 1:2`. Each ends with
-the weights of one uninterrupted process (1e-6), because `elastic_nodes_job.py` resumes from its
+the weights of one uninterrupted process (1e-6), because `elastic_job.py` resumes from its
 checkpoint and keeps its global batch at any world size."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -24,22 +23,13 @@ RDZV_CONF = "join_timeout=60,last_call_timeout=1,close_timeout=5"
 
 
 def uninterrupted_weights() -> list[list[float]]:
-    """elastic_nodes_job.py in one plain PyTorch process: batches of 8, in order."""
+    """elastic_job.py in one plain PyTorch process: batches of 8, in order."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     try:
-        from elastic_nodes_job import EPOCHS, GLOBAL_BATCH, data
+        from elastic_job import reference_weights
     finally:
         sys.path.pop(0)
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1).double()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = data().tensors
-    for _ in range(EPOCHS):
-        for start in range(0, len(x), GLOBAL_BATCH):
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(x[start:start + GLOBAL_BATCH]), y[start:start + GLOBAL_BATCH]).backward()
-            optimizer.step()
-    return [p.detach().flatten().tolist() for p in model.parameters()]
+    return reference_weights()
 
 
 def assert_uninterrupted(record: dict) -> None:
@@ -54,7 +44,8 @@ def start_nodes(start_script, port: int, out: Path, how: str, nnodes: str = "2",
         options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
                    "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
                    f"{RDZV_CONF},is_host={1 - node}", "--max-restarts", str(restarts))
-        nodes.append(start_script("elastic_nodes_job.py", out, how, python_args=options))
+        # The script names no accelerator, like the torchrun tests' (tests/integration/elastic).
+        nodes.append(start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu"}, python_args=options))
     return nodes
 
 
@@ -68,12 +59,12 @@ def records(out: Path) -> dict[int, dict]:
 
 
 def test_two_nodes_train_as_one_process(start_script, free_tcp_port, tmp_path):
-    nodes = start_nodes(start_script, free_tcp_port(), tmp_path, "none")
+    nodes = start_nodes(start_script, free_tcp_port(), tmp_path, "steady")
     for node in nodes:
         code, output = finish(node)
         assert code == 0, output
     done = records(tmp_path)
-    assert sorted(done) == [0, 1] and all(r["world_size"] == 2 and r["restart"] == "0" for r in done.values())
+    assert sorted(done) == [0, 1] and all(r["world"] == 2 and r["restart"] == "0" for r in done.values())
     for record in done.values():
         assert_uninterrupted(record)
 
@@ -86,7 +77,7 @@ def test_a_worker_that_dies_on_node_2_restarts_every_worker(start_script, free_t
     assert "lite run: local rank 0 failed with exit code 3; stopping every rank." in outputs[1][1]
     assert (tmp_path / "died").exists()
     done = records(tmp_path)
-    assert sorted(done) == [0, 1] and all(r["world_size"] == 2 for r in done.values())
+    assert sorted(done) == [0, 1] and all(r["world"] == 2 for r in done.values())
     # Node 2 restarted after its failure; node 1 either after its own rank failed or because
     # node 2 came back to the rendezvous (a membership restart, which the agent does not count).
     assert done[1]["restart"] == "1" and done[0]["restart"] in ("0", "1")
@@ -108,5 +99,5 @@ def test_losing_node_2_for_good_goes_on_at_the_smaller_world_size(start_script, 
     assert code == 0, output
     done = records(tmp_path)
     assert sorted(done) == [0], output  # node 2's rank never finished
-    assert done[0]["world_size"] == 1 and done[0]["restart"] == "1"
+    assert done[0]["world"] == 1 and done[0]["restart"] == "1"
     assert_uninterrupted(done[0])

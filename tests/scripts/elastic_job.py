@@ -1,14 +1,20 @@
 """A job for launchers that restart it at any world size: it names no process counts, checkpoints
 after every epoch, resumes at the top of `run()`, and sizes its per-rank batch from
-`self.world_size` so the global batch stays `GLOBAL_BATCH` however many processes run it.
+`self.world_size` so the global batch stays `GLOBAL_BATCH` however many processes run it; so it
+ends with the weights of `reference_weights()` whether it ran uninterrupted, restarted, or lost a
+node and went on alone.
 
     torchrun ... elastic_job.py OUT_DIR HOW [SECONDS_PER_STEP]
+    lite run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT elastic_job.py OUT_DIR HOW
 
-HOW: `die-once`: global rank 1 `os._exit(3)`s in the middle of the second epoch on the first
-attempt only (OUT_DIR/died marks that it did); in the next attempt rank 1 starts a second after
-rank 0, so that a group built on the previous attempt's keys finds rank 1's dead address there.
-`steady`: nobody dies (the test may kill a node). Every rank prints `epoch E world W` after each
-epoch (rank 0 also appends it to OUT_DIR/progress.txt) and the rank that finishes writes OUT_DIR/rank{r}.json with its final weights and world size.
+HOW says what global rank 1 does in the middle of the second epoch: `steady` (nothing; the test
+may kill a node), `die-once` (`os._exit(3)` on the first attempt only; OUT_DIR/died marks that it
+did; in the next attempt rank 1 starts a second after rank 0, so that a group built on the
+previous attempt's keys finds rank 1's dead address there), or `wait-to-be-killed` (writes its pid
+to OUT_DIR/waiting and sleeps until its node is killed). Every rank prints `epoch E world W` after
+each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and each rank that finishes writes
+OUT_DIR/rank{r}.json with its final weights, the world size, the environment's name and the
+restart it finished in (`LITE_RESTART_COUNT`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,16 @@ def reference_weights(epochs: int = EPOCHS) -> list[list[float]]:
     return [p.detach().flatten().tolist() for p in model.parameters()]
 
 
+def act(out_dir: Path, how: str) -> None:
+    """What global rank 1 does in the middle of the second epoch (see HOW above)."""
+    if how == "die-once" and not (out_dir / "died").exists():
+        (out_dir / "died").touch()
+        os._exit(3)
+    if how == "wait-to-be-killed":
+        (out_dir / "waiting").write_text(str(os.getpid()))
+        time.sleep(600)
+
+
 class Elastic(LightningLite):
     def run(self, out_dir: str, how: str, seconds_per_step: float) -> None:
         torch.manual_seed(0)
@@ -62,10 +78,8 @@ class Elastic(LightningLite):
         self.load(checkpoint, state, missing_ok=True)
         for epoch in range(state["epoch"], EPOCHS):
             for step, (x, y) in enumerate(loader):
-                if how == "die-once" and epoch == 1 and step == 1 and self.global_rank == 1:
-                    if not Path(out_dir, "died").exists():
-                        Path(out_dir, "died").touch()
-                        os._exit(3)
+                if epoch == 1 and step == 1 and self.global_rank == 1:
+                    act(Path(out_dir), how)
                 optimizer.zero_grad()
                 self.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()
@@ -77,7 +91,7 @@ class Elastic(LightningLite):
             state["epoch"] = epoch + 1
             self.save(state, checkpoint)
         record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
-                  "environment": self._strategy.environment.name}
+                  "environment": self._strategy.environment.name, "restart": os.environ.get("LITE_RESTART_COUNT")}
         Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 

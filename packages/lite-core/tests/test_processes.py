@@ -26,21 +26,42 @@ def test_describe_exit(code: int, text: str) -> None:
 def test_the_rank_that_noted_its_failure_first_is_blamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAILURE_DIR_VARIABLE, str(tmp_path))
     record_failure(1)  # raised first
+    time.sleep(0.01)
     record_failure(0)  # failed a moment later, because rank 1 left its collective
-    assert rank_to_blame(str(tmp_path), exited=0) == 1
-    assert rank_to_blame(str(tmp_path), exited=1) == 1
+    assert rank_to_blame(str(tmp_path), failed=[0]) == (1, 0)  # rank 1 has not ended yet: rank 0's exit is reported
+    assert rank_to_blame(str(tmp_path), failed=[1]) == (1, 1)
+    assert rank_to_blame(str(tmp_path), failed=[0, 1]) == (1, 1)
 
 
 def test_a_rank_that_died_without_a_note_is_blamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAILURE_DIR_VARIABLE, str(tmp_path))
     record_failure(0)  # rank 0's collective failed because rank 1 called os._exit
-    assert rank_to_blame(str(tmp_path), exited=1) == 1
+    assert rank_to_blame(str(tmp_path), failed=[1]) == (1, 1)
+    assert rank_to_blame(str(tmp_path), failed=[0, 1]) == (1, 1)
+
+
+def _note(folder: Path, when: dict[int, float]) -> None:
+    """Failure notes as `record_failure` writes them, at the given times."""
+    for rank, seconds in when.items():
+        (folder / f"rank{rank}").write_text(repr(seconds))
+
+
+@pytest.mark.parametrize(("noted", "failed", "blamed"), [
+    ({0: 1.0, 2: 2.0}, [0, 1, 2, 3], (1, 1)),  # the lowest rank that died without a note, however early the notes
+    ({0: 3.0, 1: 1.0, 2: 2.0}, [2, 0, 1], (1, 1)),  # every failed rank noted: the earliest note
+    ({0: 3.0, 1: 1.0, 2: 2.0}, [0, 2], (1, 2)),  # rank 1 noted first but has not ended: the earliest of the failed
+    ({1: 1.0}, [3, 2], (2, 2)),  # a note of a rank that did not fail does not hide an abrupt death
+])
+def test_the_rank_to_blame_among_several_failed(tmp_path: Path, noted: dict[int, float], failed: list[int],
+                                                 blamed: tuple[int, int]) -> None:
+    _note(tmp_path, noted)
+    assert rank_to_blame(str(tmp_path), failed) == blamed
 
 
 def test_without_the_variable_nothing_is_noted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAILURE_DIR_VARIABLE, raising=False)
     record_failure(0)
-    assert rank_to_blame(str(tmp_path), exited=0) == 0
+    assert rank_to_blame(str(tmp_path), failed=[0]) == (0, 0)
     assert list(tmp_path.iterdir()) == []
 
 

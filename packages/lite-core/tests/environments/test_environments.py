@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,29 @@ def test_bad_integer_is_configuration_error(monkeypatch: pytest.MonkeyPatch) -> 
     set_torchrun(monkeypatch, RANK="zero")
     with pytest.raises(ConfigurationError, match=r"RANK='zero' is not an integer"):
         TorchElasticEnvironment().global_rank()
+
+
+# --- Ray Train --------------------------------------------------------------------------------
+
+def test_ray_train_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_env(monkeypatch, RANK=5, WORLD_SIZE=8, LOCAL_RANK=1, LOCAL_WORLD_SIZE=4, NODE_RANK=1, MASTER_ADDR="10.0.0.1",
+            MASTER_PORT=29400)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    assert not RayTrainEnvironment.detect()  # torch's variables alone do not make a Ray worker
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))
+    assert RayTrainEnvironment.detect()
+    env = RayTrainEnvironment()
+    assert env.creates_processes_externally
+    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (5, 1, 1, 8)
+    assert (env.main_address, env.main_port, env.process_counts()) == ("10.0.0.1", 29400, (4, 2))
+
+
+@pytest.mark.parametrize(("environment", "launcher"), [(TorchElasticEnvironment, "torchrun"),
+                                                       (RayTrainEnvironment, "Ray Train")])
+def test_a_missing_variable_names_its_launcher(environment: type[ClusterEnvironment], launcher: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"^WORLD_SIZE is not set although the job looks like it runs"
+                                                 f" under {launcher}: start the script through {launcher}"):
+        environment().world_size()
 
 
 # --- SLURM ------------------------------------------------------------------------------------

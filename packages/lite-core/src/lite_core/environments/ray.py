@@ -6,15 +6,14 @@ import os
 import sys
 
 from lite_core.environments._envvars import counts_of, env_int
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._torch_variables import TorchVariablesEnvironment
 from lite_core.errors import ConfigurationError
 
-_LAUNCHER = "Ray Train"
 #: What Ray Train's torch backend exports to each worker (`ray/train/torch/config.py`).
 _VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 
 
-class RayTrainEnvironment(ClusterEnvironment):
+class RayTrainEnvironment(TorchVariablesEnvironment):
     """Reads what Ray Train exports to each worker of a `TorchTrainer`.
 
     Ray sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK` and `MASTER_ADDR`
@@ -24,37 +23,21 @@ class RayTrainEnvironment(ClusterEnvironment):
     """
 
     name = "ray"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
+    _launcher = "Ray Train"
 
     @property
     def main_address(self) -> str:
         return os.environ.get("MASTER_ADDR", "127.0.0.1")
 
-    @property
-    def main_port(self) -> int:
-        return env_int("MASTER_PORT", _LAUNCHER)
-
     @staticmethod
     def detect() -> bool:
         return "ray" in sys.modules and all(name in os.environ for name in _VARIABLES)
 
-    def world_size(self) -> int:
-        return env_int("WORLD_SIZE", _LAUNCHER)
-
-    def global_rank(self) -> int:
-        return env_int("RANK", _LAUNCHER)
-
-    def local_rank(self) -> int:
-        return env_int("LOCAL_RANK", _LAUNCHER)
-
     def node_rank(self) -> int:
-        return env_int("NODE_RANK", _LAUNCHER)
+        return env_int("NODE_RANK", self._launcher)
 
     def process_counts(self) -> tuple[int, int] | None:
-        return counts_of(env_int("LOCAL_WORLD_SIZE", _LAUNCHER), self.world_size())
+        return counts_of(env_int("LOCAL_WORLD_SIZE", self._launcher), self.world_size())
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check Ray's worker counts against `devices` and `num_nodes`.
@@ -62,7 +45,7 @@ class RayTrainEnvironment(ClusterEnvironment):
         Raises:
             ConfigurationError: The workers per node or in total disagree.
         """
-        per_node, world = env_int("LOCAL_WORLD_SIZE", _LAUNCHER), self.world_size()
+        per_node, world = env_int("LOCAL_WORLD_SIZE", self._launcher), self.world_size()
         if per_node != num_devices or world != num_devices * num_nodes:
             raise ConfigurationError(
                 f"Ray Train started {per_node} worker(s) on this node and {world} in total but"

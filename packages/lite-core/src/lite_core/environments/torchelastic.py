@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 
 from lite_core.environments._envvars import counts_of, env_int, int_or_none
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._torch_variables import TorchVariablesEnvironment
 from lite_core.errors import ConfigurationError
 
-_LAUNCHER = "torchrun"
 
-
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(TorchVariablesEnvironment):
     """Reads what `torchrun` exports to each worker process.
 
     torchrun sets `TORCHELASTIC_RUN_ID`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
@@ -19,10 +17,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
     """
 
     name = "torchelastic"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
+    _launcher = "torchrun"
 
     @property
     def main_address(self) -> str:
@@ -33,26 +28,13 @@ class TorchElasticEnvironment(ClusterEnvironment):
             )
         return os.environ["MASTER_ADDR"]
 
-    @property
-    def main_port(self) -> int:
-        return env_int("MASTER_PORT", _LAUNCHER)
-
     @staticmethod
     def detect() -> bool:
         required = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
         return all(name in os.environ for name in required)
 
-    def world_size(self) -> int:
-        return env_int("WORLD_SIZE", _LAUNCHER)
-
-    def global_rank(self) -> int:
-        return env_int("RANK", _LAUNCHER)
-
-    def local_rank(self) -> int:
-        return env_int("LOCAL_RANK", _LAUNCHER)
-
     def node_rank(self) -> int:
-        return env_int("GROUP_RANK", _LAUNCHER, default=0)
+        return env_int("GROUP_RANK", self._launcher, default=0)
 
     def process_counts(self) -> tuple[int, int] | None:
         per_node = int_or_none("LOCAL_WORLD_SIZE")
@@ -65,7 +47,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
             ConfigurationError: The processes per node or the world size disagree.
         """
         if "LOCAL_WORLD_SIZE" in os.environ:
-            per_node = env_int("LOCAL_WORLD_SIZE", _LAUNCHER)
+            per_node = env_int("LOCAL_WORLD_SIZE", self._launcher)
             if per_node != num_devices:
                 raise ConfigurationError(
                     f"torchrun started {per_node} processes per node but "

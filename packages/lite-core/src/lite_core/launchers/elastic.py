@@ -19,7 +19,7 @@ from typing import Any
 
 from lite_core.errors import ConfigurationError
 from lite_core.launchers.rank import LAUNCHER_PID_VARIABLE
-from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, exit_code, failure_notes
+from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, exit_code, rank_to_blame
 
 #: torch's loggers that report what Lite's own lines already say (each failure and restart, the
 #: signals sent to the ranks). `LOGLEVEL=INFO` (torch's variable) shows them again.
@@ -107,11 +107,7 @@ class _Reporter:
         by_local = {failure.local_rank: failure for failure in failures.values()}
         # The agent stops the other ranks with SIGTERM before it reports: those did not fail.
         failed = [r for r, f in by_local.items() if f.exitcode != -signal.SIGTERM] or list(by_local)
-        noted = failure_notes(folder)
-        # A rank that died without noting a failure (os._exit, a signal) is the cause; else the one that noted first.
-        abrupt = sorted(rank for rank in failed if rank not in noted)
-        first = abrupt[0] if abrupt else min(noted, key=lambda rank: noted[rank])
-        exited = first if first in failed else min(failed, key=lambda rank: noted[rank])
+        first, exited = rank_to_blame(folder, failed)
         code = by_local[exited].exitcode
         self.code = exit_code(code)
         where = self._log_folder(first, stderrs)

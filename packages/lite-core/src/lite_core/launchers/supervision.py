@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -68,13 +69,19 @@ def failure_notes(folder: str) -> dict[int, float]:
     return noted
 
 
-def rank_to_blame(folder: str, exited: int) -> int:
-    """The local rank to blame when `exited` ended with an error: `exited` itself if it noted no
-    failure (it died abruptly: `os._exit`, a signal), else the rank that noted one first."""
+def rank_to_blame(folder: str, failed: Collection[int]) -> tuple[int, int]:
+    """`(first, exited)` among the local ranks `failed` (not empty) that ended with an error.
+
+    `first` is the rank that failed first: the lowest of `failed` that noted no failure in
+    `folder` (it died abruptly: `os._exit`, a signal), else the rank that noted one first, which
+    may have ended well or not yet. `exited` is the rank of `failed` whose exit code to report:
+    `first` if it is among them, else the one of them that noted its failure first.
+    """
     noted = failure_notes(folder)
-    if exited not in noted:
-        return exited
-    return min(noted, key=lambda rank: noted[rank])
+    abrupt = sorted(rank for rank in failed if rank not in noted)
+    first = abrupt[0] if abrupt else min(noted, key=lambda rank: noted[rank])
+    exited = first if first in failed else min(failed, key=lambda rank: noted[rank])
+    return first, exited
 
 
 def describe_exit(code: int) -> str:
