@@ -6,7 +6,8 @@ Rank 0 writes `OUT_DIR/training.pt`: the data, the initial weights, the final fu
 training with gradient clipping and of training with `no_backward_sync` accumulation, and the
 clipping norms. Under `fsdp` it also builds a model with `init_module(empty_init=True)` and
 records where its parameters lived and its full weights after setup, and the buffers that a
-module built that way wrote in `__init__`; each rank writes `OUT_DIR/user_collectives_rank{r}.json`
+module built that way wrote in `__init__`, and what loading an optimizer without state
+restored (`stateless_round_trips`); each rank writes `OUT_DIR/user_collectives_rank{r}.json`
 with what the collectives of `_user_collectives.py` returned.
 """
 
@@ -54,6 +55,7 @@ class Train(LightningLite):
         results.update(self.train(accumulate=True))
         if self.strategy.name == "fsdp":
             results.update(self.empty_init())
+            results.update(self.stateless_optimizer_round_trips(out_dir))
             seen = _user_collectives.record(self)
             Path(out_dir, f"user_collectives_rank{self.global_rank}.json").write_text(json.dumps(seen))
         else:
@@ -128,6 +130,33 @@ class Train(LightningLite):
         optimizer.step()
         resumed = full_weights(model)
         return {"round_trip_equal": all(torch.equal(expected[k], resumed[k]) for k in expected)}
+
+    def stateless_optimizer_round_trips(self, out_dir: str) -> dict:
+        """Save SGD without momentum (no per-parameter state), stepped and before its first step,
+        in both formats; load into a fresh model with other weights and an optimizer with another lr."""
+        found = {}
+        for kind in ("full", "sharded"):
+            for stepped in (True, False):
+                model, optimizer, _ = self.fresh()
+                if stepped:
+                    x, y = make_data()
+                    self.backward(nn.functional.mse_loss(model(x[:4]), y[:4]))
+                    optimizer.step()
+                optimizer.param_groups[0]["lr"] = 0.05
+                saved = full_weights(model)
+                path = Path(out_dir, f"sgd_{kind}_{'stepped' if stepped else 'unstepped'}")
+                self.strategy.state_dict_type = kind
+                self.save({"model": model, "optimizer": optimizer}, path)
+                model, optimizer, _ = self.fresh()
+                with torch.no_grad():
+                    for parameter in model.parameters():
+                        parameter.add_(1.0)
+                self.load(path, {"model": model, "optimizer": optimizer})
+                loaded = full_weights(model)
+                found[path.name] = {"lr": optimizer.param_groups[0]["lr"], "state": len(optimizer.state),
+                                    "weights_equal": all(torch.equal(saved[k], loaded[k]) for k in saved)}
+        self.strategy.state_dict_type = "sharded"
+        return {"stateless_round_trips": found}
 
     def empty_init(self) -> dict:
         torch.manual_seed(7)

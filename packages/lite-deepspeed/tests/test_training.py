@@ -172,13 +172,21 @@ def one_process_resumes(job, run_script, output_of):
     script = SCRIPT.with_name("resume_other_world.py")
     proc = run_script(command=[sys.executable, str(script), str(job["out"] / "ckpt_deepspeed_stage_2")], timeout=120)
     assert proc.returncode == 0, output_of(proc)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    *_, losses, environment = proc.stdout.strip().splitlines()
+    return {**json.loads(losses), "environment": json.loads(environment)}
 
 
 @pytest.mark.parametrize("stage", ["deepspeed_stage_2", "deepspeed_stage_3"])
 def test_checkpoint_resumes_with_another_number_of_processes_and_stage(job, one_process_resumes, stage):
     expected = job["runs"]["deepspeed_stage_2"]["losses"][6:]
     assert max(abs(a - b) for a, b in zip(one_process_resumes[stage], expected, strict=True)) < 1e-5
+
+
+def test_launcher_variables_deepspeed_reads_are_removed_again_at_teardown(one_process_resumes):
+    # The script starts without them (a plain one-process run); DeepSpeed reads them all run long.
+    environment = one_process_resumes["environment"]
+    assert environment["during"] == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    assert environment["after_teardown"] == {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None}
 
 
 def test_zero3_bf16_checkpoint_resumes_on_cpu_to_the_same_losses(job):

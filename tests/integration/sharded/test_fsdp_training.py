@@ -54,6 +54,15 @@ def test_empty_init_builds_on_meta_and_equals_a_normal_build(fsdp_job, reference
     assert torch.equal(fsdp_job["empty_buffers"]["scale"], torch.full((4,), 3.0))
 
 
+def test_an_optimizer_without_state_round_trips_through_full_and_sharded_checkpoints(fsdp_job):
+    # SGD without momentum keeps no per-parameter state, stepped or not: torch's full-state load
+    # found no tensor to take the device of the shards from and failed.
+    found = fsdp_job["stateless_round_trips"]
+    assert set(found) == {f"sgd_{kind}_{when}" for kind in ("full", "sharded") for when in ("stepped", "unstepped")}
+    for name, loaded in found.items():
+        assert loaded == {"lr": 0.05, "state": 0, "weights_equal": True}, name
+
+
 def test_fsdp_misuse_bf16_mixed_cpu_offload_setup_with_optimizer_and_position_keyed_loading(run_script, output_of):
     proc = run_script("fsdp_single_process.py")
     assert proc.returncode == 0, output_of(proc)

@@ -70,6 +70,8 @@ class DeepSpeedStrategy(DDPStrategy):
         self._guard = BackwardGuard()
         self._engines: list[Any] = []
         self._micro_batch_size: int | None = None
+        #: What `setup_environment` replaced in `os.environ` (None: absent), put back at teardown.
+        self._environ_before: dict[str, str | None] = {}
 
     @property
     def config(self) -> dict[str, Any]:
@@ -102,11 +104,22 @@ class DeepSpeedStrategy(DDPStrategy):
         super().setup_environment()
         import deepspeed
 
-        os.environ.update(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size),
-                          LOCAL_RANK=str(self.local_rank))
+        # DeepSpeed reads these for as long as its engines run, not only in `init_distributed`:
+        # LOCAL_RANK in `initialize` and `zero.Init`, in ZeRO-3's cross-rank checks during steps
+        # and as its CPU accelerator's current device; RANK in its communication's logging. So
+        # they stay set until teardown, which puts back what was there before (or their absence).
+        self._environ_before = _export_environ(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size),
+                                               LOCAL_RANK=str(self.local_rank))
         assert self.accelerator is not None
         deepspeed.init_distributed(dist_backend=self._backend or self.accelerator.distributed_backend,
                                    dist_init_required=False, timeout=self.timeout, verbose=False)
+
+    def teardown(self, failed: bool = False) -> None:
+        try:
+            super().teardown(failed)
+        finally:
+            before, self._environ_before = self._environ_before, {}
+            _restore_environ(before)
 
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
         if self.stage == 3:
@@ -341,15 +354,26 @@ def _local_rank_env(index: int | None) -> Iterator[None]:
     if index is None:
         yield
         return
-    saved = os.environ.get("LOCAL_RANK")
-    os.environ["LOCAL_RANK"] = str(index)
+    before = _export_environ(LOCAL_RANK=str(index))
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("LOCAL_RANK", None)
+        _restore_environ(before)
+
+
+def _export_environ(**values: str) -> dict[str, str | None]:
+    """Set `values` in `os.environ`; return what they replaced (None where a name was absent)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    return before
+
+
+def _restore_environ(before: dict[str, str | None]) -> None:
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
         else:
-            os.environ["LOCAL_RANK"] = saved
+            os.environ[name] = value
 
 
 def _configure_activation_checkpointing(config: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
@@ -69,11 +69,24 @@ def _load_into(strategy: FSDPStrategy, obj: Any, value: Any, full: bool, strict:
         module = strategy.module_of(obj)
         if not is_keyed_by_name(value):  # a plain `Optimizer.state_dict()` saved by another strategy
             value = positions_to_names(value, obj, module)
+        full = full and _has_tensors_to_shard(value)
         set_optimizer_state_dict(module, obj, value, options=_options(full))
         if not value.get("state"):  # saved before the first step: torch's own zero step must not count
             obj.state.clear()
     else:
         set_model_state_dict(obj, value, options=_options(full, strict))
+
+
+def _has_tensors_to_shard(optimizer_state: dict[str, Any]) -> bool:
+    """Whether a full optimizer state holds per-parameter tensors (not just scalars) to cut into shards.
+
+    Torch's full load takes the device of the shards from such tensors in the live optimizer's
+    state and fails ("Expected device to be set") where it has none: SGD without momentum, stepped
+    or not. Where the saved state has none (that optimizer, or any saved before its first step)
+    there is nothing to shard: the param groups (and any scalars) load as they are on every rank.
+    """
+    return any(isinstance(value, Tensor) and value.dim() > 0
+               for per_parameter in optimizer_state.get("state", {}).values() for value in per_parameter.values())
 
 
 def _extra(strategy: FSDPStrategy, plain: dict[str, Any]) -> dict[str, Any]:
