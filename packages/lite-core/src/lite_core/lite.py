@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from lite_core import _arguments, _data, _defaults, _seed
 from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
+from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
 from lite_core.checkpoint._background import BackgroundSaves
@@ -88,7 +89,7 @@ class LightningLite:
         self._callbacks = _arguments.as_list(callbacks)
         self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         self._models: list[LiteModule] = []
-        self._evaluation_passes: weakref.WeakSet[_data.EvaluationPass] = weakref.WeakSet()
+        self._evaluations = EvaluationPasses(self._models)
         self._inside_run = False
         self._background_saves = BackgroundSaves()
         self._profiler: Any = None
@@ -104,13 +105,13 @@ class LightningLite:
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[], _evaluation_passes=None, _profiler=None)
+        state.update(_set_up=None, _models=[], _evaluations=None, _profiler=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._set_up = weakref.WeakSet()
-        self._evaluation_passes = weakref.WeakSet()
+        self._evaluations = EvaluationPasses(self._models)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -303,9 +304,7 @@ class LightningLite:
                 in eval mode (`model.eval()`) is an evaluation pass; `"evaluation"` or
                 `"training"` shards every pass that way.
         """
-        if sharding not in _SHARDINGS:
-            choices = ", ".join(map(repr, _SHARDINGS))
-            raise MisuseError(f"setup_dataloaders() got sharding={sharding!r}: pass one of {choices}.")
+        check_sharding(sharding)
         self._require_environment("setup_dataloaders")
         wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding) for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
@@ -322,7 +321,7 @@ class LightningLite:
         evaluation = None
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
-            evaluation = self._evaluation_pass(dataloader, shard, seed, sharding)
+            evaluation = self._evaluations.shard(dataloader, shard, seed, sharding)
             if sharding != "evaluation":
                 dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
             elif evaluation is not None:
@@ -331,25 +330,6 @@ class LightningLite:
         if evaluation is not None and evaluation.dataloader is not dataloader:
             _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
         return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation)
-
-    def _evaluation_pass(self, dataloader: DataLoader, shard: dict[str, int], seed: int,
-                         sharding: str) -> _data.EvaluationPass | None:
-        """The evaluation shard of `dataloader` and when it applies (`None`: never)."""
-        if sharding == "training":
-            return None
-        loader = _data.distribute_for_evaluation(dataloader, shard["num_replicas"], shard["rank"], seed)
-        if not isinstance(loader.sampler, _data.EvaluationSampler):
-            return None  # the dataset or the user's sampler decides what each rank reads
-        applies = self._evaluating if sharding == "auto" else _always
-        evaluation = _data.EvaluationPass(loader, applies, automatic=sharding == "auto")
-        self._evaluation_passes.add(evaluation)
-        return evaluation
-
-    def _evaluating(self) -> bool:
-        """Whether a pass over a loader set up with `sharding="auto"` starting now evaluates."""
-        if not torch.is_grad_enabled():
-            return True
-        return bool(self._models) and not any(model.module.training for model in self._models)
 
     def _claim(self, obj: Any, kind: str) -> None:
         if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
@@ -380,19 +360,11 @@ class LightningLite:
                 " through the model the loss belongs to: call backward(loss, model=model)."
             )
         if self._strategy.is_distributed:
-            self._check_not_evaluating()
+            self._evaluations.check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
         forward_module = module._forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
-
-    def _check_not_evaluating(self) -> None:
-        if any(p.running and p.automatic for p in self._evaluation_passes):
-            raise MisuseError(
-                "backward() ran inside a pass over a dataloader that Lite sharded for evaluation (the pass began"
-                " with gradients disabled or every set-up model in eval mode): call model.train() and iterate"
-                " with gradients enabled, or set the loader up with setup_dataloaders(..., sharding='training')."
-            )
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
@@ -668,14 +640,6 @@ class LightningLite:
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
         return _seed.seed_everything(seed, workers=workers)
-
-
-#: What `setup_dataloaders(sharding=...)` accepts.
-_SHARDINGS = ("auto", "training", "evaluation")
-
-
-def _always() -> bool:
-    return True
 
 
 def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
