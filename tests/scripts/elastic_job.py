@@ -1,8 +1,8 @@
 """A job for launchers that restart it at any world size: it names no process counts, checkpoints
 after every epoch, resumes at the top of `run()`, and sizes its per-rank batch from
 `self.world_size` so the global batch stays `GLOBAL_BATCH` however many processes run it; so it
-ends with the weights of `reference_weights()` whether it ran uninterrupted, restarted, or lost a
-node and went on alone.
+ends with the weights of `reference_weights()` whether it ran uninterrupted, restarted, lost a
+node and went on alone, or took in a node that started later.
 
     torchrun ... elastic_job.py OUT_DIR HOW [SECONDS_PER_STEP]
     lite run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT elastic_job.py OUT_DIR HOW
@@ -12,11 +12,11 @@ may kill a node), `die-once` (`os._exit(3)` on the first attempt only; OUT_DIR/d
 did; in the next attempt rank 1 starts a second after rank 0, so that a group built on the
 previous attempt's keys finds rank 1's dead address there), or `wait-to-be-killed` (writes its pid
 to OUT_DIR/waiting and sleeps until its node is killed). `wait-for-a-node` is for rank 0 instead:
-while it runs alone (world size 1) it writes OUT_DIR/waiting and sleeps there until its agent stops
-it to take in a node that started later; at the larger world size it trains on. Every rank prints `epoch E world W` after
-each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and each rank that finishes writes
-OUT_DIR/rank{r}.json with its final weights, the world size, the environment's name and the
-restart it finished in (`LITE_RESTART_COUNT`).
+while it runs alone (world size 1) it writes OUT_DIR/waiting and sleeps there until its agent
+stops it to take in a node that started later; at the larger world size it trains on. Every rank
+prints `epoch E world W` after each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and
+each rank that finishes writes OUT_DIR/rank{r}.json with its final weights, the world size, the
+environment's name and the restart it finished in (`LITE_RESTART_COUNT`).
 """
 
 from __future__ import annotations
