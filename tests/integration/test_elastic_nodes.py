@@ -1,8 +1,9 @@
 """Two "nodes" on loopback, each its own `lite run` meeting at a c10d rendezvous, like two
 machines running the same command: a plain 2-node job, a worker that dies once on node 2 under
-`--max-restarts 1`, and node 2's launcher killed for good under `--nnodes 1:2`. Each ends with
-the weights of one uninterrupted process (1e-6), because `elastic_job.py` resumes from its
-checkpoint and keeps its global batch at any world size."""
+`--max-restarts 1`, node 2's launcher killed for good under `--nnodes 1:2`, and node 2 started
+while node 1 trains alone under `--nnodes 1:2 --max-restarts 0` (taken in without spending a
+restart). Each ends with the weights of one uninterrupted process (1e-6), because `elastic_job.py`
+resumes from its checkpoint and keeps its global batch at any world size."""
 
 from __future__ import annotations
 
@@ -37,16 +38,26 @@ def assert_uninterrupted(record: dict) -> None:
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
+def start_node(start_script, port: int, out: Path, how: str, node: int, nnodes: str = "2", restarts: int = 0):
+    """Node 0 hosts the rendezvous store (`is_host=1`), the others only join it."""
+    options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
+               f"{RDZV_CONF},is_host={int(node == 0)}", "--max-restarts", str(restarts))
+    # The script names no accelerator, like the torchrun tests' (tests/integration/elastic).
+    return start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu"}, python_args=options)
+
+
 def start_nodes(start_script, port: int, out: Path, how: str, nnodes: str = "2", restarts: int = 0) -> list:
-    """Node 0 hosts the rendezvous store (`is_host=1`), node 1 only joins it."""
-    nodes = []
-    for node in (0, 1):
-        options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
-                   "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
-                   f"{RDZV_CONF},is_host={1 - node}", "--max-restarts", str(restarts))
-        # The script names no accelerator, like the torchrun tests' (tests/integration/elastic).
-        nodes.append(start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu"}, python_args=options))
-    return nodes
+    return [start_node(start_script, port, out, how, node, nnodes, restarts) for node in (0, 1)]
+
+
+def wait_until_waiting(out: Path, nodes: list) -> int:
+    """The pid elastic_job.py's waiting rank wrote to OUT/waiting, once it is there."""
+    deadline = time.monotonic() + 120
+    while not (out / "waiting").exists():
+        assert all(node.poll() is None for node in nodes) and time.monotonic() < deadline
+        time.sleep(0.1)
+    return int((out / "waiting").read_text())
 
 
 def finish(node, timeout: float = 150) -> tuple[int, str]:
@@ -87,11 +98,7 @@ def test_a_worker_that_dies_on_node_2_restarts_every_worker(start_script, free_t
 
 def test_losing_node_2_for_good_goes_on_at_the_smaller_world_size(start_script, free_tcp_port, tmp_path, wait_gone):
     node0, node1 = start_nodes(start_script, free_tcp_port(), tmp_path, "wait-to-be-killed", nnodes="1:2", restarts=1)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "waiting").exists():
-        assert node0.poll() is None and node1.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    worker = int((tmp_path / "waiting").read_text())
+    worker = wait_until_waiting(tmp_path, [node0, node1])
     os.kill(node1.pid, signal.SIGKILL)  # the launcher only: its worker must die with it
     node1.wait()
     assert wait_gone([worker], 5) == []
@@ -101,3 +108,23 @@ def test_losing_node_2_for_good_goes_on_at_the_smaller_world_size(start_script, 
     assert sorted(done) == [0], output  # node 2's rank never finished
     assert done[0]["world"] == 1 and done[0]["restart"] == "1"
     assert_uninterrupted(done[0])
+
+
+def test_a_node_that_starts_later_is_taken_in_without_using_a_restart(start_script, free_tcp_port, tmp_path):
+    # --max-restarts 0: the join must not need a restart from the budget for failures.
+    port = free_tcp_port()
+    node0 = start_node(start_script, port, tmp_path, "wait-for-a-node", 0, nnodes="1:2")
+    wait_until_waiting(tmp_path, [node0])  # alone, one epoch done and checkpointed, waiting mid-epoch
+    node1 = start_node(start_script, port, tmp_path, "wait-for-a-node", 1, nnodes="1:2")
+    outputs = [finish(node) for node in (node0, node1)]
+    for code, output in outputs:
+        assert code == 0, output
+    assert "lite run: a node joined the job; restarting every rank at the new world size." in outputs[0][1]
+    assert not any("lite run: local rank" in out or "(restart " in out for _, out in outputs), outputs
+    progress = (tmp_path / "progress.txt").read_text().splitlines()
+    assert progress == ["epoch 0 world 1", "epoch 1 world 2", "epoch 2 world 2"], progress
+    done = records(tmp_path)
+    # Neither node used a restart: node 1's ranks were restarted for the membership change only.
+    assert sorted(done) == [0, 1] and all(r["world"] == 2 and r["restart"] == "0" for r in done.values())
+    for record in done.values():
+        assert_uninterrupted(record)

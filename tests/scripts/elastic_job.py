@@ -1,8 +1,8 @@
 """A job for launchers that restart it at any world size: it names no process counts, checkpoints
 after every epoch, resumes at the top of `run()`, and sizes its per-rank batch from
 `self.world_size` so the global batch stays `GLOBAL_BATCH` however many processes run it; so it
-ends with the weights of `reference_weights()` whether it ran uninterrupted, restarted, or lost a
-node and went on alone.
+ends with the weights of `reference_weights()` whether it ran uninterrupted, restarted, lost a
+node and went on alone, or took in a node that started later.
 
     torchrun ... elastic_job.py OUT_DIR HOW [SECONDS_PER_STEP]
     lite run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT elastic_job.py OUT_DIR HOW
@@ -11,10 +11,12 @@ HOW says what global rank 1 does in the middle of the second epoch: `steady` (no
 may kill a node), `die-once` (`os._exit(3)` on the first attempt only; OUT_DIR/died marks that it
 did; in the next attempt rank 1 starts a second after rank 0, so that a group built on the
 previous attempt's keys finds rank 1's dead address there), or `wait-to-be-killed` (writes its pid
-to OUT_DIR/waiting and sleeps until its node is killed). Every rank prints `epoch E world W` after
-each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and each rank that finishes writes
-OUT_DIR/rank{r}.json with its final weights, the world size, the environment's name and the
-restart it finished in (`LITE_RESTART_COUNT`).
+to OUT_DIR/waiting and sleeps until its node is killed). `wait-for-a-node` is for rank 0 instead:
+while it runs alone (world size 1) it writes OUT_DIR/waiting and sleeps there until its agent
+stops it to take in a node that started later; at the larger world size it trains on. Every rank
+prints `epoch E world W` after each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and
+each rank that finishes writes OUT_DIR/rank{r}.json with its final weights, the world size, the
+environment's name and the restart it finished in (`LITE_RESTART_COUNT`).
 """
 
 from __future__ import annotations
@@ -55,14 +57,23 @@ def reference_weights(epochs: int = EPOCHS) -> list[list[float]]:
     return [p.detach().flatten().tolist() for p in model.parameters()]
 
 
-def act(out_dir: Path, how: str) -> None:
-    """What global rank 1 does in the middle of the second epoch (see HOW above)."""
+def act(out_dir: Path, how: str, rank: int, world_size: int) -> None:
+    """What a rank does in the middle of the second epoch (see HOW above)."""
+    if how == "wait-for-a-node" and world_size == 1:
+        wait_to_be_stopped(out_dir)
+    if rank != 1:
+        return
     if how == "die-once" and not (out_dir / "died").exists():
         (out_dir / "died").touch()
         os._exit(3)
     if how == "wait-to-be-killed":
-        (out_dir / "waiting").write_text(str(os.getpid()))
-        time.sleep(600)
+        wait_to_be_stopped(out_dir)
+
+
+def wait_to_be_stopped(out_dir: Path) -> None:
+    """Say where this process is (OUT_DIR/waiting holds its pid) and sleep until it is stopped."""
+    (out_dir / "waiting").write_text(str(os.getpid()))
+    time.sleep(600)
 
 
 class Elastic(LightningLite):
@@ -78,8 +89,8 @@ class Elastic(LightningLite):
         self.load(checkpoint, state, missing_ok=True)
         for epoch in range(state["epoch"], EPOCHS):
             for step, (x, y) in enumerate(loader):
-                if epoch == 1 and step == 1 and self.global_rank == 1:
-                    act(Path(out_dir), how)
+                if epoch == 1 and step == 1:
+                    act(Path(out_dir), how, self.global_rank, self.world_size)
                 optimizer.zero_grad()
                 self.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()

@@ -94,6 +94,19 @@ def test_an_elastic_node_count_is_left_to_the_agent() -> None:
     assert os.environ["LITE_DEVICES"] == str(os.cpu_count())  # torchrun's `cpu`: one process per CPU
 
 
+def test_only_a_job_that_nodes_can_join_later_turns_off_store_sharing(monkeypatch) -> None:
+    from lite_core.launchers.elastic import _rendezvous_environment
+
+    c10d = ("--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400")
+    assert _rendezvous_environment(config_of("--nnodes", "1:2", *c10d, "train.py")[0]) == {
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert _rendezvous_environment(config_of("--nnodes", "2", *c10d, "train.py")[0])  # a node may come back
+    assert _rendezvous_environment(config_of("train.py")[0]) == {}  # one node: nobody joins later
+    assert _rendezvous_environment(config_of("--nnodes", "2", "--node-rank", "0", "train.py")[0]) == {}  # static
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")  # the user's choice stays
+    assert _rendezvous_environment(config_of("--nnodes", "1:2", *c10d, "train.py")[0]) == {}
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     ((), "SCRIPT is missing: name the Python file to run after the options, e.g. `lite run --devices 2 train.py`."),
     (("-m",), "MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`."),

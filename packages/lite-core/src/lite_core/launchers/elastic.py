@@ -25,6 +25,14 @@ from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit,
 #: signals sent to the ranks). `LOGLEVEL=INFO` (torch's variable) shows them again.
 _AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
+#: torch's switch off the sharing of the c10d rendezvous store with the ranks. Shared (torch's
+#: default), the store's address for the ranks is published only in a node's first rendezvous, so
+#: a node that joins a running job (started late, or again after its machine was lost) waits for
+#: an address of the new round that the running rank 0 never writes, and both sides time out
+#: (torch 2.13, `DynamicRendezvousHandler.next_rendezvous`). Unshared, the agent of rank 0
+#: publishes a fresh address every round, where the ranks' rank 0 hosts a store of its own.
+_STORE_SHARING_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 
 def launch(config: Any, entrypoint: str, args: list[str], name: str = "lite run") -> int:
     """Run `entrypoint args` on every local rank under torch's elastic agent; returns the exit code.
@@ -44,7 +52,8 @@ def launch(config: Any, entrypoint: str, args: list[str], name: str = "lite run"
     from torch.distributed.launcher.api import elastic_launch
 
     reporter = _Reporter(name, config.logs_specs, config.max_restarts)
-    with quiet_agent(), _rank_environment() as folder, _reporting_agent(reporter, folder):
+    rendezvous = _rendezvous_environment(config)
+    with quiet_agent(), _exported(rendezvous), _rank_environment() as folder, _reporting_agent(reporter, folder):
         try:
             elastic_launch(config, entrypoint)(*args)
         except ChildFailedError:
@@ -182,23 +191,39 @@ def _reporting_agent(reporter: _Reporter, folder: str) -> Iterator[None]:
         api.LocalElasticAgent = base
 
 
+def _rendezvous_environment(config: Any) -> dict[str, str]:
+    """The agent's variables for a rendezvous that nodes may join after its first round: any
+    rendezvous but the static one with more than one node (unless the user set the variable)."""
+    if config.max_nodes > 1 and config.rdzv_backend != "static" and _STORE_SHARING_OFF not in os.environ:
+        return {_STORE_SHARING_OFF: "1"}
+    return {}
+
+
 @contextlib.contextmanager
 def _rank_environment() -> Iterator[str]:
     """Export to the ranks this process's pid (`lite_core.launchers.rank` dies with it) and a
     folder, `LITE_FAILURE_DIR`, where each failing rank notes when it failed; yields the folder."""
     folder = tempfile.mkdtemp(prefix="lite-run-failures-")
-    added = {FAILURE_DIR_VARIABLE: folder, LAUNCHER_PID_VARIABLE: str(os.getpid())}
+    try:
+        with _exported({FAILURE_DIR_VARIABLE: folder, LAUNCHER_PID_VARIABLE: str(os.getpid())}):
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _exported(added: dict[str, str]) -> Iterator[None]:
+    """`added` in this process's environment (the agent's, and its ranks') for the duration."""
     previous = {name: os.environ.get(name) for name in added}
     os.environ.update(added)
     try:
-        yield folder
+        yield
     finally:
         for name, value in previous.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _clear(folder: str) -> None:

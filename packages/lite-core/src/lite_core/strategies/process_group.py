@@ -22,8 +22,10 @@ No exported value names the round for every node alike, so under the agent's sto
 mints a fresh token for the attempt and hands it to each rank in answer to a fresh nonce of that
 rank (`_agree_on_token`): a rank can only ever read an answer to its own question, so no key of an
 earlier attempt is taken for this one. The prefix is run id, world size and the token. Where rank
-0 hosts the store (Lite's launchers, SLURM, ...) each attempt's store is new; the prefix there
-names Lite's own restart (`LITE_RESTART_COUNT`) and the world size, and needs no token.
+0 hosts the store (Lite's launchers, SLURM, the agent with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`,
+which `lite run` sets for a job of several nodes) each attempt's store is new; the prefix there
+names only the world size, and needs no token: a restart count there would split the ranks of one
+round whose nodes counted differently, so that each waits for peers under a prefix of its own.
 """
 
 from __future__ import annotations
@@ -50,11 +52,11 @@ def attempt_prefix(world_size: int, token: str = "") -> str:
         token: what the ranks agreed on for this attempt (empty where the store is new anyway).
 
     Returns:
-        e.g. `"lite/run=job7/world=4/token=5f0c.../"`, or `"lite/restart=0/world=4/"` without a token.
+        e.g. `"lite/run=job7/world=4/token=5f0c.../"`, or `"lite/world=4/"` without a token.
     """
     if token:
         return f"lite/run={os.environ.get('TORCHELASTIC_RUN_ID', '').strip() or 'none'}/world={world_size}/token={token}/"
-    return f"lite/restart={os.environ.get('LITE_RESTART_COUNT', '').strip() or 0}/world={world_size}/"
+    return f"lite/world={world_size}/"
 
 
 def uses_agent_store() -> bool:
