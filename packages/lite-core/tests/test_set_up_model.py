@@ -8,6 +8,8 @@ tests/integration/test_set_up_model.py; under DeepSpeed: lite-deepspeed's tests.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import pytest
@@ -23,6 +25,11 @@ class Settings:
     """A config object, as Hugging Face models carry one."""
 
     width = 4
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
 
 
 class Net(nn.Module):
@@ -47,6 +54,10 @@ class Net(nn.Module):
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Takes its tensors in a mapping, as from a tokenizer's `BatchEncoding`."""
         return self(batch["x"])
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """Takes its tensors in a dataclass, as many users' batches come."""
+        return self(batch.x)
 
     def write(self, folder: str) -> str:
         """A utility that computes nothing from an input, as `save_pretrained(folder)`."""
@@ -129,10 +140,11 @@ def test_a_method_called_with_tensors_runs_through_the_wrapper_and_one_without_r
     wrapper = model._forward_module
     x = torch.randn(3, 4)
     assert torch.equal(model.encode({"x": x}), plain(x))
-    assert model.generate([x][0], steps=1).shape == (3, 4)
-    assert len(wrapper.calls) == 2  # tensors in a mapping count too
+    assert model.generate(x, steps=1).shape == (3, 4)
+    assert torch.equal(model.score(Batch(x)), plain(x))
+    assert len(wrapper.calls) == 3  # tensors in a mapping or a dataclass count too
     assert model.write("folder") == "folder"
-    assert len(wrapper.calls) == 2
+    assert len(wrapper.calls) == 3
 
 
 def test_a_wrapper_that_never_calls_the_module_is_an_error_not_a_wrong_result() -> None:

@@ -15,14 +15,14 @@ all-gather) for ranks that never come.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import MethodType
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
+from lite_core._move import holds_tensor
 from lite_core.errors import MisuseError
 
 _MISSING = object()
@@ -35,19 +35,10 @@ def is_user_method(module: nn.Module, name: str, value: Any) -> bool:
 
 
 def computes_on_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a method call passes a tensor (in a list, tuple or mapping such as a tokenizer's
-    `BatchEncoding`, too): such a call is a forward pass; one without is a utility call."""
-    return _holds_tensor(args) or _holds_tensor(kwargs)
-
-
-def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, Mapping):
-        return any(_holds_tensor(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_tensor(item) for item in value)
-    return False
+    """Whether a method call passes a tensor (in the containers a batch comes in, too: a
+    tokenizer's `BatchEncoding`, a dataclass): such a call is a forward pass; one without is a
+    utility call."""
+    return holds_tensor((args, kwargs))
 
 
 @contextmanager

@@ -74,6 +74,20 @@ def _move(obj: Any, device: torch.device, move_tensor: Callable[[Tensor], Tensor
     return obj
 
 
+def holds_tensor(obj: Any) -> bool:
+    """Whether `obj` is a tensor or holds one, in the containers `move_to_device` walks (dicts and
+    other mappings, lists, tuples, namedtuples, dataclasses)."""
+    if isinstance(obj, Tensor):
+        return True
+    if isinstance(obj, Mapping):
+        return any(holds_tensor(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(holds_tensor(value) for value in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return any(holds_tensor(getattr(obj, field.name)) for field in dataclasses.fields(obj))
+    return False
+
+
 def _has_to_method(obj: Any) -> bool:
     return not isinstance(obj, type) and callable(getattr(obj, "to", None))
 
