@@ -202,6 +202,16 @@ def count_calls(arm: Arm, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], 
     return sum(counts.values()) / steps, counts
 
 
+def call_record(arms: Sequence[Arm], batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                steps: int = 10) -> dict[str, Any]:
+    """The JSON entries of `count_calls` for the first two arms (plain, lite): calls per step of
+    each, and the extra calls of one Lite step by function."""
+    calls = {arm.name: count_calls(arm, batches, steps) for arm in arms[:2]}
+    extra = calls["lite"][1] - calls["plain"][1]
+    return {"calls_per_step": {name: per_step for name, (per_step, _) in calls.items()},
+            "extra_lite_calls_per_step": {name: count / steps for name, count in extra.most_common()}}
+
+
 def _short_path(filename: str) -> str:
     for marker in ("lite_core/", "torch/"):
         if marker in filename:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from _common import MODELS, Arm, count_calls, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
+from _common import MODELS, Arm, call_record, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -108,13 +108,10 @@ def main() -> None:
         arms = build_arms(lite, args.kind, name, args.control)
         batches = MODELS[name].batches(seed=1 + lite.global_rank)
         run_interleaved(arms, batches, warmup=warmup, reps=rep_count, steps=step_count, before_block=dist.barrier)
-        calls = {arm.name: count_calls(arm, batches) for arm in arms[:2]}  # every rank steps: collectives
-        extra = calls["lite"][1] - calls["plain"][1]
         result["models"][name] = {
             "description": MODELS[name].description, "reps": rep_count, "steps_per_block": step_count,
             "block_medians_ns": {arm.name: arm.block_medians_ns for arm in arms},
-            "calls_per_step": {arm_name: per_step for arm_name, (per_step, _) in calls.items()},
-            "extra_lite_calls_per_step": {k: v / 10 for k, v in extra.most_common()},
+            **call_record(arms, batches),  # every rank counts: the steps run collectives
         }
     if lite.is_global_zero:
         write_json(args.out, result)

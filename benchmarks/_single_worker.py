@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from _common import MODELS, Arm, count_calls, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
+from _common import MODELS, Arm, call_record, make_optimizer, per_model, run_interleaved, timer_floor_ns, write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,13 +84,10 @@ def main() -> None:
         arms = build_arms(name, args.control, args.loader, args.compile)
         batches = MODELS[name].batches()
         run_interleaved(arms, batches, warmup=warmup, reps=rep_count, steps=step_count)
-        calls = {arm.name: count_calls(arm, batches) for arm in arms[:2]}
-        extra = calls["lite"][1] - calls["plain"][1]
         result["models"][name] = {  # type: ignore[index]
             "description": MODELS[name].description, "reps": rep_count, "steps_per_block": step_count,
             "block_medians_ns": {arm.name: arm.block_medians_ns for arm in arms},
-            "calls_per_step": {arm_name: per_step for arm_name, (per_step, _) in calls.items()},
-            "extra_lite_calls_per_step": {k: v / 10 for k, v in extra.most_common()},
+            **call_record(arms, batches),
         }
     write_json(args.out, result)
 
