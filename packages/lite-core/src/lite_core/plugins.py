@@ -24,6 +24,8 @@ What is here, by purpose:
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
   `CompileOptions` (the user's `torch.compile` options that `Strategy.compile_module` applies).
+- Environment variables a backend's engine reads: `export_environ` sets them and returns what
+  they replaced, `restore_environ` puts that back (at teardown, say).
 - Batches: `move_to_device`, the walk that moves tensors wherever they sit in a batch (dicts,
   lists, tuples, namedtuples, dataclasses, `.to()` objects), with the backend's way of moving one
   tensor.
@@ -113,6 +115,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
                      "RankProcesses", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
     **dict.fromkeys(["move_to_device"], "lite_core._move"),
+    **dict.fromkeys(["export_environ", "restore_environ"], "lite_core._environ"),
     **dict.fromkeys(["CompileOptions"], "lite_core._compile"),
     **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
 }

@@ -14,7 +14,15 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import ConfigurationError, DDPStrategy, MisuseError, Precision, read_checkpoint
+from lite_core.plugins import (
+    ConfigurationError,
+    DDPStrategy,
+    MisuseError,
+    Precision,
+    export_environ,
+    read_checkpoint,
+    restore_environ,
+)
 from lite_deepspeed import _checkpoint, _config
 from lite_deepspeed._guard import BackwardGuard
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
@@ -108,7 +116,7 @@ class DeepSpeedStrategy(DDPStrategy):
         # LOCAL_RANK in `initialize` and `zero.Init`, in ZeRO-3's cross-rank checks during steps
         # and as its CPU accelerator's current device; RANK in its communication's logging. So
         # they stay set until teardown, which puts back what was there before (or their absence).
-        self._environ_before = _export_environ(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size),
+        self._environ_before = export_environ(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size),
                                                LOCAL_RANK=str(self.local_rank))
         assert self.accelerator is not None
         deepspeed.init_distributed(dist_backend=self._backend or self.accelerator.distributed_backend,
@@ -119,7 +127,7 @@ class DeepSpeedStrategy(DDPStrategy):
             super().teardown(failed)
         finally:
             before, self._environ_before = self._environ_before, {}
-            _restore_environ(before)
+            restore_environ(before)
 
     def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
         if self.stage == 3:
@@ -354,26 +362,11 @@ def _local_rank_env(index: int | None) -> Iterator[None]:
     if index is None:
         yield
         return
-    before = _export_environ(LOCAL_RANK=str(index))
+    before = export_environ(LOCAL_RANK=str(index))
     try:
         yield
     finally:
-        _restore_environ(before)
-
-
-def _export_environ(**values: str) -> dict[str, str | None]:
-    """Set `values` in `os.environ`; return what they replaced (None where a name was absent)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    return before
-
-
-def _restore_environ(before: dict[str, str | None]) -> None:
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+        restore_environ(before)
 
 
 def _configure_activation_checkpointing(config: dict[str, Any]) -> None:

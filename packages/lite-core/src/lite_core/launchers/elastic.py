@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from lite_core._environ import export_environ, restore_environ
 from lite_core.errors import ConfigurationError
 from lite_core.launchers.rank import LAUNCHER_PID_VARIABLE
 from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, exit_code, rank_to_blame
@@ -214,16 +215,11 @@ def _rank_environment() -> Iterator[str]:
 @contextlib.contextmanager
 def _exported(added: dict[str, str]) -> Iterator[None]:
     """`added` in this process's environment (the agent's, and its ranks') for the duration."""
-    previous = {name: os.environ.get(name) for name in added}
-    os.environ.update(added)
+    before = export_environ(**added)
     try:
         yield
     finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environ(before)
 
 
 def _clear(folder: str) -> None:

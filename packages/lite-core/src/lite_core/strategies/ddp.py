@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map_only
 
+from lite_core._environ import restore_environ
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
@@ -134,7 +135,7 @@ class DDPStrategy(Strategy):
         # A one-process job in this process leaves the variables as they were: a process started
         # from here later (a notebook's `!python train.py`) must not inherit the port, which this
         # process keeps while the group lives.
-        _restore_environ(before)
+        restore_environ(before)
         self._progress = _progress_of(self.global_rank, self.world_size, self._timeout)
         if not self._teardown_registered:
             atexit.register(self.teardown)
@@ -298,11 +299,3 @@ def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
             f"timeout={timeout!r} is not valid: pass a positive number of seconds (or a timedelta), e.g. timeout=1800."
         )
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-
-
-def _restore_environ(before: dict[str, str | None]) -> None:
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
