@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import RandomSampler
 
-from lite_core.checkpoint._state import is_stateful
+from lite_core._stateful import is_stateful
 
 
 class LoaderPosition:

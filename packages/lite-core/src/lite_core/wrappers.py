@@ -23,7 +23,7 @@ from lite_core._position import LoaderPosition
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import StrategyLike as Strategy
 
 
 #: Container methods a wrapped module answers when the user's module class has them, so that
@@ -211,9 +211,8 @@ class _LiteOptimizerBase:
         # Instance attributes shadow the class's methods: when neither the strategy nor the
         # precision changes the step, calling the user's `step` saves two calls per step.
         from lite_core.precision.precision import Precision
-        from lite_core.strategies.strategy import Strategy
 
-        plain_step = (type(self._strategy).optimizer_step is Strategy.optimizer_step
+        plain_step = (self._strategy.steps_optimizers_plainly
                       and type(self._strategy.precision).optimizer_step is Precision.optimizer_step)
         if plain_step:
             object.__setattr__(self, "step", self._optimizer.step)
@@ -259,9 +258,7 @@ def unwrap_optimizer(obj: Any) -> Any:
 
 
 def _moves_batches_plainly(strategy: Strategy) -> bool:
-    from lite_core.strategies.strategy import Strategy
-
-    return type(strategy).batch_to_device is Strategy.batch_to_device
+    return strategy.moves_batches_plainly
 
 
 class LiteDataLoader:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,23 @@ from lite_core.plugins import (
 from lite_deepspeed import _portable
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 
-if TYPE_CHECKING:
-    from lite_deepspeed.strategy import DeepSpeedStrategy
+
+class DeepSpeedRun(Protocol):
+    """What this module reads of the `DeepSpeedStrategy` that calls it (which hands itself down:
+    the strategy imports this module, never the other way round)."""
+
+    world_size: int
+    global_rank: int
+    stage: int
+    accelerator: Any
+    precision: Any
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+
+    def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any: ...
+
+    def batch_to_device(self, batch: Any) -> Any: ...
+
 
 #: Key of the client state that records which entries DeepSpeed itself saved.
 _LAYOUT_KEY = _portable.LAYOUT_KEY
@@ -65,7 +80,7 @@ def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
     return keys
 
 
-def save(path: str, content: dict[str, Any], strategy: DeepSpeedStrategy) -> None:
+def save(path: str, content: dict[str, Any], strategy: DeepSpeedRun) -> None:
     """Every rank writes its shards of the model and optimizer; the rest goes into the client state."""
     key, engine = find_engine(content)  # type: ignore[misc]
     optimizer_keys = _optimizer_keys(content, engine)
@@ -115,7 +130,7 @@ def refuse_reserved_keys(rest: dict[str, Any]) -> None:
         )
 
 
-def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
+def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun) -> dict[str, Any]:
     """Restore the model (and optimizer, if `state` holds it) from the DeepSpeed checkpoint
     directory `path`, then the rest: through DeepSpeed when it can read the shards as they are
     (same ZeRO layout and number of ranks), else by reading the checkpoint whole."""
@@ -139,7 +154,7 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedStra
     return client_state
 
 
-def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, strategy: DeepSpeedStrategy) -> dict[str, Any]:
+def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, strategy: DeepSpeedRun) -> dict[str, Any]:
     """Restore `state` from whole `content` (a one-file, fsdp or other-layout ZeRO checkpoint):
     the DeepSpeed model and its optimizer by scattering full tensors into the shards, the rest as
     the core does; returns the content other than the model and optimizer."""
@@ -159,7 +174,7 @@ def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, str
     return others
 
 
-def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedStrategy) -> bool:
+def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedRun) -> bool:
     """Whether DeepSpeed's own `load_checkpoint` restores the save in `saved` correctly here."""
     shards = list(saved.glob("*zero_pp_rank_*_optim_states.pt"))
     if shards and len(shards) != strategy.world_size:

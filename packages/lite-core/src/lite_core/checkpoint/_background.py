@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 from lite_core.checkpoint._rank_zero import on_writing_ranks
 
 if TYPE_CHECKING:
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import Ranks
 
 #: What a strategy's `stage_checkpoint` returns: the rest of the save, run in the writer thread.
 Write = Callable[[], None]
@@ -140,7 +140,7 @@ class BackgroundSaves:
             atexit.register(self._finish_at_exit)
             self._exit_hook = True
 
-    def wait(self, strategy: Strategy) -> None:
+    def wait(self, strategy: Ranks) -> None:
         """Wait for the save in flight; if its write failed on any rank, raise a `CheckpointError`
         on every rank. Every rank must call this (a collective when a save is in flight)."""
         pending, self._pending = self._pending, None

@@ -29,8 +29,7 @@ from lite_core.errors import CheckpointError
 from lite_core.wrappers import forward_module, unwrap_optimizer
 
 if TYPE_CHECKING:
-    from lite_core.strategies.fsdp import FSDPStrategy
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import ShardsCheckpoints
 
 
 def _unwrap(value: Any) -> Any:
@@ -49,7 +48,7 @@ def _options(full: bool, strict: bool = True) -> Any:
     return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict)
 
 
-def _state_of(strategy: FSDPStrategy, obj: Any, full: bool) -> Any:
+def _state_of(strategy: ShardsCheckpoints, obj: Any, full: bool) -> Any:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     if isinstance(obj, Optimizer):
@@ -62,7 +61,7 @@ def _state_of(strategy: FSDPStrategy, obj: Any, full: bool) -> Any:
     return get_model_state_dict(obj, options=_options(full))
 
 
-def _load_into(strategy: FSDPStrategy, obj: Any, value: Any, full: bool, strict: bool) -> None:
+def _load_into(strategy: ShardsCheckpoints, obj: Any, value: Any, full: bool, strict: bool) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     if isinstance(obj, Optimizer):
@@ -89,7 +88,7 @@ def _has_tensors_to_shard(optimizer_state: dict[str, Any]) -> bool:
                for per_parameter in optimizer_state.get("state", {}).values() for value in per_parameter.values())
 
 
-def _extra(strategy: FSDPStrategy, plain: dict[str, Any]) -> dict[str, Any]:
+def _extra(strategy: ShardsCheckpoints, plain: dict[str, Any]) -> dict[str, Any]:
     """The values saved besides modules and optimizers: stateful objects (an LR scheduler, a
     scaler) as their `state_dict()`, plus the precision plugin's state."""
     extra = {key: state_of(value) for key, value in plain.items()}
@@ -98,7 +97,7 @@ def _extra(strategy: FSDPStrategy, plain: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- save ---------------------------------------------------------------------------------------
-def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> None:
+def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> None:
     """Gather everything to rank 0 and write one file there."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
@@ -106,7 +105,7 @@ def save_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Non
     on_rank_zero(strategy, path, lambda: strategy.checkpoint_io.save({**state, **extra}, path))
 
 
-def stage_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Write:
+def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
     """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
     objects, plain = _split(content)
     state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
@@ -116,7 +115,7 @@ def stage_full(strategy: FSDPStrategy, path: str, content: dict[str, Any]) -> Wr
     return lambda: strategy.checkpoint_io.save({**state, **extra}, path)
 
 
-def save_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> None:
+def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> None:
     """Every process writes its shards into a fresh directory that then replaces `path`, so a
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
@@ -127,7 +126,7 @@ def save_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> None
     on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, Path(path), started))
 
 
-def stage_sharded(strategy: Strategy, path: str, content: dict[str, Any]) -> Write:
+def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
     """`save_sharded` in the background: torch distributed checkpoint's `async_save` copies the
     shards to host memory and writes them in its thread, over a process group of its own; when
     they are written (on every rank), rank 0 puts the directory in place as `save_sharded` does.
@@ -188,7 +187,7 @@ def _replace(staging: Path, target: Path) -> None:
 
 
 # -- load ---------------------------------------------------------------------------------------
-def load(strategy: FSDPStrategy, path: str, state: dict[str, Any] | None, strict: bool,
+def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
          weights_only: bool) -> dict[str, Any]:
     """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
     if not os.path.exists(path):
@@ -211,7 +210,7 @@ def load(strategy: FSDPStrategy, path: str, state: dict[str, Any] | None, strict
     return content
 
 
-def _load_sharded(strategy: FSDPStrategy, path: str, objects: dict[str, Any], strict: bool,
+def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any], strict: bool,
                   weights_only: bool) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
@@ -234,7 +233,7 @@ def _saved_entries(path: str) -> set[str]:
     return set(FileSystemReader(path).read_metadata().state_dict_metadata)
 
 
-def _load_target(strategy: FSDPStrategy, key: str, obj: Any, saved: set[str]) -> Any:
+def _load_target(strategy: ShardsCheckpoints, key: str, obj: Any, saved: set[str]) -> Any:
     """The state dict that `dcp.load` fills for `obj`: the live object's, with an optimizer's
     per-parameter state only where the checkpoint has some (none: saved before the first step)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict

@@ -10,12 +10,12 @@ import torch
 from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import Ranks
 
 T = TypeVar("T")
 
 
-def on_rank_zero(strategy: Strategy, path: str, action: Callable[[], T]) -> T:
+def on_rank_zero(strategy: Ranks, path: str, action: Callable[[], T]) -> T:
     """`action()` on rank 0 only, its result broadcast to every rank.
 
     If `action` raises on rank 0, every rank raises a `CheckpointError` naming that error (on
@@ -28,7 +28,7 @@ def on_rank_zero(strategy: Strategy, path: str, action: Callable[[], T]) -> T:
     return result
 
 
-def on_writing_ranks(strategy: Strategy, path: str, action: Callable[[], object], writes: bool) -> None:
+def on_writing_ranks(strategy: Ranks, path: str, action: Callable[[], object], writes: bool) -> None:
     """`action()` on every rank where `writes` is true (each writes its own part, or each host
     its own copy), then every rank learns whether it failed anywhere.
 

@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core._stateful import is_stateful
 from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:
     from lite_core.checkpoint._io import CheckpointIO
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import HasPrecision
 
 #: Key under which the precision plugin's state (e.g. the gradient scaler) is stored.
 PRECISION_KEY = "lite_precision"
 
 
-def to_state(content: dict[str, Any], strategy: Strategy) -> dict[str, Any]:
+def to_state(content: dict[str, Any], strategy: HasPrecision) -> dict[str, Any]:
     """`content` with every stateful object replaced by its `state_dict()`.
 
     Stateful means a module, an optimizer, or any object with both `state_dict()` and
@@ -30,13 +31,6 @@ def to_state(content: dict[str, Any], strategy: Strategy) -> dict[str, Any]:
     if precision_state:
         state[PRECISION_KEY] = precision_state
     return state
-
-
-def is_stateful(value: Any) -> bool:
-    """Whether `value` is saved as its `state_dict()` and restored with `load_state_dict()`."""
-    if isinstance(value, type):  # a class has the methods, but unbound
-        return False
-    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
 def state_of(value: Any) -> Any:
@@ -75,7 +69,7 @@ def _backend_reader(path: str) -> Any:
     return STRATEGIES.load(name).read_whole_checkpoint
 
 
-def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strategy: Strategy) -> None:
+def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strategy: HasPrecision) -> None:
     """Load `content` into the objects of `state` in place; plain values are replaced."""
     missing = [key for key in state if key not in content]
     if strict and missing:

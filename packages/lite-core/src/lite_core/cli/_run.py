@@ -148,14 +148,12 @@ def launch_config(options: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     """The agent's `LaunchConfig`, entry point and arguments for checked `options` (torchrun's
     `config_from_args`), with Lite's choices exported to this process's environment, which the
     ranks inherit."""
-    from torch.distributed.run import config_from_args
+    from lite_core.launchers.torchrun import agent_config
 
     choices = _choices(options)
     options.nproc_per_node = str(_processes_per_node(options, choices))
     os.environ.update({VARIABLES[name]: str(value) for name, value in choices.items()})
-    _rendezvous_defaults(options)
-    _run_each_rank_through_lite(options)
-    return config_from_args(options)
+    return agent_config(options)
 
 
 def _choices(options: argparse.Namespace) -> dict[str, Any]:
@@ -224,35 +222,6 @@ def _rendezvous_variables(options: argparse.Namespace) -> Iterator[None]:
 
 def _devices(value: str) -> Any:
     return int(value) if value.strip().isdigit() else value
-
-
-def _rendezvous_defaults(options: argparse.Namespace) -> None:
-    """torchrun's defaults: `--standalone`, or one node with no port or endpoint given, meet on
-    a free port of this machine (a c10d store on localhost:0); otherwise the static rendezvous
-    uses `--master-port` (default 29500). Ranks get 5 s (Lite's grace period) to exit after
-    SIGTERM, unless `--shutdown-timeout` says otherwise."""
-    from lite_core.launchers.supervision import GRACE_SECONDS
-
-    alone = options.rdzv_backend == "static" and not options.rdzv_endpoint and options.master_port is None
-    if options.standalone or (alone and options.nodes[1] == 1):
-        import uuid
-
-        options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    if options.master_port is None:
-        options.master_port = 29500
-    if options.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
-        options.shutdown_timeout = int(GRACE_SECONDS)
-
-
-def _run_each_rank_through_lite(options: argparse.Namespace) -> None:
-    """A Python script or module runs as `python -u -m lite_core.launchers.rank [-m] TARGET ARGS`
-    (see that module); `--no-python` and `--run-path` run as torchrun runs them."""
-    if options.no_python or options.run_path:
-        return
-    from lite_core.launchers import rank
-
-    target = rank.arguments(options.training_script, list(options.training_script_args), options.module)
-    options.module, options.training_script, options.training_script_args = True, rank.__name__, target
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,7 @@ from lite_core.launchers.script import main_script
 from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
 
 if TYPE_CHECKING:
-    from lite_core.strategies.strategy import Strategy
+    from lite_core._roles import StrategyLike as Strategy
 
 #: The traceback of the rank that failed first; the others usually fail only because of it.
 _FIRST_FAILURE = "first_failure.pkl"

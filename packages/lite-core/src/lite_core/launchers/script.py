@@ -71,14 +71,14 @@ class ScriptLauncher(Launcher):
 
     def _supervise(self, restarts: int, chosen_port: bool) -> None:
         """Run the job as `lite run --max-restarts restarts` would, then exit with its code."""
-        from lite_core.cli._run import launch_command_line
+        from lite_core.launchers.torchrun import launch_torchrun
 
         argv = ["--nproc-per-node", str(self._num_processes), "--nnodes", str(self._num_nodes),
                 "--max-restarts", str(restarts)]
         if chosen_port or self._num_nodes > 1:  # else, as torchrun does, a free port of this machine
             argv += ["--node-rank", str(self._environment.node_rank()), "--master-addr",
                      self._environment.main_address, "--master-port", str(self._environment.main_port)]
-        raise SystemExit(launch_command_line([*argv, *_script_target()], name="lite"))
+        raise SystemExit(launch_torchrun([*argv, *_script_target()], name="lite"))
 
     def _watch(self) -> None:
         failure = self._ranks.watch()

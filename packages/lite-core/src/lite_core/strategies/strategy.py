@@ -311,6 +311,18 @@ class Strategy:
         """`num_replicas` and `rank` for a `DistributedSampler`, or `None` on one process."""
         return None
 
+    @property
+    def moves_batches_plainly(self) -> bool:
+        """Whether `batch_to_device` is this base class's plain move (not overridden), so that a
+        set-up loader may move its batches the plain way without asking the strategy."""
+        return type(self).batch_to_device is Strategy.batch_to_device
+
+    @property
+    def steps_optimizers_plainly(self) -> bool:
+        """Whether `optimizer_step` is this base class's plain `optimizer.step()` (not
+        overridden), so that a set-up optimizer may call the user's `step` directly."""
+        return type(self).optimizer_step is Strategy.optimizer_step
+
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other
