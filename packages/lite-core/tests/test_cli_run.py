@@ -107,6 +107,22 @@ def test_only_a_job_that_nodes_can_join_later_turns_off_store_sharing(monkeypatc
     assert _rendezvous_environment(config_of("--nnodes", "1:2", *c10d, "train.py")[0]) == {}
 
 
+def test_a_script_or_module_that_is_not_there_is_refused_before_any_rank_starts(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--devices", "2", "nosuch.py"]) == 2
+    assert capsys.readouterr().err == f"lite run: error: SCRIPT nosuch.py is not a file: check the path (relative to {tmp_path}).\n"
+    assert main(["run", "-m", "nosuch_pkg.train"]) == 2
+    assert capsys.readouterr().err == (
+        f"lite run: error: MODULE nosuch_pkg.train is not found from {tmp_path}: check its name, or install its package"
+        " (e.g. `pip install -e .`) or run from the folder that holds it.\n")
+    (tmp_path / "mine.py").write_text("")  # `python -m mine` finds it here, as the ranks will
+    from lite_core.cli._run import check_target_exists
+
+    check_target_exists(parse(["-m", "mine"]))
+    check_target_exists(parse(["mine.py"]))
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     ((), "SCRIPT is missing: name the Python file to run after the options, e.g. `lite run --devices 2 train.py`."),
     (("-m",), "MODULE is missing after -m: name the module to run, e.g. `lite run -m mypkg.train`."),
@@ -129,7 +145,9 @@ def test_only_a_job_that_nodes_can_join_later_turns_off_store_sharing(monkeypatc
      "--standalone runs one node on a free port: drop --num-nodes/--nnodes and --main-port/--master-port."),
 ])
 def test_a_bad_command_line_is_refused_in_one_sentence(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
-                                                       message: str) -> None:
+                                                       message: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")  # a script that is there: the error is the options'
     assert main(["run", *argv]) == 2
     assert capsys.readouterr().err == f"lite run: error: {message}\n"
 
@@ -139,7 +157,7 @@ def test_an_endpoint_nobody_serves_is_named_after_the_rendezvous_timeout(capsys,
     endpoint = f"127.0.0.1:{free_tcp_port()}"
     # is_host=0: this node only joins (on loopback it would otherwise host the endpoint itself).
     assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-conf", "is_host=0,read_timeout=1", "train.py"]) == 2
+                 "--rdzv-conf", "is_host=0,read_timeout=1", __file__]) == 2
     assert capsys.readouterr().err == (
         f"lite run: error: Nobody answered at the rendezvous endpoint {endpoint} before the rendezvous timeout:"
         " start the node that hosts it (node 0, or the host named in --rdzv-endpoint) or fix the address and port"
@@ -150,7 +168,7 @@ def test_an_endpoint_nobody_serves_is_named_after_the_rendezvous_timeout(capsys,
 def test_nodes_that_never_join_are_named_after_the_join_timeout(capsys, free_tcp_port) -> None:
     endpoint = f"127.0.0.1:{free_tcp_port()}"
     assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-conf", "join_timeout=1", "train.py"]) == 2
+                 "--rdzv-conf", "join_timeout=1", __file__]) == 2
     assert capsys.readouterr().err == (
         f"lite run: error: Fewer than 2 node(s) joined the rendezvous at {endpoint} before its timeout: start every"
         " node with the same --rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise --rdzv-conf"

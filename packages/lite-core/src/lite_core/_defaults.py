@@ -19,6 +19,7 @@ import os
 import warnings
 from typing import Any, Callable, TypeVar
 
+from lite_core._environ import LAUNCHER_PID_VARIABLE
 from lite_core.errors import ConfigurationError
 
 #: Constructor argument -> the environment variable that supplies its default.
@@ -63,13 +64,19 @@ def _apply(given: dict[str, Any]) -> set[str]:
         value = parse(name, variable, raw)
         if name not in given:
             given[name] = value
-        elif not _same(given[name], value):
+        elif not _same(given[name], value) and not _counts_of_started_processes(name):
             warnings.warn(
                 f"{variable}={raw!r} is ignored because the code passes {name}={given[name]!r}: remove the"
                 " argument from LightningLite(...) to let the command line or environment choose it.",
                 UserWarning, stacklevel=3,  # _apply, wrapper, then the line that constructed LightningLite
             )
     return decided
+
+
+def _counts_of_started_processes(name: str) -> bool:
+    """Whether `name` is a count of processes that `lite run` already started: the code's value
+    cannot win there, and the cluster environment refuses a mismatch in one sentence."""
+    return name in LAUNCHER_COUNTS and LAUNCHER_PID_VARIABLE in os.environ
 
 
 def parse(name: str, variable: str, raw: str) -> Any:

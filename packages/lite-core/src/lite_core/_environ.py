@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+#: Set by `lite run` (its elastic launch) in every rank it starts: the launcher's pid, which each
+#: rank checks against its parent's. Its presence also tells a rank that `lite run` started it.
+LAUNCHER_PID_VARIABLE = "LITE_LAUNCHER_PID"
+
 
 def export_environ(**values: str) -> dict[str, str | None]:
     """Set `values` in `os.environ`.

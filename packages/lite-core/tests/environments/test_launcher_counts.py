@@ -4,6 +4,7 @@ or scheduler that started the processes; counts the code names that disagree are
 from __future__ import annotations
 
 import sys
+import warnings
 import types
 
 import pytest
@@ -85,3 +86,18 @@ def test_a_ray_train_worker_is_recognised_even_inside_a_slurm_allocation(monkeyp
     assert (lite._strategy.num_nodes, lite.world_size, lite.global_rank, lite.node_rank) == (3, 6, 3, 1)
     with pytest.raises(ConfigurationError, match=r"^Ray Train started 2 worker\(s\) on this node and 6 in total"):
         LightningLite(accelerator="cpu", strategy="ddp", devices=1)
+
+
+def test_lite_runs_count_that_disagrees_with_the_code_is_refused_in_lite_runs_words(monkeypatch):
+    """`lite run --devices 1 train.py` with `devices=2` in the code: the processes are started, so
+    the code cannot win; no "ignored" warning, one sentence that names `lite run`'s flag."""
+    launched_by(monkeypatch, "torchrun", LOCAL_WORLD_SIZE=1, WORLD_SIZE=3, LITE_DEVICES=1, LITE_LAUNCHER_PID=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the count is not "ignored": it is the processes'
+        with pytest.raises(ConfigurationError, match=r"^lite run started 1 processes per node but"
+                           r" LightningLite\(devices=2\) asks for 2: .* or lite run --devices=2\.$"):
+            LightningLite(accelerator="cpu", strategy="ddp", devices=2)
+    monkeypatch.setenv("LITE_NUM_NODES", "3")
+    with pytest.raises(ConfigurationError, match=r"^lite run started 3 processes in total but .*"
+                       r"lite run --num-nodes=2, or leave devices and num_nodes out"):
+        LightningLite(accelerator="cpu", strategy="ddp", devices=1, num_nodes=2)

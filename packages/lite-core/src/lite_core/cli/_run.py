@@ -62,6 +62,7 @@ def launch_command_line(argv: Sequence[str], name: str = "lite run") -> int:
 
     with quiet_agent():
         options = parse(argv)
+        check_target_exists(options)
         config, entrypoint, entry_args = launch_config(options)
     return launch(config, entrypoint, entry_args, name=name)
 
@@ -106,6 +107,35 @@ def _check_script(options: argparse.Namespace) -> None:
             )
         raise ConfigurationError("SCRIPT is missing: name the Python file to run after the options, e.g."
                                  " `lite run --devices 2 train.py`.")
+
+
+def check_target_exists(options: argparse.Namespace) -> None:
+    """Refuse a script file or module that is not there, before any rank starts (each rank would
+    fail with its own traceback through `runpy`); `--no-python` programs are left to the agent."""
+    if options.no_python:
+        return
+    target = options.training_script
+    if not options.module:
+        if not os.path.isfile(target):
+            raise ConfigurationError(f"SCRIPT {target} is not a file: check the path (relative to {os.getcwd()}).")
+        return
+    if not _module_exists(target):
+        raise ConfigurationError(f"MODULE {target} is not found from {os.getcwd()}: check its name, or install its"
+                                 " package (e.g. `pip install -e .`) or run from the folder that holds it.")
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `python -m name`, run from this folder, finds the module (its parent packages are
+    imported to look, as `python -m` would)."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())  # `python -m` puts the current folder first
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 def _nodes(value: str) -> tuple[int, int]:

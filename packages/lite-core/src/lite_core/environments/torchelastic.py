@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from lite_core._environ import LAUNCHER_PID_VARIABLE
 from lite_core.environments._envvars import counts_of, env_int, int_or_none
 from lite_core.environments._torch_variables import TorchVariablesEnvironment
 from lite_core.errors import ConfigurationError
@@ -46,20 +47,29 @@ class TorchElasticEnvironment(TorchVariablesEnvironment):
         Raises:
             ConfigurationError: The processes per node or the world size disagree.
         """
+        launcher, per_node_flag, nodes_flag = _launcher_words()
         if "LOCAL_WORLD_SIZE" in os.environ:
             per_node = env_int("LOCAL_WORLD_SIZE", self._launcher)
             if per_node != num_devices:
                 raise ConfigurationError(
-                    f"torchrun started {per_node} processes per node but "
+                    f"{launcher} started {per_node} processes per node but "
                     f"LightningLite(devices={num_devices}) asks for {num_devices}: make them "
-                    f"agree, e.g. devices={per_node} or torchrun --nproc-per-node={num_devices}."
+                    f"agree, e.g. devices={per_node} or {launcher} {per_node_flag}={num_devices}."
                 )
         world = self.world_size()
         if world != num_devices * num_nodes:
             raise ConfigurationError(
-                f"torchrun started {world} processes in total but "
+                f"{launcher} started {world} processes in total but "
                 f"LightningLite(devices={num_devices}, num_nodes={num_nodes}) expects "
                 f"{num_devices * num_nodes}: make them agree, e.g. num_nodes="
-                f"{max(world // max(num_devices, 1), 1)}, torchrun --nnodes={num_nodes}, or leave devices and num_nodes"
-                f" out of LightningLite(...) to take torchrun's counts."
+                f"{max(world // max(num_devices, 1), 1)}, {launcher} {nodes_flag}={num_nodes}, or leave devices and"
+                f" num_nodes out of LightningLite(...) to take {launcher}'s counts."
             )
+
+
+def _launcher_words() -> tuple[str, str, str]:
+    """(the launcher, its processes-per-node flag, its node-count flag) as the user typed them:
+    `lite run` (which marks its ranks) or torchrun."""
+    if LAUNCHER_PID_VARIABLE in os.environ:
+        return "lite run", "--devices", "--num-nodes"
+    return "torchrun", "--nproc-per-node", "--nnodes"

@@ -15,10 +15,9 @@ import os
 import runpy
 import sys
 
+from lite_core._environ import LAUNCHER_PID_VARIABLE
 from lite_core.launchers.supervision import die_with_parent
 
-#: Set by the launcher: its pid, which every rank it started checks against its parent's.
-LAUNCHER_PID_VARIABLE = "LITE_LAUNCHER_PID"
 #: Exported to every rank: 0 on the first attempt, then 1, 2, ... after each restart.
 RESTART_VARIABLE = "LITE_RESTART_COUNT"
 
