@@ -242,6 +242,13 @@ def test_lite_env_text_report(run_script, tmp_path, output_of):
     assert any(line.startswith("  lite-fake-future 0.0.1  [INCOMPATIBLE: lite-fake-future 0.0.1 needs lite-core>=9.0")
                for line in lines)
     assert "    accelerator fake: not available - fake (available: False)" in lines
+    # The backends Lite knows of that this environment lacks, each with the extra that installs it.
+    assert "Not installed (the backends Lite knows of):" in lines
+    assert "  lite-cuda: pip install 'lite-core[cuda]'  (accelerator cuda, gpu; strategy dp)" in lines
+    assert any(line.startswith("  lite-xla: pip install 'lite-core[xla]'  (accelerator tpu, xla; strategy ")
+               for line in lines)
+    assert any(line.startswith("  lite-deepspeed: pip install 'lite-core[deepspeed]'  (strategy deepspeed, ")
+               for line in lines)
 
 
 @pytest.mark.timeout(60)

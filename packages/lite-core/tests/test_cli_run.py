@@ -28,6 +28,14 @@ def config_of(*argv: str):
     return launch_config(parse(argv))
 
 
+def test_the_help_describes_lites_script_not_torchruns_single_gpu_program() -> None:
+    from lite_core.cli._run import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "single GPU" not in text
+    assert "SCRIPT the Python script every rank runs (with -m, the module), then its arguments" in text
+
+
 def test_lites_names_mean_the_same_as_torchruns() -> None:
     torchrun = vars(parse(["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400",
                            "train.py", "--lr", "0.1"]))

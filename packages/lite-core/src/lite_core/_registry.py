@@ -32,6 +32,17 @@ _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
 _EXTRA_PACKAGE = {"cuda": "lite-cuda", "xla": "lite-xla", "deepspeed": "lite-deepspeed"}
 
 
+def known_backends() -> dict[str, tuple[str, dict[str, list[str]]]]:
+    """Each backend package Lite knows of: (the extra that installs it, the names it provides by
+    kind), e.g. `{"lite-cuda": ("cuda", {"accelerator": ["cuda", "gpu"], "strategy": ["dp"]})}`."""
+    found: dict[str, tuple[str, dict[str, list[str]]]] = {}
+    for extra, package in _EXTRA_PACKAGE.items():
+        names = {kind: [name for name, wanted in known.items() if wanted == extra]
+                 for kind, known in _KNOWN_BACKENDS.items()}
+        found[package] = (extra, {kind: listed for kind, listed in names.items() if listed})
+    return found
+
+
 class Registry:
     """The plugins of one kind ("accelerator" or "strategy") in one entry-point group."""
 

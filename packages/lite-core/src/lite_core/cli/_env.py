@@ -41,7 +41,17 @@ def collect() -> dict[str, Any]:
         "memory": _memory(),
         "lite_variables": {name: value for name, value in sorted(os.environ.items()) if name.startswith("LITE_")},
         "packages": [_package(dist) for dist in _lite_distributions()],
+        "not_installed": _not_installed(),
     }
+
+
+def _not_installed() -> list[dict[str, Any]]:
+    """The backend packages Lite knows of that are not installed, each with the command that
+    installs it and the names it would provide."""
+    from lite_core._registry import known_backends
+
+    return [{"name": package, "install": f"pip install 'lite-core[{extra}]'", "provides": provides}
+            for package, (extra, provides) in known_backends().items() if _version(package) is None]
 
 
 def _version(distribution: str) -> str | None:
@@ -165,6 +175,11 @@ def render(report: dict[str, Any]) -> str:
     ]
     for package in report["packages"]:
         lines.extend(_render_package(package))
+    if report["not_installed"]:
+        lines.extend(["", "Not installed (the backends Lite knows of):"])
+    for package in report["not_installed"]:
+        names = "; ".join(f"{kind} {', '.join(listed)}" for kind, listed in package["provides"].items())
+        lines.append(f"  {package['name']}: {package['install']}  ({names})")
     return "\n".join(lines)
 
 

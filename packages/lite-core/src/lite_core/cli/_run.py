@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(nproc_per_node=os.environ.get("PET_NPROC_PER_NODE"), nnodes=os.environ.get("PET_NNODES"))
     script = next(action for action in parser._actions if action.dest == "training_script")
     script.nargs, script.metavar = "?", "SCRIPT"  # a missing script gets Lite's own sentence
+    script.help = ("the Python script every rank runs (with -m, the module), then its arguments; Lite picks"
+                   " each rank's device")
     return parser
 
 
