@@ -128,3 +128,19 @@ def test_tensorboard_missing_names_the_install_line(tmp_path: Path, monkeypatch:
     assert str(info.value) == ("TensorBoardLogger needs the tensorboard package, which is not installed: run"
                                " `pip install 'lite-core[tensorboard]'`.")
     assert isinstance(info.value, ImportError)
+
+
+@needs_tensorboard
+def test_the_loggers_of_one_run_write_one_version_and_the_next_run_the_next(tmp_path: Path) -> None:
+    class Job(LightningLite):
+        def run(self) -> None:
+            self.log("loss", 0.5, step=0)
+
+    for _ in range(2):
+        csv_logger, tensorboard = CSVLogger(tmp_path), TensorBoardLogger(tmp_path)
+        Job(accelerator="cpu", loggers=[csv_logger, tensorboard]).run()
+        assert csv_logger.log_dir == tensorboard.log_dir
+    runs = tmp_path / "lite_logs"
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
+    for version in ("version_0", "version_1"):
+        assert (runs / version / "metrics.csv").exists() and list((runs / version).glob("events.out.tfevents.*"))

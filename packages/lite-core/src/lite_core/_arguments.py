@@ -13,6 +13,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.loggers.logger import share_run_folders
 
 
 def legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any) -> tuple[Any, Any]:
@@ -31,12 +32,14 @@ def legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any)
 
 
 def checked_loggers(loggers: list[Any]) -> list[Any]:
+    """`loggers`, each checked to be one, the built-in ones of one folder sharing one `version_N`."""
     for logger in loggers:
         if not callable(getattr(logger, "log_metrics", None)):
             raise ConfigurationError(
                 f"loggers got {logger!r}, which has no log_metrics(metrics, step) method: pass a Logger such as"
                 " CSVLogger('logs') or TensorBoardLogger('logs')."
             )
+    share_run_folders(loggers)
     return loggers
 
 

@@ -69,10 +69,32 @@ class FolderLogger:
         self._version = version
         self._log_dir: Path | None = None
         self._steps = StepCounter()
+        self._run: _RunFolder | None = None
 
     @property
     def log_dir(self) -> Path:
-        """The folder this logger writes into (chosen on first use)."""
+        """The folder this logger writes into (chosen on first use; the same for every built-in
+        logger of one `LightningLite` under the same `root_dir/name`, see `share_run_folders`)."""
         if self._log_dir is None:
-            self._log_dir = version_folder(self._root_dir, self._name, self._version)
+            run = self._run if self._run is not None else _RunFolder()
+            if run.folder is None:
+                run.folder = version_folder(self._root_dir, self._name, self._version)
+            self._log_dir = run.folder
         return self._log_dir
+
+
+class _RunFolder:
+    """The `version_N` folder that the loggers of one run share, picked by whichever logs first."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+
+
+def share_run_folders(loggers: list[Any]) -> None:
+    """Make the built-in loggers of one run that pick their version themselves (`version=None`)
+    under the same `root_dir/name` write into one `version_N` folder, not one each: e.g.
+    `CSVLogger("logs")` and `TensorBoardLogger("logs")` of one `LightningLite`."""
+    runs: dict[Path, _RunFolder] = {}
+    for logger in loggers:
+        if isinstance(logger, FolderLogger) and logger._version is None and logger._log_dir is None:
+            logger._run = runs.setdefault(Path(logger._root_dir).resolve() / logger._name, _RunFolder())
