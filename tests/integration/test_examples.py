@@ -83,3 +83,17 @@ def test_tensor_parallel_gpt_through_lite_equals_its_plain_pytorch_twin_on_four_
     assert plain.returncode == 0, output_of(plain)
     assert "data parallel 2 x tensor parallel 2" in lite.stdout
     assert abs(final_loss(lite.stdout) - final_loss(plain.stdout)) < 1e-5
+
+
+def test_gradient_accumulation_on_two_processes_equals_plain_batches_of_the_global_size(run_script, output_of):
+    """docs/convert.md's loop: micro-batches under `no_backward_sync` until the step's last one, so
+    one all-reduce per step; the result equals one process taking the whole global batch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gradient_accumulation", EXAMPLES / "gradient_accumulation.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    proc = run_script(EXAMPLES / "gradient_accumulation.py", "--strategy", "ddp", "--devices", "2")
+    assert proc.returncode == 0, output_of(proc)
+    assert "2 process(es), 2 micro-batch(es) of 2 per step" in proc.stdout
+    assert abs(final_loss(proc.stdout) - example.plain()) < 1e-6
