@@ -11,10 +11,32 @@ same parameters in the same order, so every rank runs the same collectives.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+
+#: torch's logger that notes, once per call, that making a norm whole over a 2-D mesh takes "2
+#: sequential all_reduce operations" (one per mesh dimension) where one would do. The norm is one
+#: scalar per group, so the second collective costs nothing worth a line per rank per step, and the
+#: choice of collective is Lite's, not the user's: `_quiet_redistribute` drops that note only.
+_REDISTRIBUTE_LOGGER = "torch.distributed.tensor._redistribute"
+
+
+def _not_the_sequential_collectives_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("While redistributing from")
+
+
+@contextlib.contextmanager
+def _quiet_redistribute() -> Iterator[None]:
+    logger = logging.getLogger(_REDISTRIBUTE_LOGGER)
+    logger.addFilter(_not_the_sequential_collectives_note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_not_the_sequential_collectives_note)
 
 
 def _group_key(grad: torch.Tensor) -> Any:
@@ -30,8 +52,9 @@ def total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
         groups.setdefault(_group_key(grad), []).append(grad)
     norms = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type=norm_type)
-        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        with _quiet_redistribute():  # get_total_norm stacks the group's norms: the redistribution is there
+            norm = torch.nn.utils.get_total_norm(group, norm_type=norm_type)
+            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if not norms:
         return torch.tensor(0.0)
     device = norms[0].device
