@@ -35,10 +35,19 @@ _LOADER_ARGUMENTS = (
 )
 
 
+#: torchdata's `StatefulDataLoader` batches with its own `BatchSampler`, which batches as torch's does.
+_PLAIN_BATCH_SAMPLER_MODULES = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sampler")
+
+
+def _is_plain_batch_sampler(batch_sampler: Any) -> bool:
+    cls = type(batch_sampler)
+    return cls.__name__ == "BatchSampler" and cls.__module__ in _PLAIN_BATCH_SAMPLER_MODULES
+
+
 def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler | None:
     """The dataloader's batch sampler (None with `batch_size=None`); a custom one Lite cannot shard is refused."""
     batch_sampler = dataloader.batch_sampler
-    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+    if batch_sampler is not None and not _is_plain_batch_sampler(batch_sampler):
         raise MisuseError(
             f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
             " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
