@@ -9,7 +9,8 @@ per rank (MODE `rank`, the global batch split by hand into `GLOBAL_BATCH / world
 `RESUME` names a checkpoint (in OUT_DIR) to load first, or `-`; `STOP` a global step after which
 the task saves the checkpoint `TAG.ckpt` and stops, or `-` to run to the end. Each rank writes the
 sample indices of its batch at every global step to `TAG-rankR.json`; rank 0 writes the final full
-weights to `TAG-weights.pt`. `plain_run()` is one plain PyTorch process doing the same.
+weights to `TAG-weights.pt`. `plain_run()` is one plain PyTorch process doing the same; `Job` runs in the
+test's own process for one device.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+from lite_core import LightningLite
 
 torch.set_num_threads(1)
 
@@ -73,48 +76,42 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
-def main() -> None:
-    from lite_core import LightningLite
+class Job(LightningLite):
+    def run(self, out_dir: str, tasks: list[str]) -> None:
+        for task in tasks:
+            self.task(Path(out_dir), *task.split(":"))
 
-    class Job(LightningLite):
-        def run(self, out_dir: str, tasks: list[str]) -> None:
-            for task in tasks:
-                self.task(Path(out_dir), *task.split(":"))
+    def task(self, out: Path, tag: str, mode: str, workers: str, resume: str, stop: str) -> None:
+        torch.manual_seed(SEED)
+        model, optimizer = self.setup(*make_model())
+        split = mode == "split"
+        batch = GLOBAL_BATCH if split else GLOBAL_BATCH // self.world_size
+        loader = self.setup_dataloaders(DataLoader(Indexed(), batch_size=batch, shuffle=True,
+                                                   num_workers=int(workers)), split_batches=split)
+        state = {"model": model, "optimizer": optimizer, "loader": loader, "epoch": 0, "step": 0}
+        if resume != "-":
+            self.load(out / resume, state)
+        steps: dict[int, list[int]] = {}
+        for epoch in range(state["epoch"], EPOCHS):
+            for index, x, y in loader:
+                state["step"] += 1
+                steps[state["step"]] = index.tolist()
+                train_step(model, optimizer, x, y, self.backward)
+                if stop != "-" and state["step"] == int(stop):
+                    state["epoch"] = epoch
+                    self.save(state, out / f"{tag}.ckpt")
+                    self.finish(out, tag, steps, model)
+                    return
+            state["epoch"] = epoch + 1
+        self.finish(out, tag, steps, model)
 
-        def task(self, out: Path, tag: str, mode: str, workers: str, resume: str, stop: str) -> None:
-            torch.manual_seed(SEED)
-            model, optimizer = self.setup(*make_model())
-            split = mode == "split"
-            batch = GLOBAL_BATCH if split else GLOBAL_BATCH // self.world_size
-            loader = self.setup_dataloaders(DataLoader(Indexed(), batch_size=batch, shuffle=True,
-                                                       num_workers=int(workers)), split_batches=split)
-            state = {"model": model, "optimizer": optimizer, "loader": loader, "epoch": 0, "step": 0}
-            if resume != "-":
-                self.load(out / resume, state)
-            steps: dict[int, list[int]] = {}
-            for epoch in range(state["epoch"], EPOCHS):
-                for index, x, y in loader:
-                    state["step"] += 1
-                    steps[state["step"]] = index.tolist()
-                    train_step(model, optimizer, x, y, self.backward)
-                    if stop != "-" and state["step"] == int(stop):
-                        state["epoch"] = epoch
-                        self.save(state, out / f"{tag}.ckpt")
-                        self.finish(out, tag, steps, model)
-                        return
-                state["epoch"] = epoch + 1
-            self.finish(out, tag, steps, model)
-
-        def finish(self, out: Path, tag: str, steps: dict[int, list[int]], model: nn.Module) -> None:
-            (out / f"{tag}-rank{self.global_rank}.json").write_text(json.dumps(steps))
-            weights = full_weights(model)
-            if self.global_rank == 0:
-                torch.save(weights, out / f"{tag}-weights.pt")
-            self.barrier()
-
-    strategy, devices = sys.argv[1], int(sys.argv[2])
-    Job(accelerator="cpu", strategy=strategy, devices=devices).run(sys.argv[3], sys.argv[4:])
+    def finish(self, out: Path, tag: str, steps: dict[int, list[int]], model: nn.Module) -> None:
+        (out / f"{tag}-rank{self.global_rank}.json").write_text(json.dumps(steps))
+        weights = full_weights(model)
+        if self.global_rank == 0:
+            torch.save(weights, out / f"{tag}-weights.pt")
+        self.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    Job(accelerator="cpu", strategy=sys.argv[1], devices=int(sys.argv[2])).run(sys.argv[3], sys.argv[4:])
