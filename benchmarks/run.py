@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
-SECTIONS = ("steps", "loader", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch",
+SECTIONS = ("steps", "loader", "loader_position", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch",
             "restart", "memory")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
@@ -105,7 +105,8 @@ TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps
            **{f"{kind}:{model}": 1.02 for kind in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
               for model in ("tiny", "mlp1024")},
            "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02,
-           "launch-cli": 1.05, "restart": None}
+           "launch-cli": 1.05, "restart": None, "position:batch": 1.01, "position:calls": None,
+           "position:deep-resume": None}
 
 
 @dataclass
@@ -256,6 +257,31 @@ def bench_loader(ctx: Context) -> list[Row]:
                             "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
                             note=f"{calls['lite'] - calls['plain']:+.0f} calls/step", reps=10))
     return rows
+
+
+def bench_loader_position(ctx: Context) -> list[Row]:
+    """Measurement 1d: the set-up loader's global position (`_position_worker.py`): its cost per
+    batch against a plain shuffled `DataLoader`, its calls per batch, and the time `load` takes to
+    reach a position 90% into a 1M-sample epoch with `num_workers=2` (first batch included)."""
+    out = ctx.workdir / "position.json"
+    quick = ctx.config.name == "quick"
+    command = [ctx.python, str(HERE / "_position_worker.py"), "--out", str(out), "--reps", "10" if quick else "30",
+               "--resume-reps", "2" if quick else "5"]
+    run_child(command, ctx.config.step_timeout_s, child_env(1))
+    result = json.loads(out.read_text())
+    per_batch, deep = result["per_batch"], result["deep_resume"]
+    plain_ns, lite_ns = per_batch["ns_per_batch"]["plain"], per_batch["ns_per_batch"]["lite"]
+    calls = per_batch["calls_per_batch"]
+    rows = [paired_row("position:batch", "Per batch, shuffled DataLoader of a TensorDataset, no model: set-up"
+                       " (position kept) vs plain", "µs/batch", [v / 1e3 for v in plain_ns], [v / 1e3 for v in lite_ns]),
+            Row("position:calls", "Python calls per batch (deterministic): set-up vs plain", "calls",
+                plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+                note=f"{calls['lite'] - calls['plain']:+.1f} calls/batch")]
+    row = paired_row("position:deep-resume", f"load at sample {deep['consumed']:,} of {deep['samples']:,} + first batch"
+                     " (num_workers=2) vs a fresh epoch's first batch", "s", deep["plain_first_batch_s"],
+                     deep["lite_load_and_first_batch_s"])
+    row.note = f"plain PyTorch fetching its way there: {deep['plain_fetch_to_position_s']:.0f} s"
+    return rows + [row]
 
 
 def bench_compile(ctx: Context) -> list[Row]:
@@ -531,7 +557,7 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
-    "steps": bench_steps, "loader": bench_loader, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
+    "steps": bench_steps, "loader": bench_loader, "loader_position": bench_loader_position, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
     "deepspeed": bench_deepspeed,
     "checkpoint": bench_checkpoint, "monitor": bench_monitor, "import": bench_import,
     "launch": bench_launch, "restart": bench_restart, "memory": bench_memory,

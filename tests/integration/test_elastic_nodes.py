@@ -2,7 +2,8 @@
 machines running the same command: a plain 2-node job, a worker that dies once on node 2 under
 `--max-restarts 1`, node 2's launcher killed for good under `--nnodes 1:2`, and node 2 started
 while node 1 trains alone under `--nnodes 1:2 --max-restarts 0` (taken in without spending a
-restart). Each ends with the weights of one uninterrupted process (1e-6), because `elastic_job.py`
+restart); and with `split_batches=True` and a checkpoint every step, node 2 lost in the middle of
+an epoch, node 1 going on from the last step's sample. Each ends with the weights of one uninterrupted process (1e-6), because `elastic_job.py`
 resumes from its checkpoint and keeps its global batch at any world size."""
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 RDZV_CONF = "join_timeout=60,last_call_timeout=1,close_timeout=5"
 
 
-def uninterrupted_weights() -> list[list[float]]:
-    """elastic_job.py in one plain PyTorch process: batches of 8, in order."""
+def uninterrupted_weights(shuffle: bool = False) -> list[list[float]]:
+    """elastic_job.py in one plain PyTorch process: batches of 8, in order (or shuffled)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     try:
         from elastic_job import reference_weights
     finally:
         sys.path.pop(0)
-    return reference_weights()
+    return reference_weights(shuffle=shuffle)
 
 
-def assert_uninterrupted(record: dict) -> None:
-    for got, want in zip(record["weight"], uninterrupted_weights()):
+def assert_uninterrupted(record: dict, shuffle: bool = False) -> None:
+    for got, want in zip(record["weight"], uninterrupted_weights(shuffle)):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
@@ -108,6 +109,23 @@ def test_losing_node_2_for_good_goes_on_at_the_smaller_world_size(start_script, 
     assert sorted(done) == [0], output  # node 2's rank never finished
     assert done[0]["world"] == 1 and done[0]["restart"] == "1"
     assert_uninterrupted(done[0])
+
+
+def test_a_node_lost_mid_epoch_resumes_at_the_next_sample_with_the_same_global_batch(
+        start_script, free_tcp_port, tmp_path, wait_gone):
+    # split_batches=True and a checkpoint after every step: node 1 alone finishes the interrupted
+    # epoch from the last step's sample, with batches of 8 as the 2-node job had.
+    how = "wait-to-be-killed+split"
+    node0, node1 = start_nodes(start_script, free_tcp_port(), tmp_path, how, nnodes="1:2", restarts=1)
+    worker = wait_until_waiting(tmp_path, [node0, node1])
+    os.kill(node1.pid, signal.SIGKILL)
+    node1.wait()
+    assert wait_gone([worker], 5) == []
+    code, output = finish(node0)
+    assert code == 0, output
+    done = records(tmp_path)
+    assert sorted(done) == [0] and done[0]["world"] == 1 and done[0]["restart"] == "1", output
+    assert_uninterrupted(done[0], shuffle=True)
 
 
 def test_a_node_that_starts_later_is_taken_in_without_using_a_restart(start_script, free_tcp_port, tmp_path):

@@ -7,7 +7,7 @@ node and went on alone, or took in a node that started later.
     torchrun ... elastic_job.py OUT_DIR HOW [SECONDS_PER_STEP]
     lite run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT elastic_job.py OUT_DIR HOW
 
-HOW says what global rank 1 does in the middle of the second epoch: `steady` (nothing; the test
+HOW says what global rank 1 does in the middle of the second epoch (before its second step): `steady` (nothing; the test
 may kill a node), `die-once` (`os._exit(3)` on the first attempt only; OUT_DIR/died marks that it
 did; in the next attempt rank 1 starts a second after rank 0, so that a group built on the
 previous attempt's keys finds rank 1's dead address there), or `wait-to-be-killed` (writes its pid
@@ -17,6 +17,11 @@ stops it to take in a node that started later; at the larger world size it train
 prints `epoch E world W` after each epoch (rank 0 also appends it to OUT_DIR/progress.txt) and
 each rank that finishes writes OUT_DIR/rank{r}.json with its final weights, the world size, the
 environment's name and the restart it finished in (`LITE_RESTART_COUNT`).
+
+HOW with `+split` (e.g. `wait-to-be-killed+split`): the loader is the user's shuffled
+`DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)` set up with `split_batches=True`, and the
+job checkpoints (loader included) after every step, so a restart resumes in the middle of the epoch;
+it ends with `reference_weights(shuffle=True)`.
 """
 
 from __future__ import annotations
@@ -43,16 +48,16 @@ def data() -> TensorDataset:
     return TensorDataset(x, x.sum(1, keepdim=True) + 1)
 
 
-def reference_weights(epochs: int = EPOCHS) -> list[list[float]]:
-    """The job on one process in plain PyTorch, without any failure."""
+def reference_weights(epochs: int = EPOCHS, shuffle: bool = False) -> list[list[float]]:
+    """The job on one process in plain PyTorch, without any failure (`shuffle`: the `+split` job's
+    `DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)`)."""
     torch.manual_seed(0)
     model = nn.Linear(4, 1).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = data().tensors
     for _ in range(epochs):
-        for start in range(0, len(x), GLOBAL_BATCH):
+        for x, y in DataLoader(data(), batch_size=GLOBAL_BATCH, shuffle=shuffle):
             optimizer.zero_grad()
-            nn.functional.mse_loss(model(x[start:start + GLOBAL_BATCH]), y[start:start + GLOBAL_BATCH]).backward()
+            nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
     return [p.detach().flatten().tolist() for p in model.parameters()]
 
@@ -81,20 +86,28 @@ class Elastic(LightningLite):
         torch.manual_seed(0)
         model = nn.Linear(4, 1).double()
         model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-        # Interleaved shards (no shuffle) of GLOBAL_BATCH / world_size: each step's ranks together
-        # hold the same 8 samples as one process's batch of 8.
-        loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH // self.world_size))
+        how, split = how.removesuffix("+split"), how.endswith("+split")
+        if split:  # the user's shuffled loader of global batches, and a checkpoint after every step
+            loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH, shuffle=True),
+                                            split_batches=True)
+        else:
+            # Interleaved shards (no shuffle) of GLOBAL_BATCH / world_size: each step's ranks together
+            # hold the same 8 samples as one process's batch of 8.
+            loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH // self.world_size))
         checkpoint = Path(out_dir, "last.ckpt")
-        state = {"epoch": 0, "model": model, "optimizer": optimizer}
+        state = {"epoch": 0, "model": model, "optimizer": optimizer, **({"loader": loader} if split else {})}
         self.load(checkpoint, state, missing_ok=True)
         for epoch in range(state["epoch"], EPOCHS):
-            for step, (x, y) in enumerate(loader):
-                if epoch == 1 and step == 1:
+            for x, y in loader:
+                if epoch == 1 and loader.state_dict().get("consumed") == GLOBAL_BATCH * 2:  # its 2nd step
                     act(Path(out_dir), how, self.global_rank, self.world_size)
                 optimizer.zero_grad()
                 self.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()
                 time.sleep(seconds_per_step)
+                if split:
+                    state["epoch"] = epoch
+                    self.save(state, checkpoint)
             print(f"epoch {epoch} world {self.world_size}", flush=True)
             if self.global_rank == 0:
                 with open(Path(out_dir, "progress.txt"), "a") as progress:

@@ -24,6 +24,7 @@ from torch.utils.data import (
 )
 
 from lite_core._move import rebuild_mapping
+from lite_core._order import BatchPart, EpochOrder, ResumableDistributedSampler, ShardedSampler, SplitBatches
 from lite_core._seed import seed_worker, worker_seeding_enabled
 from lite_core.errors import MisuseError
 
@@ -34,43 +35,19 @@ _LOADER_ARGUMENTS = (
 )
 
 
-class ShardedSampler(Sampler[int]):
-    """Gives rank `r` every `num_replicas`-th index of the user's sampler, starting at `r`.
+#: torchdata's `StatefulDataLoader` batches with its own `BatchSampler`, which batches as torch's does.
+_PLAIN_BATCH_SAMPLER_MODULES = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sampler")
 
-    Every rank draws the same sequence from the user's sampler (so it must be deterministic
-    for a given epoch); with `drop_last=False` the sequence is padded by repeating its start so
-    that all ranks see the same number of samples.
-    """
 
-    def __init__(self, sampler: Sampler[int], num_replicas: int, rank: int, drop_last: bool = False) -> None:
-        self.sampler = sampler
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.drop_last = drop_last
-
-    def __len__(self) -> int:
-        total = len(self.sampler)  # type: ignore[arg-type]
-        if self.drop_last:
-            return total // self.num_replicas
-        return math.ceil(total / self.num_replicas)
-
-    def __iter__(self) -> Iterator[int]:
-        indexes = list(self.sampler)
-        wanted = len(self) * self.num_replicas
-        if len(indexes) < wanted:
-            indexes += (indexes * math.ceil(wanted / max(len(indexes), 1)))[: wanted - len(indexes)]
-        return iter(indexes[self.rank : wanted : self.num_replicas])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the user's sampler when it uses one."""
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+def _is_plain_batch_sampler(batch_sampler: Any) -> bool:
+    cls = type(batch_sampler)
+    return cls.__name__ == "BatchSampler" and cls.__module__ in _PLAIN_BATCH_SAMPLER_MODULES
 
 
 def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler | None:
     """The dataloader's batch sampler (None with `batch_size=None`); a custom one Lite cannot shard is refused."""
     batch_sampler = dataloader.batch_sampler
-    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+    if batch_sampler is not None and not _is_plain_batch_sampler(batch_sampler):
         raise MisuseError(
             f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}) that Lite cannot"
             " shard: make it yield this rank's batches and pass setup_dataloaders(..., replace_sampler=False)."
@@ -103,14 +80,61 @@ def _sharded(dataloader: DataLoader, sampler: Any, drop_last: bool, num_replicas
         return None
     if type(sampler) in (RandomSampler, SequentialSampler) and not getattr(sampler, "replacement", False):
         shuffle = isinstance(sampler, RandomSampler)
-        return DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
-                                  seed=seed, drop_last=drop_last)
+        return ResumableDistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank,
+                                           shuffle=shuffle, seed=seed, drop_last=drop_last)
     if not isinstance(sampler, Sized):
         raise MisuseError(
             f"The dataloader's sampler ({type(sampler).__name__}) has no length, so Lite cannot shard it:"
             " pass setup_dataloaders(..., replace_sampler=False) and shard it yourself."
         )
     return ShardedSampler(sampler, num_replicas, rank, drop_last=drop_last)
+
+
+def in_order(dataloader: DataLoader) -> DataLoader:
+    """A copy of `dataloader` (one process) whose sampler can resume its epoch at any sample
+    (`EpochOrder`); the loader itself where Lite cannot rebuild it (then it resumes at epochs only)."""
+    if isinstance(dataloader.dataset, IterableDataset) or not isinstance(dataloader.sampler, Sized):
+        return dataloader
+    try:
+        batch_sampler = _plain_batch_sampler(dataloader)
+        if batch_sampler is not None and dataloader.batch_size is None:  # `batch_sampler=BatchSampler(...)`
+            return _rebuild(dataloader, {"batch_sampler": BatchSampler(EpochOrder(batch_sampler.sampler),
+                                                                       batch_sampler.batch_size,
+                                                                       batch_sampler.drop_last)})
+        return _rebuild(dataloader, {"sampler": EpochOrder(dataloader.sampler), "batch_size": dataloader.batch_size,
+                                     "drop_last": dataloader.drop_last})
+    except MisuseError:  # a custom batch sampler, or a subclass made outside run()
+        return dataloader
+
+
+def split_batches(dataloader: DataLoader, part: BatchPart, dp_size: int) -> DataLoader:
+    """A copy of `dataloader` whose every batch is this process's part (`part()`) of the batch one
+    plain process draws (`setup_dataloaders(..., split_batches=True)`)."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        raise MisuseError(
+            "setup_dataloaders(split_batches=True) needs a dataset with indices, but this loader's dataset is an"
+            " IterableDataset: split its batches yourself or set it up without split_batches."
+        )
+    batch_sampler = _plain_batch_sampler(dataloader)
+    if batch_sampler is None:
+        raise MisuseError(
+            "setup_dataloaders(split_batches=True) splits each batch over the processes, but this loader has"
+            " batch_size=None: give it the global batch size."
+        )
+    size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
+    if size % dp_size:
+        raise MisuseError(
+            f"setup_dataloaders(split_batches=True) splits each batch of {size} samples over {dp_size}"
+            f" data-parallel processes, which does not divide it: make the batch size a multiple of {dp_size}."
+        )
+    last = len(batch_sampler.sampler) % size  # type: ignore[arg-type]
+    if last and not drop_last and last < dp_size:
+        raise MisuseError(
+            f"With split_batches=True the epoch's last batch holds {last} samples, fewer than the {dp_size}"
+            " data-parallel processes it is split over: pass drop_last=True to the DataLoader."
+        )
+    global_batches = BatchSampler(EpochOrder(batch_sampler.sampler), size, drop_last)
+    return _rebuild(dataloader, {"batch_sampler": SplitBatches(global_batches, part)})
 
 
 # -- evaluation passes ---------------------------------------------------------------------------

@@ -1,31 +1,46 @@
-"""Where a set-up dataloader is in its run, and what a checkpoint holds to resume it exactly.
+"""Where a set-up dataloader is in the job's global sample order, and what a checkpoint holds to resume it.
 
 A pass over the loader is an epoch. Before each one the samplers that have `set_epoch` (e.g. a
 `DistributedSampler`, whose shuffle depends on its seed and the epoch) are told the epoch, unless
 the user called `set_epoch` themselves since: then the user's epoch wins and counting goes on from
-it. Saved with the loader in a checkpoint: the next epoch; for torchdata's `StatefulDataLoader`
-its own state (the position inside the epoch); for a sampler that shuffles with torch's default
-generator (`RandomSampler` without a generator) that generator's state, which loading restores,
-so that the resumed run draws the same shuffles (and the same dropout) as the uninterrupted one.
+it.
+
+The position saved with the loader is global, never per rank: the epoch, what reproduces that
+epoch's order (its seed, or the generator's state at its start; see `lite_core._order`), and how
+many samples of that order were consumed, counted from the batches handed to the user (not those
+that workers prefetched). Loading it under any strategy and number of processes makes the next
+batch the one that the uninterrupted run would have drawn next: the sampler skips the consumed
+indices without fetching them. For a sampler that shuffles with torch's default generator the
+generator's state is saved as well, which loading restores, so that the resumed run draws the same
+shuffles (and the same dropout) as the uninterrupted one. A loader whose sampler Lite does not
+hold (`replace_sampler=False`, an `IterableDataset`) resumes at its epoch, or from its own state
+(torchdata's `StatefulDataLoader` over a stream).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch.utils.data import RandomSampler
 
+from lite_core._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
 from lite_core._stateful import is_stateful
 
 
 class LoaderPosition:
-    """The epoch bookkeeping of one set-up dataloader."""
+    """The epoch and sample bookkeeping of one set-up dataloader."""
 
     def __init__(self, dataloader: Any) -> None:
         self._dataloader = dataloader
+        self._sampler = positioned_sampler(dataloader)
+        self._per_batch = samples_per_batch(dataloader, self._sampler) if self._sampler is not None else 0
         self.next_epoch = 0
+        self.taken = 0  # batches handed out in the pass under way (the set-up loader counts them)
+        self._pass_skip = 0
         self._in_epoch = False
+        self._loaded: dict[str, Any] | None = None  # a mid-epoch position loaded, its pass not begun
         self._told = self._sampler_epochs()  # what the samplers held when Lite last set them
 
     def _samplers(self) -> list[Any]:
@@ -48,31 +63,93 @@ class LoaderPosition:
         self._told = self._sampler_epochs()
         self.next_epoch += 1
         self._in_epoch = True
+        if self._sampler is not None:
+            if self._loaded is None:
+                self._sampler.skip = 0
+            self._pass_skip = self._sampler.skip
+        self._loaded = None
+        self.taken = 0
 
     def end_epoch(self) -> None:
         self._in_epoch = False
+        if self._sampler is not None:
+            self._sampler.skip = 0
+
+    def processes(self) -> int:
+        """How many processes split the order (the data-parallel size)."""
+        batch_sampler = getattr(self._dataloader, "batch_sampler", None)
+        if isinstance(batch_sampler, SplitBatches):
+            return batch_sampler.part()[1]
+        return getattr(self._sampler, "num_replicas", 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position to resume from: the epoch the next pass runs, and the loader's own state."""
+        """The position to resume from: the epoch, its order and the samples of it consumed."""
+        if self._loaded is not None:
+            return dict(self._loaded)
         state: dict[str, Any] = {"epoch": self.next_epoch}
-        if is_stateful(self._dataloader):
-            state["dataloader"] = self._dataloader.state_dict()
+        if self._sampler is not None:
             if self._in_epoch:  # the next pass finishes this epoch
                 state["epoch"] -= 1
-        elif self._shuffles_with_default_generator():
+                consumed = self._pass_skip + self.taken * self._per_batch
+                state["consumed"] = min(consumed, self._sampler.order_length())
+                state["order"] = self._sampler.order_state()
+                state["processes"] = self.processes()
+        elif is_stateful(self._dataloader):
+            state["dataloader"] = self._dataloader.state_dict()
+            if self._in_epoch:
+                state["epoch"] -= 1
+        elif self._in_epoch:
+            state["epoch"] -= 1
+            state["consumed"] = self.taken  # batches, for the warning at load: this loader cannot skip
+        if self._shuffles_with_default_generator():
             state["torch_rng_state"] = torch.get_rng_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict`)."""
         self.next_epoch = int(state["epoch"])
-        if "dataloader" in state and is_stateful(self._dataloader):
+        consumed = int(state.get("consumed", 0))
+        self._loaded = None
+        rng_state = state.get("torch_rng_state")
+        if self._sampler is not None:
+            self._sampler.skip = consumed
+            order = dict(state.get("order", {}))
+            if consumed and rng_state is not None and isinstance(self._sampler, EpochOrder):
+                order["torch_rng_state"], rng_state = rng_state, None  # restored where the pass draws
+            self._sampler.restore_order(order)
+            if consumed:
+                self._loaded = dict(state)
+                self._warn_if_not_reproducible(state)
+        elif "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
-        if "torch_rng_state" in state:
-            torch.set_rng_state(state["torch_rng_state"])
+        elif consumed:
+            warnings.warn(
+                f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
+                " its sampler (replace_sampler=False, an IterableDataset, or a loader it could not rebuild), so"
+                " the epoch starts again from its first sample: let Lite shard the loader to resume inside it.",
+                stacklevel=3,
+            )
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
         self._in_epoch = False
         self._told = self._sampler_epochs()
 
+    def _warn_if_not_reproducible(self, state: dict[str, Any]) -> None:
+        if self._sampler.reproducible:
+            return
+        inner = getattr(self._sampler, "source", getattr(self._sampler, "sampler", self._sampler))
+        before, now = state.get("processes", 1), self.processes()
+        shape = f" on {before} processes (now {now})" if before != now else ""
+        warnings.warn(
+            f"The dataloader's sampler ({type(inner).__name__}) has no set_epoch(), state_dict() or generator,"
+            f" so Lite cannot draw its order again: the resumed epoch skips the first {state.get('consumed')}"
+            f" indices{shape} of its next pass, which repeats or skips samples unless that pass draws the same"
+            " order; give the sampler state_dict() and load_state_dict().",
+            stacklevel=4,
+        )
+
     def _shuffles_with_default_generator(self) -> bool:
         sampler = getattr(self._dataloader, "sampler", None)
+        if isinstance(self._sampler, EpochOrder):
+            sampler = self._sampler.source
         return isinstance(sampler, RandomSampler) and sampler.generator is None

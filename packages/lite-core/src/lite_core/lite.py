@@ -28,8 +28,8 @@ from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
+from lite_core._loader import LiteDataLoader
 from lite_core.wrappers import (
-    LiteDataLoader,
     LiteModule,
     _LiteOptimizerBase,
     forward_ran_since_backward,
@@ -279,7 +279,7 @@ class LightningLite:
         return wrapped
 
     def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
-                          move_to_device: bool = True, sharding: str = "auto") -> Any:
+                          move_to_device: bool = True, sharding: str = "auto", split_batches: bool = False) -> Any:
         """Shard each dataloader across processes and move its batches to the device.
 
         Under a distributed strategy each rank loads its own shard (ranks that hold the same data,
@@ -303,14 +303,26 @@ class LightningLite:
                 disabled (`torch.no_grad()`, `torch.inference_mode()`) or with every set-up model
                 in eval mode (`model.eval()`) is an evaluation pass; `"evaluation"` or
                 `"training"` shards every pass that way.
+            split_batches: the loader's `batch_size` is the global batch: each training batch is
+                the batch one plain process draws from this loader, cut into one contiguous part
+                per data-parallel process, so the job takes the same steps on any number of
+                processes. The batch size must be a multiple of the data-parallel size; the
+                epoch's short last batch (without `drop_last`) is cut into parts that differ by at
+                most one sample. Processes that hold the same data (tensor-parallel peers) get
+                the same part.
+
+        The set-up loader's `state_dict()` is its place in the job's global sample order (epoch,
+        the epoch's order, samples consumed): `load` resumes it at the next sample under any
+        strategy and number of processes (see the "Preemption and resuming" page).
         """
         check_sharding(sharding)
         self._require_environment("setup_dataloaders")
-        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding) for d in dataloaders]
+        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding, split_batches)
+                   for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool,
-                          sharding: str) -> LiteDataLoader:
+                          sharding: str, split_batches: bool) -> LiteDataLoader:
         if not isinstance(dataloader, DataLoader):
             raise MisuseError(
                 f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
@@ -322,10 +334,14 @@ class LightningLite:
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
             evaluation = self._evaluations.shard(dataloader, shard, seed, sharding)
-            if sharding != "evaluation":
+            if sharding == "evaluation":
+                dataloader = dataloader if evaluation is None else evaluation.dataloader
+            elif split_batches:
+                dataloader = _data.split_batches(dataloader, self._strategy.split_batch_part, shard["num_replicas"])
+            else:
                 dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
-            elif evaluation is not None:
-                dataloader = evaluation.dataloader
+        elif replace_sampler:
+            dataloader = _data.in_order(dataloader)
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
         if evaluation is not None and evaluation.dataloader is not dataloader:
             _data.with_worker_seeding(evaluation.dataloader, self.global_rank)

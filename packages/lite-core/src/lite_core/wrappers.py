@@ -1,4 +1,4 @@
-"""Wrappers around the user's model, optimizers and dataloaders.
+"""Wrappers around the user's model and optimizers (the dataloader's is in `lite_core._loader`).
 
 Each behaves like the object it wraps (attribute access, `state_dict`, iteration, `len`) and keeps
 the original reachable, while routing the forward pass, the optimizer step and batches through the
@@ -15,14 +15,9 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 from torch.optim import Optimizer
 
-from lite_core._data import EvaluationPass, EvenBatches
 from lite_core._methods import computes_on_input, is_user_method
-from lite_core._move import already_on, move_to_device
-from lite_core._position import LoaderPosition
 
 if TYPE_CHECKING:
-    from torch.utils.data import DataLoader
-
     from lite_core._roles import StrategyLike as Strategy
 
 
@@ -255,83 +250,3 @@ def forward_module(obj: Any) -> Any:
 def unwrap_optimizer(obj: Any) -> Any:
     """The optimizer the strategy steps behind a set-up optimizer; any other object as it is."""
     return obj.optimizer if isinstance(obj, _LiteOptimizerBase) else obj
-
-
-def _moves_batches_plainly(strategy: Strategy) -> bool:
-    return strategy.moves_batches_plainly
-
-
-class LiteDataLoader:
-    """Iterates the user's dataloader, moving each batch to the device.
-
-    Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch
-    (a `set_epoch` the user called since wins). `state_dict()`/`load_state_dict()` carry its
-    position through a checkpoint, so a resumed run shuffles as the uninterrupted one did.
-
-    With an `evaluation` shard (distributed strategies), a pass that it `applies` to iterates that
-    shard instead: every sample once, and as many batches as every other rank (the last ones
-    possibly empty); see `LightningLite.setup_dataloaders`.
-    """
-
-    def __init__(self, dataloader: DataLoader, strategy: Strategy | None,
-                 evaluation: EvaluationPass | None = None) -> None:
-        self._dataloader = dataloader
-        self._strategy = strategy
-        self._position = LoaderPosition(dataloader)
-        self._evaluation = evaluation
-        self._evaluation_position = None if evaluation is None else LoaderPosition(evaluation.dataloader)
-
-    @property
-    def dataloader(self) -> DataLoader:
-        """The dataloader Lite iterates (the user's, or a copy with a distributed sampler)."""
-        return self._dataloader
-
-    def __len__(self) -> int:
-        evaluation = self._evaluation
-        if evaluation is not None and evaluation.applies():
-            return evaluation.dataloader.sampler.batches_per_rank
-        return len(self._dataloader)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position: the epoch its next pass runs, and the loader's own state if it
-        has one (torchdata's `StatefulDataLoader`: the position inside the epoch)."""
-        return self._position.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume at the position `state_dict()` returned."""
-        self._position.load_state_dict(state_dict)
-
-    def __iter__(self) -> Iterator[Any]:
-        evaluation = self._evaluation
-        if evaluation is not None and evaluation.applies():
-            return self._evaluation_pass(evaluation)
-        return self._batches(self._dataloader, self._position)
-
-    def _evaluation_pass(self, evaluation: EvaluationPass) -> Iterator[Any]:
-        evaluation.running = True
-        try:
-            yield from self._batches(EvenBatches(evaluation.dataloader), self._evaluation_position)
-        finally:
-            evaluation.running = False
-
-    def _batches(self, dataloader: DataLoader | EvenBatches, position: LoaderPosition) -> Iterator[Any]:
-        # One generator for the whole pass (no nested one): it runs once per batch.
-        position.start_epoch()
-        if self._strategy is None:
-            yield from dataloader
-        elif not _moves_batches_plainly(self._strategy):
-            move = self._strategy.batch_to_device
-            for batch in self._strategy.process_dataloader(dataloader):
-                yield move(batch)
-        else:
-            # The strategy moves batches the default way: look the device up once per epoch, and
-            # pass batches that are already there (every batch on CPU) through untouched.
-            device = self._strategy.root_device
-            for batch in self._strategy.process_dataloader(dataloader):
-                yield batch if already_on(batch, device) else move_to_device(batch, device)
-        position.end_epoch()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("_dataloader", "_position", "_evaluation", "_evaluation_position"):
-            raise AttributeError(name)
-        return getattr(self._dataloader, name)

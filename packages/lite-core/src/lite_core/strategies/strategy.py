@@ -323,6 +323,17 @@ class Strategy:
         overridden), so that a set-up optimizer may call the user's `step` directly."""
         return type(self).optimizer_step is Strategy.optimizer_step
 
+    def split_batch_part(self) -> tuple[int, int]:
+        """Which part of the next global batch this process takes under
+        `setup_dataloaders(split_batches=True)`: `(data-parallel rank, data-parallel size)`.
+
+        Asked once per batch (where the loader draws its indices: with workers, ahead of the
+        step), so a strategy whose number of live replicas changes may answer differently.
+        The default is the data-parallel shard of `distributed_sampler_kwargs()`.
+        """
+        shard = self.distributed_sampler_kwargs()
+        return (0, 1) if shard is None else (shard["rank"], shard["num_replicas"])
+
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other

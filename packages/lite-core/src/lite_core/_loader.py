@@ -1,0 +1,111 @@
+"""The set-up dataloader: the user's loader (or Lite's copy of it), its batches moved to the device,
+and its place in the job's global sample order (`lite_core._position`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader
+
+from lite_core._data import EvaluationPass, EvenBatches
+from lite_core._move import already_on, move_to_device
+from lite_core._position import LoaderPosition
+
+if TYPE_CHECKING:
+    from lite_core._roles import StrategyLike as Strategy
+
+_OWN = ("_dataloader", "_strategy", "_position", "_evaluation", "_evaluation_position")
+
+
+def _moves_batches_plainly(strategy: Strategy) -> bool:
+    return strategy.moves_batches_plainly
+
+
+class LiteDataLoader(DataLoader):
+    """Iterates the user's dataloader, moving each batch to the device.
+
+    It is a `DataLoader` (`isinstance(loader, DataLoader)` holds, as libraries check) whose
+    attributes (`dataset`, `batch_size`, `sampler`, ...) are those of the loader Lite iterates;
+    it never runs `DataLoader.__init__` itself.
+
+    Calls `set_epoch` on a sampler that has it before each pass, so shuffling differs per epoch
+    (a `set_epoch` the user called since wins). `state_dict()`/`load_state_dict()` carry its
+    global position through a checkpoint (epoch, the epoch's order, samples consumed), so a run
+    resumed under any strategy and number of processes goes on at the next sample.
+
+    With an `evaluation` shard (distributed strategies), a pass that it `applies` to iterates that
+    shard instead: every sample once, and as many batches as every other rank (the last ones
+    possibly empty); see `LightningLite.setup_dataloaders`.
+    """
+
+    def __init__(self, dataloader: DataLoader, strategy: Strategy | None,
+                 evaluation: EvaluationPass | None = None) -> None:
+        self._dataloader = dataloader
+        self._strategy = strategy
+        self._position = LoaderPosition(dataloader)
+        self._evaluation = evaluation
+        self._evaluation_position = None if evaluation is None else LoaderPosition(evaluation.dataloader)
+
+    @property
+    def dataloader(self) -> DataLoader:
+        """The dataloader Lite iterates (the user's, or a copy with a distributed sampler)."""
+        return self._dataloader
+
+    def __len__(self) -> int:
+        evaluation = self._evaluation
+        if evaluation is not None and evaluation.applies():
+            return evaluation.dataloader.sampler.batches_per_rank
+        return len(self._dataloader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's global position: the epoch, what reproduces its order, and how many of its
+        samples were consumed (see `lite_core._position`)."""
+        return self._position.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at the position `state_dict()` returned (saved under any number of processes)."""
+        self._position.load_state_dict(state_dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        evaluation = self._evaluation
+        if evaluation is not None and evaluation.applies():
+            return self._evaluation_pass(evaluation)
+        return self._batches(self._dataloader, self._position)
+
+    def _evaluation_pass(self, evaluation: EvaluationPass) -> Iterator[Any]:
+        evaluation.running = True
+        try:
+            yield from self._batches(EvenBatches(evaluation.dataloader), self._evaluation_position)
+        finally:
+            evaluation.running = False
+
+    def _batches(self, dataloader: DataLoader | EvenBatches, position: LoaderPosition) -> Iterator[Any]:
+        # One generator for the whole pass (no nested one): it runs once per batch. A batch
+        # counts as consumed once it is handed out (a save during its step resumes after it).
+        position.start_epoch()
+        if self._strategy is None:
+            for batch in dataloader:
+                position.taken += 1
+                yield batch
+        elif not _moves_batches_plainly(self._strategy):
+            move = self._strategy.batch_to_device
+            for batch in self._strategy.process_dataloader(dataloader):
+                position.taken += 1
+                yield move(batch)
+        else:
+            # The strategy moves batches the default way: look the device up once per epoch, and
+            # pass batches that are already there (every batch on CPU) through untouched.
+            device = self._strategy.root_device
+            for batch in self._strategy.process_dataloader(dataloader):
+                position.taken += 1
+                yield batch if already_on(batch, device) else move_to_device(batch, device)
+        position.end_epoch()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _OWN:
+            raise AttributeError(name)
+        return getattr(self._dataloader, name)
+
+    def __repr__(self) -> str:
+        return f"LiteDataLoader({self._dataloader!r})"
