@@ -1,0 +1,201 @@
+"""Pipeline parallelism (`ModelParallelStrategy(pipeline_parallel_size=2)`) on 2, 4 or 8 processes,
+for comparison with one plain PyTorch process.
+
+    python pipeline_job.py OUT_DIR WORLD_SIZE
+
+One job runs every layout of its world size, each with its own `LightningLite` in the same processes
+(the first launches them; the others reuse them). Every layout trains the same user loop,
+`loss = model(x, target=y)`, `backward(loss)`, clipping, `optimizer.step()`, `scheduler.step()`,
+for `STEPS` steps, then evaluates under `torch.no_grad()`. Rank 0 writes `OUT_DIR/results.pt` with,
+per layout, the initial weights, the final full weights (every stage's, gathered), the losses and
+norms that every rank saw, and the evaluation's loss and output.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from lite_core import LightningLite
+from lite_core.errors import LiteError
+from lite_core.strategies import ModelParallelStrategy
+
+torch.set_num_threads(1)
+
+GLOBAL_BATCH = 8
+STEPS = 3
+LR = 0.1
+MAX_NORM = 0.3
+WIDTH = 8
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class Net(nn.Module):
+    """Four blocks and a head; a pipeline stage holds some of them (the others are missing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        self.head = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def sequential() -> nn.Sequential:
+    return nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(3)), nn.Tanh(), nn.Linear(WIDTH, WIDTH))
+
+
+def parallelize(model: nn.Module, device_mesh) -> nn.Module:
+    """The user's function: tensor parallel inside each block, FSDP2 over the data-parallel ranks."""
+    tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    if tp.size() > 1:
+        for block in blocks:
+            parallelize_module(block, tp, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if dp.size() > 1:
+        for block in blocks:
+            fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
+    return model
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    return (torch.randn(STEPS * GLOBAL_BATCH, WIDTH, generator=generator),
+            torch.randn(STEPS * GLOBAL_BATCH, WIDTH, generator=generator))
+
+
+def make_model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    return Net() if kind == "net" else sequential()
+
+
+def make_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output, target)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every stage's full weights, on every rank (each process holds its stages' layers)."""
+    local = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().cpu().clone()
+             for k, v in model.state_dict().items()}
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
+def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: bool) -> dict:
+    """The user's loop: the same under ddp, fsdp and model_parallel with or without a pipeline."""
+    x, y = make_data()
+    rank = lite.strategy.distributed_sampler_kwargs()
+    replicas, shard = (rank["num_replicas"], rank["rank"]) if rank else (1, 0)
+    per_rank = GLOBAL_BATCH // replicas
+    losses, norms = [], []
+    for step in range(STEPS):
+        start = step * GLOBAL_BATCH + shard * per_rank
+        xb, yb = lite.to_device(x[start:start + per_rank]), lite.to_device(y[start:start + per_rank])
+        optimizer.zero_grad()
+        loss = model(xb, target=yb)
+        lite.backward(loss)
+        if clip:
+            norms.append(lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
+        optimizer.step()
+        scheduler.step()
+        losses.append(lite.all_gather(loss.detach()).cpu())  # every rank's view of the loss
+    with torch.no_grad():
+        xb, yb = lite.to_device(x[:per_rank]), lite.to_device(y[:per_rank])
+        eval_loss = lite.all_gather(model(xb, target=yb)).cpu()
+        output = lite.all_gather(model(xb)).cpu()
+    return {"losses": losses, "norms": norms, "eval_loss": eval_loss, "eval_output": output}
+
+
+def pipeline(world: int, pp: int = 2, dp: int | str = "auto", tp: int = 1, schedule: str = "1F1B",
+             microbatches: int = 4, split_points=("blocks.2",), **kwargs) -> LightningLite:
+    strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp,
+                                     pipeline_parallel_size=pp, pipeline_schedule=schedule,
+                                     microbatches=microbatches,
+                                     split_points=list(split_points) if split_points is not None else None,
+                                     **kwargs)
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite.launch()
+    return lite
+
+
+def train(lite: LightningLite, kind: str = "net", clip: bool = True) -> dict:
+    model = make_model(kind)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    run = the_loop(lite, model, optimizer, scheduler, clip)
+    return {**run, "initial": initial, "final": full_weights(model),
+            "local_keys": sorted(model.state_dict())}
+
+
+def error_of(action) -> str:
+    try:
+        action()
+    except LiteError as err:
+        return str(err)
+    return "no error"
+
+
+def bad_inputs(world: int) -> dict:
+    lite = pipeline(world, split_points=("blocks.9",))
+    no_module = error_of(lambda: lite.setup(make_model("net")))
+    lite = pipeline(world, schedule="Interleaved1F1B", stages_per_rank=4, split_points=None)
+    too_many = error_of(lambda: lite.setup(make_model("net")))
+    lite = pipeline(world, microbatches=3)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    uneven = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH)), target=lite.to_device(torch.zeros(4, WIDTH))))
+    lite = pipeline(world)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    no_target = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH))))
+    accumulate = error_of(lambda: lite.no_backward_sync(model).__enter__())
+    return {"no_module": no_module, "too_many": too_many, "uneven": uneven, "no_target": no_target,
+            "accumulate": accumulate}
+
+
+def main(out: Path, world: int) -> None:
+    results: dict = {}
+    if world == 2:
+        for schedule in ("GPipe", "1F1B"):
+            results[f"pp2_{schedule}"] = train(pipeline(world, schedule=schedule))
+        results["pp2_Interleaved1F1B"] = train(pipeline(world, schedule="Interleaved1F1B",
+                                                        split_points=("blocks.1", "blocks.2", "blocks.3")))
+        results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential")
+        results["errors"] = bad_inputs(world)
+    elif world == 4:
+        results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
+        results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
+                                                            split_points=("blocks.1", "blocks.2", "blocks.3")))
+        results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))
+    else:
+        results["pp2xdp2xtp2_1F1B"] = train(pipeline(world, dp=2, tp=2, microbatches=2))
+    if dist.get_rank() == 0:
+        torch.save(results, out / "results.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
