@@ -1,7 +1,7 @@
 """Pipeline parallelism (`ModelParallelStrategy(pipeline_parallel_size=2)`) on 2, 4 or 8 processes,
 for comparison with one plain PyTorch process.
 
-    python pipeline_job.py OUT_DIR WORLD_SIZE
+    python pipeline_job.py OUT_DIR WORLD_SIZE [CHECKPOINT]
 
 One job runs every layout of its world size, each with its own `LightningLite` in the same processes
 (the first launches them; the others reuse them). Every layout trains the same user loop,
@@ -79,8 +79,8 @@ def parallelize(model: nn.Module, device_mesh) -> nn.Module:
 
 def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1234)
-    return (torch.randn(STEPS * GLOBAL_BATCH, WIDTH, generator=generator),
-            torch.randn(STEPS * GLOBAL_BATCH, WIDTH, generator=generator))
+    return (torch.randn((STEPS + 2) * GLOBAL_BATCH, WIDTH, generator=generator),
+            torch.randn((STEPS + 2) * GLOBAL_BATCH, WIDTH, generator=generator))
 
 
 def make_model(kind: str) -> nn.Module:
@@ -106,24 +106,37 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for part in gathered for k, v in part.items()}
 
 
-def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: bool) -> dict:
-    """The user's loop: the same under ddp, fsdp and model_parallel with or without a pipeline."""
+def this_ranks_batch(lite: LightningLite, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This data-parallel rank's slice of global batch `step` (every stage of a pipeline gets it)."""
     x, y = make_data()
     rank = lite.strategy.distributed_sampler_kwargs()
     replicas, shard = (rank["num_replicas"], rank["rank"]) if rank else (1, 0)
     per_rank = GLOBAL_BATCH // replicas
+    start = step * GLOBAL_BATCH + shard * per_rank
+    return lite.to_device(x[start:start + per_rank]), lite.to_device(y[start:start + per_rank])
+
+
+def training_step(lite: LightningLite, model: nn.Module, optimizer, scheduler, step: int, clip: bool) -> tuple:
+    """The user's step: the same under ddp, fsdp and model_parallel with or without a pipeline."""
+    xb, yb = this_ranks_batch(lite, step)
+    optimizer.zero_grad()
+    loss = model(xb, target=yb)
+    lite.backward(loss)
+    norm = lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item() if clip else None
+    optimizer.step()
+    scheduler.step()
+    return loss, norm
+
+
+def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: bool) -> dict:
+    """`STEPS` training steps, then an evaluation under `torch.no_grad()`."""
     losses, norms = [], []
     for step in range(STEPS):
-        start = step * GLOBAL_BATCH + shard * per_rank
-        xb, yb = lite.to_device(x[start:start + per_rank]), lite.to_device(y[start:start + per_rank])
-        optimizer.zero_grad()
-        loss = model(xb, target=yb)
-        lite.backward(loss)
-        if clip:
-            norms.append(lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
-        optimizer.step()
-        scheduler.step()
+        loss, norm = training_step(lite, model, optimizer, scheduler, step, clip)
+        norms.append(norm)
         losses.append(lite.all_gather(loss.detach()).cpu())  # every rank's view of the loss
+    x, y = make_data()
+    per_rank = this_ranks_batch(lite, 0)[0].shape[0]
     with torch.no_grad():
         xb, yb = lite.to_device(x[:per_rank]), lite.to_device(y[:per_rank])
         eval_loss = lite.all_gather(model(xb, target=yb)).cpu()
@@ -153,6 +166,40 @@ def train(lite: LightningLite, kind: str = "net", clip: bool = True) -> dict:
             "local_keys": sorted(model.state_dict())}
 
 
+def other_strategy(world: int, strategy) -> LightningLite:
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite.launch()
+    return lite
+
+
+def set_up(lite: LightningLite, kind: str = "net") -> dict:
+    model = make_model(kind)
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
+
+
+def resume_and_step(lite: LightningLite, path: Path, save_to: Path) -> dict:
+    """Load `path` into a fresh model, take the next step, save to `save_to`; the full weights."""
+    state = set_up(lite)
+    lite.load(path, state)
+    step = state["step"]
+    training_step(lite, state["model"], state["optimizer"], state["scheduler"], step, clip=True)
+    lite.save({**state, "step": step + 1}, save_to)
+    return {"loaded_step": step, "final": full_weights(state["model"]), "lr": state["scheduler"].get_last_lr()}
+
+
+def save_on_pipeline(lite: LightningLite, out: Path) -> dict:
+    """Train `STEPS` steps under this pipeline layout, save (sharded), and train one step more."""
+    state = set_up(lite)
+    for step in range(STEPS):
+        training_step(lite, state["model"], state["optimizer"], state["scheduler"], step, clip=True)
+    lite.save({**state, "step": STEPS}, out / "pp2xdp2_sharded")
+    saved = full_weights(state["model"])
+    training_step(lite, state["model"], state["optimizer"], state["scheduler"], STEPS, clip=True)
+    return {"saved": saved, "one_more": full_weights(state["model"])}
+
+
 def error_of(action) -> str:
     try:
         action()
@@ -177,17 +224,27 @@ def bad_inputs(world: int) -> dict:
             "accumulate": accumulate}
 
 
-def main(out: Path, world: int) -> None:
+def main(out: Path, world: int, checkpoint: Path | None) -> None:
     results: dict = {}
+    if world == 2 and checkpoint is not None:
+        # A checkpoint of PP2 x DP2 resumed under ddp, whose one file resumes under PP2, and back.
+        results["from_pp2xdp2_on_ddp"] = resume_and_step(other_strategy(world, "ddp"), checkpoint, out / "ddp.pt")
+        results["from_ddp_on_pp2"] = resume_and_step(pipeline(world), out / "ddp.pt", out / "pp2_sharded")
     if world == 2:
+        same_loop = {"ddp": "ddp", "fsdp": "fsdp",
+                     "model_parallel_2d": ModelParallelStrategy(parallelize, data_parallel_size=2, tensor_parallel_size=1)}
+        for name, strategy in same_loop.items():
+            results[name] = train(other_strategy(world, strategy))
         for schedule in ("GPipe", "1F1B"):
             results[f"pp2_{schedule}"] = train(pipeline(world, schedule=schedule))
         results["pp2_Interleaved1F1B"] = train(pipeline(world, schedule="Interleaved1F1B",
                                                         split_points=("blocks.1", "blocks.2", "blocks.3")))
-        results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential")
+        results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
+                                        clip=False)
         results["errors"] = bad_inputs(world)
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
+        results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))
@@ -198,4 +255,4 @@ def main(out: Path, world: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)

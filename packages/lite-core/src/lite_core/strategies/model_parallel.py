@@ -4,6 +4,7 @@ within a node and `fully_shard` (FSDP2) over the data-parallel dimension."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import is_sharded
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _pipeline, _split
+from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _pipeline, _pipeline_load, _split
 from lite_core.strategies._pipeline import PipelineForward
 from lite_core.strategies.fsdp import FSDPStrategy
 
@@ -93,6 +95,13 @@ class ModelParallelStrategy(FSDPStrategy):
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
             self.supported_precisions = type(self).supported_precisions | {"16-mixed"}
         self._pipelines: dict[int, PipelineForward] = {}
+        #: Per optimizer set up with a pipeline's model: its parameters' names in the whole model.
+        self._names_before_split: dict[int, list[list[str]]] = {}
+        if self._pipeline is not None and not save_distributed_checkpoint:
+            raise ConfigurationError(
+                "save_distributed_checkpoint=False cannot gather a pipeline's stages into one file on rank 0: keep"
+                " save_distributed_checkpoint=True and write one file with `lite consolidate CHECKPOINT OUT.pt`."
+            )
         if parallelize_fn is not None and not callable(parallelize_fn):
             raise ConfigurationError(
                 f"parallelize_fn={parallelize_fn!r} is not callable: pass a function"
@@ -276,6 +285,7 @@ class ModelParallelStrategy(FSDPStrategy):
         local = self.setup_module(module)
         parameters = dict(local.named_parameters())
         for move in moves:
+            self._names_before_split[id(move.optimizer)] = move.names
             for group, names in zip(move.optimizer.param_groups, move.names):
                 group["params"][:] = [parameters[name] for name in names if name in parameters]
         return local, list(optimizers)
@@ -293,6 +303,17 @@ class ModelParallelStrategy(FSDPStrategy):
         if loss_fn is not None:
             pipeline.loss_fn = loss_fn
         return pipeline
+
+    def parameter_names_before_split(self, optimizer: Optimizer) -> list[list[str]] | None:
+        """The names, in the whole model, of the parameters `optimizer` held per param group before
+        setup cut the model into stages (`None` for an optimizer set up apart from its model)."""
+        return self._names_before_split.get(id(optimizer))
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        if self._pipeline is not None and state is not None and os.path.isfile(path) and not is_sharded(path):
+            return _pipeline_load.load_full(self, path, state, strict, weights_only)
+        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
     def pipeline_of(self, module: nn.Module) -> PipelineForward | None:
         """The pipeline that runs `module` (what `setup_module` returned), if any."""
