@@ -10,20 +10,18 @@ before the model was cut into stages (recorded by the strategy at setup).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._fsdp import _check_keys, _load_into, _split
 from lite_core.checkpoint._state import is_keyed_by_name, positions_to_names, read_checkpoint, restore
 
-if TYPE_CHECKING:
-    from lite_core.strategies.model_parallel import ModelParallelStrategy
 
-
-def load_full(strategy: ModelParallelStrategy, path: str, state: dict[str, Any], strict: bool,
+def load_full(strategy: Any, path: str, state: dict[str, Any], strict: bool,
               weights_only: bool) -> dict[str, Any]:
-    """Restore `state`'s objects from the one-file checkpoint at `path`; return its content."""
+    """Restore `state`'s objects from the one-file checkpoint at `path`; return its content.
+    `strategy` is the `ModelParallelStrategy` with the pipeline (handed in, not imported)."""
     content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
     objects, plain = _split(state)
     _check_keys(objects, content, strict)
@@ -41,7 +39,7 @@ def load_full(strategy: ModelParallelStrategy, path: str, state: dict[str, Any],
     return content
 
 
-def _local_optimizer_state(strategy: ModelParallelStrategy, optimizer: Optimizer, saved: dict[str, Any]) -> Any:
+def _local_optimizer_state(strategy: Any, optimizer: Optimizer, saved: dict[str, Any]) -> Any:
     module = strategy.module_of(optimizer)
     if not is_keyed_by_name(saved):
         names = strategy.parameter_names_before_split(optimizer)

@@ -31,7 +31,7 @@ def split_names(model: nn.Module, split_points: Sequence[str | int] | None) -> l
         if not name or name not in modules:
             raise MisuseError(
                 f"The split point {name!r} names no module of {type(model).__name__}: pass names from"
-                " model.named_modules() (e.g. 'blocks.2'), or indexes of an nn.Sequential."
+                " model.named_modules() (such as 'blocks.2'), or indexes of an nn.Sequential."
             )
     return names
 
@@ -63,7 +63,7 @@ def assign_stages(model: nn.Module, split_points: list[str], num_stages: int) ->
         raise MisuseError(
             f"{num_stages} pipeline stages need at least as many layers, but {type(model).__name__} splits into"
             f" {len(names)} ({', '.join(names)}): lower pipeline_parallel_size (or stages per process), or name"
-            " split points inside a block (e.g. 'blocks.2')."
+            " split points inside a block (such as 'blocks.2')."
         )
     if not split_points:
         base, extra = divmod(len(names), num_stages)
