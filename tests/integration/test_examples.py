@@ -83,3 +83,13 @@ def test_tensor_parallel_gpt_through_lite_equals_its_plain_pytorch_twin_on_four_
     assert plain.returncode == 0, output_of(plain)
     assert "data parallel 2 x tensor parallel 2" in lite.stdout
     assert abs(final_loss(lite.stdout) - final_loss(plain.stdout)) < 1e-5
+
+
+def test_pipeline_example_prints_one_process_loss_under_pp2(run_script, output_of):
+    # The same loop (loss = model(x, target=y)) on one process and on a pipeline of 2 stages.
+    example = EXAMPLES / "pipeline_parallel.py"
+    one = run_script(example)
+    pipeline = run_script(example, "--pipeline", "2", "--devices", "2", env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    assert one.returncode == 0, output_of(one)
+    assert pipeline.returncode == 0, output_of(pipeline)
+    assert final_line(pipeline.stdout) == final_line(one.stdout)
