@@ -200,6 +200,17 @@ def save_on_pipeline(lite: LightningLite, out: Path) -> dict:
     return {"saved": saved, "one_more": full_weights(state["model"])}
 
 
+def flops(world: int) -> dict:
+    """`measure_flops` of the set-up model on each stage, and what the monitor counts per replica."""
+    from lite_core import ThroughputMonitor, measure_flops
+
+    lite = pipeline(world)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    local = measure_flops(model, lite.to_device(torch.zeros(GLOBAL_BATCH, WIDTH)))
+    monitor = ThroughputMonitor(lite, flops_per_step=local, log_every_n_steps=0)
+    return {"local": lite.all_gather(torch.tensor(float(local))).tolist(), "monitor": monitor._flops_per_step}
+
+
 def error_of(action) -> str:
     try:
         action()
@@ -242,6 +253,7 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
         results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
                                         clip=False)
         results["errors"] = bad_inputs(world)
+        results["flops"] = flops(world)
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
         results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)

@@ -26,9 +26,11 @@ _spec.loader.exec_module(job_module)  # the job's model, data, loss and loop
 ATOL = 1e-5
 
 
-def _run(run_script, output_of, out_dir: Path, world: int, *extra: object, timeout: float = 240) -> dict:
+def _run(run_script, output_of, out_dir: Path, world: int, *extra: object, timeout: float = 240,
+         store_timeout: int = 60) -> dict:
     # Several processes on a small machine import torch slowly: the store waits longer than usual.
-    proc = run_script(_SCRIPT, out_dir, world, *extra, timeout=timeout, env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    proc = run_script(_SCRIPT, out_dir, world, *extra, timeout=timeout,
+                      env={"LITE_COLLECTIVE_TIMEOUT": str(store_timeout)})
     assert proc.returncode == 0, output_of(proc)
     return {**torch.load(out_dir / "results.pt", weights_only=True), "out_dir": out_dir}
 
@@ -47,7 +49,7 @@ def job2(run_script, output_of, tmp_path_factory, job4):
 
 @pytest.fixture(scope="module")
 def job8(run_script, output_of, tmp_path_factory):
-    return _run(run_script, output_of, tmp_path_factory.mktemp("pipeline-8"), 8, timeout=280)
+    return _run(run_script, output_of, tmp_path_factory.mktemp("pipeline-8"), 8, timeout=280, store_timeout=120)
 
 
 def plain_pytorch(initial: dict, kind: str, steps: int, clip: bool) -> dict:
@@ -171,3 +173,16 @@ def test_bad_input_is_refused_in_one_sentence(job2):
     assert "does not split into microbatches=3" in errors["uneven"]
     assert "needs the target" in errors["no_target"]
     assert "no_backward_sync() cannot accumulate under pipeline parallelism" in errors["accumulate"]
+
+
+def test_the_throughput_monitor_counts_every_stage_once(job2):
+    from lite_core import measure_flops
+
+    whole = measure_flops(job_module.make_model("net"), torch.zeros(job_module.GLOBAL_BATCH, job_module.WIDTH))
+    flops = job2["flops"]
+    assert len(set(flops["local"])) == 2  # two stages of different sizes, each counted on its own process
+    assert flops["monitor"] == sum(flops["local"])
+    # Measured alone, the second stage's input needs no gradient: the whole model's count has the
+    # gradient of blocks.2.up's input in addition (which the pipeline computes and sends back).
+    boundary_input_gradient = 2 * job_module.GLOBAL_BATCH * job_module.WIDTH * 2 * job_module.WIDTH
+    assert whole - sum(flops["local"]) == boundary_input_gradient
