@@ -13,9 +13,10 @@ the same model, stages, micro-batches and optimizer, so a busy machine slows bot
   (as Lite does, so that every rank has it), `optimizer.step()`.
 
 Reported (rank 0): the ratio of the median step times (goal <= 1.02), the Python calls per step
-of each arm (`sys.setprofile`), and for GPipe, 1F1B and interleaved 1F1B the bubble: the share
-of idle slots in torch's own schedule plan (`schedule.pipeline_order`) next to the textbook
-`(p - 1) / (v * m + p - 1)` for p stages of v per process and m micro-batches.
+of each arm (`sys.setprofile`), and for GPipe, 1F1B and interleaved 1F1B the bubble measured:
+`1 - (time of this process's layers alone over the whole batch) / (pipelined step time)` (the
+slower process; it includes communication), next to the textbook `(p - 1) / (v * m + p - 1)` for
+p processes holding v stages each and m micro-batches.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from lite_core import LightningLite
 from lite_core.strategies import ModelParallelStrategy
 
 WIDTH, DEPTH, BATCH, MICROBATCHES = 256, 8, 64, 4
+#: The layers each Lite arm's process holds after setup (its stages).
+lite_layers: list[nn.Module] = []
 
 
 def make_model() -> nn.Sequential:
@@ -50,6 +53,7 @@ def lite_arm(lite: LightningLite) -> Callable[[torch.Tensor, torch.Tensor], torc
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    lite_layers.append(model.module)  # this process's layers (its stages), for `bubbles`
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
@@ -99,21 +103,34 @@ def calls_per_step(step: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.
     return count
 
 
-def bubbles(lite: LightningLite) -> dict[str, dict[str, float]]:
-    """Idle share of torch's plan for each schedule (and the textbook figure), PP2, 4 micro-batches."""
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
+def bubbles(steps: int) -> dict[str, dict[str, float]]:
+    """Per schedule (PP2, 4 micro-batches): the step time through Lite, the time this process's
+    layers need alone for the whole batch (forward and backward, no pipeline; the slower process),
+    the share of the step spent otherwise (bubble and communication), and the textbook bubble."""
     report = {}
     for name, per_rank in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2)):
-        stages = [PipelineStage(nn.Linear(4, 4), lite.global_rank + 2 * index, 2 * per_rank, torch.device("cpu"))
-                  for index in range(per_rank)]
-        schedule = get_schedule_class(name)(stages if per_rank > 1 else stages[0], MICROBATCHES, loss_fn=loss_fn)
-        order = schedule.pipeline_order
-        slots = sum(len(actions) for actions in order.values())
-        idle = sum(action is None for actions in order.values() for action in actions)
-        report[name] = {"plan_idle_share": idle / slots,
-                        "textbook": (2 - 1) / (per_rank * MICROBATCHES + 2 - 1)}
+        points = [str(DEPTH * stage // (2 * per_rank)) for stage in range(1, 2 * per_rank)]
+        strategy = ModelParallelStrategy(None, pipeline_parallel_size=2, pipeline_schedule=name,
+                                         microbatches=MICROBATCHES, split_points=points)
+        lite = LightningLite(accelerator="cpu", strategy=strategy, devices=2)
+        lite.launch()
+        step = lite_arm(lite)
+        x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+        local = lite_layers[-1]
+        pipelined, alone = [], []
+        for repeat in range(steps + 3):
+            dist.barrier()
+            start = time.perf_counter()
+            step(x, y)
+            pipelined.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            local(x).sum().backward()
+            alone.append(time.perf_counter() - start)
+        step_time = statistics.median(pipelined[3:])
+        busy = lite.all_reduce(torch.tensor(statistics.median(alone[3:])), reduce_op="max").item()
+        report[name] = {"step_ms": 1e3 * step_time, "layers_alone_ms": 1e3 * busy,
+                        "idle_share": 1 - busy / step_time,
+                        "textbook_bubble": (2 - 1) / (per_rank * MICROBATCHES + 2 - 1)}
     return report
 
 
@@ -132,7 +149,8 @@ def main() -> None:
     x, y = torch.randn(BATCH, WIDTH, generator=generator), torch.randn(BATCH, WIDTH, generator=generator)
     times: dict[str, list[float]] = {name: [] for name in arms}
     for repeat in range(args.steps + 3):
-        for name, step in arms.items():
+        order = list(arms.items()) if repeat % 2 else list(arms.items())[::-1]  # neither arm always first
+        for name, step in order:
             dist.barrier()
             start = time.perf_counter()
             step(x, y)
@@ -143,7 +161,7 @@ def main() -> None:
         "step_ms_median": {name: 1e3 * statistics.median(values) for name, values in times.items()},
         "lite_over_by_hand": statistics.median(times["lite"]) / statistics.median(times["by_hand"]),
         "python_calls_per_step": calls,
-        "bubble": bubbles(lite),
+        "bubble": bubbles(max(args.steps // 2, 5)),
     }
     if lite.is_global_zero:
         print(json.dumps(report, indent=2))
