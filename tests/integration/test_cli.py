@@ -228,6 +228,9 @@ def test_lite_env_text_report(run_script, tmp_path, output_of):
     assert f"numpy         {numpy.__version__}" in lines
     assert any(line.startswith("RAM           ") and line.endswith(" GiB available") for line in lines)
     assert any(line.startswith("LITE_*        ") and "LITE_STRATEGY=ddp" in line for line in lines)
+    assert ("mesh          model_parallel: (data_parallel, tensor_parallel); with a pipeline:"
+            " (pipeline_parallel, data_parallel, tensor_parallel), schedules GPipe, 1F1B, Interleaved1F1B,"
+            " LoopedBFS, InterleavedZeroBubble") in lines
     # A strategy whose dependency is missing says what to install.
     strategies = next(line for line in lines if line.startswith("    strategies: ddp"))
     import importlib.util

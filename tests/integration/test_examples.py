@@ -99,3 +99,13 @@ def test_gradient_accumulation_on_two_processes_equals_plain_batches_of_the_glob
     assert proc.returncode == 0, output_of(proc)
     assert "2 process(es), 2 micro-batch(es) of 2 per step" in proc.stdout
     assert abs(final_loss(proc.stdout) - example.plain()) < 1e-6
+
+
+def test_pipeline_example_prints_one_process_loss_under_pp2(run_script, output_of):
+    # The same loop (loss = model(x, target=y)) on one process and on a pipeline of 2 stages.
+    example = EXAMPLES / "pipeline_parallel.py"
+    one = run_script(example)
+    pipeline = run_script(example, "--pipeline", "2", "--devices", "2", env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    assert one.returncode == 0, output_of(one)
+    assert pipeline.returncode == 0, output_of(pipeline)
+    assert final_line(pipeline.stdout) == final_line(one.stdout)

@@ -217,8 +217,15 @@ class LightningLite:
                 finalize()
 
     # -- setup -----------------------------------------------------------------------------------------
-    def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
+    def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True,
+              loss_fn: Callable[..., torch.Tensor] | None = None) -> Any:
         """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`.
+
+        With `loss_fn`, `model(x, target=y)` returns `loss_fn(model(x), y)`: the loop
+        `loss = model(x, target=y)`, `backward(loss)`, `optimizer.step()` then runs unchanged under
+        every strategy, pipeline parallelism included (where the schedule needs the loss function
+        and runs the backward pass inside that call). `loss_fn(output, target)` averages over its
+        batch.
 
         A model compiled with `torch.compile(model, **options)` is set up as its plain module and
         the strategy's wrapper around it is compiled with the same options; the returned model's
@@ -237,28 +244,32 @@ class LightningLite:
             self._claim(optimizer, "optimizer")
         model = self._prepare_module(model, move_to_device)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = self._wrap_module(forward_module, model, compile_options)
+        module = self._wrap_module(forward_module, model, compile_options, loss_fn)
         if not optimizers:
             return module
         return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
 
-    def setup_module(self, model: nn.Module, move_to_device: bool = True) -> LiteModule:
+    def setup_module(self, model: nn.Module, move_to_device: bool = True,
+                     loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy (a
-        `torch.compile`d model as `setup` does: wrapped plain, then compiled again)."""
+        `torch.compile`d model as `setup` does: wrapped plain, then compiled again); `loss_fn`
+        as for `setup`."""
         model, compile_options = unwrap_compiled(model)
         _arguments.check_module(model, "setup_module")
         self._require_environment("setup_module")
         self._claim(model, "model")
         model = self._prepare_module(model, move_to_device)
-        return self._wrap_module(self._strategy.setup_module(model), model, compile_options)
+        return self._wrap_module(self._strategy.setup_module(model), model, compile_options, loss_fn)
 
     def _prepare_module(self, model: nn.Module, move_to_device: bool) -> nn.Module:
         model = self._strategy.precision.convert_module(model)
         return self._strategy.module_to_device(model) if move_to_device else model
 
     def _wrap_module(self, forward_module: nn.Module, model: nn.Module,
-                     compile_options: CompileOptions | None = None) -> LiteModule:
+                     compile_options: CompileOptions | None = None,
+                     loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
         compiled = None if compile_options is None else self._strategy.compile_module(forward_module, compile_options)
+        compiled = self._strategy.forward_call(forward_module, compiled, loss_fn)
         wrapped = LiteModule(forward_module, model, self._strategy, compiled)
         self._models.append(wrapped)
         return wrapped

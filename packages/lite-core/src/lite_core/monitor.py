@@ -101,7 +101,9 @@ class ThroughputMonitor:
         lite: the `LightningLite` the loop runs in.
         window: how many recent steps the rates average over.
         flops_per_step: the FLOPs of one step of this process (see `measure_flops`); `None` leaves
-            FLOP/s and MFU out.
+            FLOP/s and MFU out. Under pipeline parallelism this process computes only its stages
+            (`measure_flops` on the set-up model counts them): the monitor adds up the stages of
+            one pipeline, so every stage counts once.
         peak_flops: dense peak FLOP/s of one device, overriding what the accelerator knows.
         dtype: the matmul dtype for the accelerator's peak (`"fp32"`, `"tf32"`, `"bf16"`, `"fp16"`,
             `"fp8"`, `"fp64"`); default: from the precision (`32-true` is `tf32` when torch allows it).
@@ -127,7 +129,7 @@ class ThroughputMonitor:
         if dtype is not None and dtype not in DTYPES:
             raise ConfigurationError(f"dtype={dtype!r} is not a matmul dtype Lite knows: pass one of {list(DTYPES)}.")
         self._lite = lite
-        self._flops_per_step = flops_per_step
+        self._flops_per_step = _over_the_pipeline(lite, flops_per_step)
         self._log_every = log_every_n_steps
         self._bar = progress_bar
         shard = lite.strategy.distributed_sampler_kwargs()
@@ -223,6 +225,17 @@ class ThroughputMonitor:
 
 
 _clock = time.perf_counter
+
+
+def _over_the_pipeline(lite: LightningLite, flops: float | None) -> float | None:
+    """One data-parallel replica's FLOPs per step: this process's, summed over the stages of its
+    pipeline when the strategy has one (a process of a pipeline computes only its own stages)."""
+    strategy = lite.strategy
+    if flops is None or getattr(strategy, "pipeline_parallel_size", 1) == 1:
+        return flops
+    group = strategy.device_mesh["pipeline_parallel"].get_group()
+    total = lite.all_reduce(torch.tensor(float(flops), dtype=torch.float64), group=group, reduce_op="sum")
+    return float(total)
 
 
 def _refuse_batch_size(batch_size: Any) -> None:

@@ -40,6 +40,7 @@ def collect() -> dict[str, Any]:
         "numpy": _version("numpy"),
         "memory": _memory(),
         "lite_variables": {name: value for name, value in sorted(os.environ.items()) if name.startswith("LITE_")},
+        "model_parallel": _model_parallel(),
         "packages": [_package(dist) for dist in _lite_distributions()],
         "not_installed": _not_installed(),
     }
@@ -97,6 +98,19 @@ def _torch() -> dict[str, Any]:
     ]
     return {"version": torch.__version__, "build": build, "cuda_available": torch.cuda.is_available(),
             "cuda_devices": torch.cuda.device_count(), "distributed_backends": backends}
+
+
+def _model_parallel() -> dict[str, Any]:
+    """The mesh `ModelParallelStrategy` builds (2-D, and with a pipeline) and the pipeline schedules
+    this torch offers."""
+    import importlib.util
+
+    from lite_core.strategies import _pipeline
+    from lite_core.strategies.model_parallel import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES
+
+    available = importlib.util.find_spec("torch.distributed.pipelining") is not None
+    return {"mesh": list(MESH_DIM_NAMES), "pipeline_mesh": list(PIPELINE_MESH_DIM_NAMES),
+            "pipeline_schedules": list(_pipeline.SCHEDULE_NAMES) if available else []}
 
 
 def _lite_distributions() -> list[Distribution]:
@@ -170,6 +184,7 @@ def render(report: dict[str, Any]) -> str:
         f"numpy         {report['numpy'] or 'not installed'}",
         f"RAM           {memory['total_gib']} GiB total, {memory['available_gib']} GiB available",
         f"LITE_*        {', '.join(f'{k}={v}' for k, v in variables.items()) or 'none set'}",
+        _render_mesh(report["model_parallel"]),
         "",
         "Packages:",
     ]
@@ -181,6 +196,12 @@ def render(report: dict[str, Any]) -> str:
         names = "; ".join(f"{kind} {', '.join(listed)}" for kind, listed in package["provides"].items())
         lines.append(f"  {package['name']}: {package['install']}  ({names})")
     return "\n".join(lines)
+
+
+def _render_mesh(mesh: dict[str, Any]) -> str:
+    schedules = ", ".join(mesh["pipeline_schedules"]) or "none (torch.distributed.pipelining is missing)"
+    return (f"mesh          model_parallel: ({', '.join(mesh['mesh'])}); with a pipeline:"
+            f" ({', '.join(mesh['pipeline_mesh'])}), schedules {schedules}")
 
 
 def _render_package(package: dict[str, Any]) -> list[str]:

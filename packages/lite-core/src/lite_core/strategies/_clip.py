@@ -62,12 +62,28 @@ def total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     return torch.linalg.vector_norm(stacked, ord=norm_type)
 
 
+def combine_over(norm: torch.Tensor, norm_type: float, group: Any) -> torch.Tensor:
+    """The norm of the parts of one vector that the processes of `group` hold, from each one's
+    `norm` of its part (pipeline stages hold different parameters)."""
+    import torch.distributed as dist
+
+    if norm_type == float("inf"):
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+        return norm
+    powered = norm.float() ** norm_type
+    dist.all_reduce(powered, group=group)
+    return powered ** (1.0 / norm_type)
+
+
 def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                   error_if_nonfinite: bool = False) -> torch.Tensor:
+                   error_if_nonfinite: bool = False, across: Any = None) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` for parameters on any mesh and placements (and plain
-    tensors); returns the total norm as a plain tensor."""
+    tensors); returns the total norm as a plain tensor. With `across` (a process group whose
+    processes hold different parameters, e.g. pipeline stages), the norm is over all of theirs."""
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = total_norm(grads, float(norm_type))
+    if across is not None:
+        norm = combine_over(norm.clone(), float(norm_type), across)
     if error_if_nonfinite and not torch.isfinite(norm):
         raise RuntimeError(
             f"The total norm of order {norm_type} of the gradients is non-finite, so it cannot be clipped:"

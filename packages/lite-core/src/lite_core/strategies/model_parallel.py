@@ -4,14 +4,18 @@ within a node and `fully_shard` (FSDP2) over the data-parallel dimension."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import is_sharded
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _fsdp_init
+from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _pipeline, _pipeline_load, _split
+from lite_core.strategies._pipeline import PipelineForward
 from lite_core.strategies.fsdp import FSDPStrategy
 
 if TYPE_CHECKING:
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
 #: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
 #: Fabric's `ModelParallelStrategy` works unchanged.
 MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
+#: The mesh's dimensions with a pipeline (`pipeline_parallel_size > 1`), outermost first.
+PIPELINE_MESH_DIM_NAMES = ("pipeline_parallel", "data_parallel", "tensor_parallel")
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -49,6 +55,19 @@ class ModelParallelStrategy(FSDPStrategy):
             any layout.
         timeout: how long a collective waits for the other ranks (see `DDPStrategy`).
         process_group_backend: overrides the accelerator's `torch.distributed` backend.
+        pipeline_parallel_size: how many processes the model's stages are spread over (pipeline
+            parallelism on `torch.distributed.pipelining`); `1` (default) means none. The mesh
+            then has the dimensions `("pipeline_parallel", "data_parallel", "tensor_parallel")`,
+            and `parallelize_fn` is applied to each stage's part of the model.
+        pipeline_schedule: the schedule's name: `"GPipe"`, `"1F1B"` (default),
+            `"Interleaved1F1B"` (several stages per process), `"LoopedBFS"`, `"InterleavedZeroBubble"`.
+        microbatches: how many micro-batches each batch is cut into (it must divide the batch).
+        split_points: the module names at which a new stage begins (e.g. `["blocks.2"]`; indexes
+            for an `nn.Sequential`), one fewer than the stages; `None` cuts the model's layers evenly.
+        stages_per_rank: stages each process holds; `None` means 2 for the interleaved and looped
+            schedules, 1 otherwise.
+        loss_fn: `loss_fn(output, target)`, averaging over its batch, for `model(x, target=y)`;
+            `setup(model, optimizer, loss_fn=...)` gives it too, under every strategy.
 
     Example:
         >>> def parallelize(model, device_mesh):  # doctest: +SKIP
@@ -65,9 +84,24 @@ class ModelParallelStrategy(FSDPStrategy):
     def __init__(self, parallelize_fn: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
                  data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, timeout: float | timedelta | None = None,
-                 process_group_backend: str | None = None) -> None:
+                 process_group_backend: str | None = None, pipeline_parallel_size: int = 1,
+                 pipeline_schedule: str = "1F1B", microbatches: int | None = None,
+                 split_points: list[str | int] | None = None, stages_per_rank: int | None = None,
+                 loss_fn: Callable[..., Any] | None = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
                          timeout=timeout, process_group_backend=process_group_backend)
+        self._pipeline = _pipeline_options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
+                                           stages_per_rank, loss_fn)
+        if self._pipeline is not None:  # refused by build_precision with a sentence of its own
+            self.supported_precisions = type(self).supported_precisions | {"16-mixed"}
+        self._pipelines: dict[int, PipelineForward] = {}
+        #: Per optimizer set up with a pipeline's model: its parameters' names in the whole model.
+        self._names_before_split: dict[int, list[list[str]]] = {}
+        if self._pipeline is not None and not save_distributed_checkpoint:
+            raise ConfigurationError(
+                "save_distributed_checkpoint=False cannot gather a pipeline's stages into one file on rank 0: keep"
+                " save_distributed_checkpoint=True and write one file with `lite consolidate CHECKPOINT OUT.pt`."
+            )
         if parallelize_fn is not None and not callable(parallelize_fn):
             raise ConfigurationError(
                 f"parallelize_fn={parallelize_fn!r} is not callable: pass a function"
@@ -85,8 +119,16 @@ class ModelParallelStrategy(FSDPStrategy):
         _ = self.mesh_shape  # refuses sizes that do not multiply to the world size, at construction
 
     @property
-    def mesh_shape(self) -> tuple[int, int]:
-        """`(data_parallel_size, tensor_parallel_size)`, with `"auto"` resolved."""
+    def pipeline_parallel_size(self) -> int:
+        """How many processes the model's stages are spread over (1: no pipeline)."""
+        return 1 if self._pipeline is None else self._pipeline.size
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """`(data_parallel_size, tensor_parallel_size)`, with `"auto"` resolved; with a pipeline,
+        `(pipeline_parallel_size, data_parallel_size, tensor_parallel_size)`."""
+        if self._pipeline is not None:
+            return self._pipeline_mesh_shape()
         per_node = len(self.device_indexes)
         world = per_node * self.num_nodes
         dp, tp = self._requested_sizes
@@ -104,6 +146,27 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         return int(dp), int(tp)
 
+    def _pipeline_mesh_shape(self) -> tuple[int, int, int]:
+        assert self._pipeline is not None
+        world = len(self.device_indexes) * self.num_nodes
+        pp = self._pipeline.size
+        dp, tp = self._requested_sizes
+        rest = world // pp if world % pp == 0 else 0
+        if dp == "auto" and tp == "auto":
+            dp, tp = rest, 1
+        elif dp == "auto":
+            dp = rest // tp if rest and rest % tp == 0 else 0
+        elif tp == "auto":
+            tp = rest // dp if rest and rest % dp == 0 else 0
+        if pp * dp * tp != world:
+            raise ConfigurationError(
+                f"pipeline_parallel_size={pp} x data_parallel_size={self._requested_sizes[0]!r} x"
+                f" tensor_parallel_size={self._requested_sizes[1]!r} does not make the world size {world}"
+                f" (devices={len(self.device_indexes)} x num_nodes={self.num_nodes}): choose sizes whose product"
+                " is the number of processes, or leave data_parallel_size or tensor_parallel_size 'auto'."
+            )
+        return pp, int(dp), int(tp)
+
     @property
     def device_mesh(self) -> DeviceMesh:
         """The 2-D mesh `("data_parallel", "tensor_parallel")` handed to `parallelize_fn`; its
@@ -117,12 +180,13 @@ class ModelParallelStrategy(FSDPStrategy):
                 )
             from torch.distributed.device_mesh import init_device_mesh
 
-            self._device_mesh = init_device_mesh(self.root_device.type, self.mesh_shape,
-                                                 mesh_dim_names=MESH_DIM_NAMES)
+            names = MESH_DIM_NAMES if self._pipeline is None else PIPELINE_MESH_DIM_NAMES
+            self._device_mesh = init_device_mesh(self.root_device.type, self.mesh_shape, mesh_dim_names=names)
         return self._device_mesh
 
     def teardown(self, failed: bool = False) -> None:
         self._device_mesh = None  # its groups die with the process group
+        self._pipelines.clear()
         super().teardown(failed)
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -130,7 +194,17 @@ class ModelParallelStrategy(FSDPStrategy):
         return {"num_replicas": mesh["data_parallel"].size(), "rank": mesh["data_parallel"].get_local_rank()}
 
     # -- modules -------------------------------------------------------------------------------
+    def build_precision(self, name: str) -> Any:
+        if self._pipeline is not None and name == "16-mixed":
+            raise ConfigurationError(
+                "precision='16-mixed' scales the loss before backward, but under pipeline parallelism the schedule"
+                " runs the backward pass itself and cannot scale it: choose 'bf16-mixed', 'bf16-true' or '32-true'."
+            )
+        return super().build_precision(name)
+
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if self._pipeline is not None:
+            return self._setup_pipeline(module)
         if self._parallelize_fn is None:
             raise MisuseError(
                 "strategy='model_parallel' has no parallelize_fn to apply to the model: pass"
@@ -156,10 +230,176 @@ class ModelParallelStrategy(FSDPStrategy):
         self.module_of(optimizer)  # refuses an optimizer of parameters that were not set up
         return optimizer
 
+    # -- pipeline ------------------------------------------------------------------------------
+    def _setup_pipeline(self, module: nn.Module) -> nn.Module:
+        """Cut `module` into stages, keep this process's, parallelise each with `parallelize_fn`
+        and build their `PipelineStage`s; returns `module` holding only this process's layers."""
+        assert self._pipeline is not None
+        options = self._pipeline
+        mesh = self.device_mesh
+        pp_mesh = mesh["pipeline_parallel"]
+        num_stages = options.size * options.stages_per_rank
+        points = _split.split_names(module, options.split_points)
+        stage_units, expanded = _split.assign_stages(module, points, num_stages)
+        indexes = _pipeline.stages_on_rank(pp_mesh.get_local_rank(), options.size, options.stages_per_rank)
+        parts = [_split.part(module, set(stage_units[index]), expanded) for index in indexes]
+        _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
+        parts = [self._parallelize_part(part) for part in parts]
+        stages = _pipeline.build_stages(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
+        last_rank = (num_stages - 1) % options.size
+        self._pipelines[id(module)] = PipelineForward(stages, options.schedule, options.microbatches,
+                                                      pp_mesh.get_group(), last_rank, options.loss_fn)
+        self._sharded_modules.append(module)
+        return module
+
+    def _parallelize_part(self, part: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule
+
+        on_meta = _fsdp_init.has_meta_tensors(part)
+        if on_meta:
+            _fsdp_init.check_reinitialisable(part)
+        parallelised = part if self._parallelize_fn is None else self._parallelize_fn(part, self.device_mesh)
+        if not isinstance(parallelised, nn.Module):
+            raise MisuseError(
+                f"parallelize_fn returned {type(parallelised).__name__}, not a module: return the"
+                " parallelised model from parallelize_fn(model, device_mesh)."
+            )
+        _check_even_tensor_parallel_shards(parallelised)
+        if on_meta:
+            _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
+        for submodule in parallelised.modules():
+            if isinstance(submodule, FSDPModule):  # one all-gather per step, not one per micro-batch
+                submodule.set_reshard_after_forward(False, recurse=False)
+        return parallelised
+
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
+                                    ) -> tuple[nn.Module, list[Optimizer]]:
+        if self._pipeline is None:
+            return super().setup_module_and_optimizers(module, optimizers)
+        moves = [_fsdp_optimizers.capture(optimizer, module) for optimizer in optimizers]
+        if any(move.state is not None for move in moves):
+            raise MisuseError(
+                "An optimizer that has already stepped cannot follow its model into pipeline stages: set up the"
+                " model and optimizer before the first step, or load the optimizer's state after setup."
+            )
+        local = self.setup_module(module)
+        parameters = dict(local.named_parameters())
+        for move in moves:
+            self._names_before_split[id(move.optimizer)] = move.names
+            for group, names in zip(move.optimizer.param_groups, move.names):
+                group["params"][:] = [parameters[name] for name in names if name in parameters]
+        return local, list(optimizers)
+
+    def forward_call(self, forward_module: nn.Module, compiled: nn.Module | None,
+                     loss_fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        pipeline = self._pipelines.get(id(forward_module))
+        if pipeline is None:
+            return super().forward_call(forward_module, compiled, loss_fn)
+        if compiled is not None:
+            raise MisuseError(
+                "A torch.compile'd model cannot be set up under pipeline parallelism: compile each stage's"
+                " blocks inside parallelize_fn instead, and pass the model uncompiled."
+            )
+        if loss_fn is not None:
+            pipeline.loss_fn = loss_fn
+        return pipeline
+
+    def parameter_names_before_split(self, optimizer: Optimizer) -> list[list[str]] | None:
+        """The names, in the whole model, of the parameters `optimizer` held per param group before
+        setup cut the model into stages (`None` for an optimizer set up apart from its model)."""
+        return self._names_before_split.get(id(optimizer))
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        if self._pipeline is not None and state is not None and os.path.isfile(path) and not is_sharded(path):
+            return _pipeline_load.load_full(self, path, state, strict, weights_only)
+        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+
+    def pipeline_of(self, module: nn.Module) -> PipelineForward | None:
+        """The pipeline that runs `module` (what `setup_module` returned), if any."""
+        return self._pipelines.get(id(module))
+
+    def call_module_method(self, forward_module: nn.Module, module: nn.Module, name: str,
+                           *args: Any, **kwargs: Any) -> Any:
+        if id(forward_module) in self._pipelines:
+            raise MisuseError(
+                f"model.{name}(...) cannot run under pipeline parallelism, where this process holds only some"
+                " layers: call model(x, target=y) or model(x), which run through every stage."
+            )
+        return super().call_module_method(forward_module, module, name, *args, **kwargs)
+
+    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        pipeline = self._pipelines.get(id(module)) if module is not None else None
+        if pipeline is None:
+            return super().backward(tensor, module, *args, **kwargs)
+        if tensor is not pipeline.last_loss:
+            raise MisuseError(
+                "Under pipeline parallelism backward() takes the loss that model(x, target=y) returned, whose"
+                " backward pass the schedule already ran: pass that loss, and compute any other loss inside loss_fn."
+            )
+        pipeline.last_loss = None  # the schedule ran the backward pass; nothing is left to do
+
+    def no_backward_sync(self, module: nn.Module) -> Any:
+        if id(module) in self._pipelines:
+            raise MisuseError(
+                "no_backward_sync() cannot accumulate under pipeline parallelism, where the schedule already"
+                " accumulates over its micro-batches: raise microbatches (with the batch size) instead."
+            )
+        return super().no_backward_sync(module)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> Any:
+        if self._pipeline is None:
+            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        # Each process holds some stages: one norm over every stage, combined over the pipeline.
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
+        return _clip.clip_grad_norm(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
+                                    across=self.device_mesh["pipeline_parallel"].get_group())
+
     def __repr__(self) -> str:
         dp, tp = self._requested_sizes
-        return (f"{type(self).__name__}(data_parallel_size={dp!r}, tensor_parallel_size={tp!r},"
+        pipeline = "" if self._pipeline is None else (
+            f"pipeline_parallel_size={self._pipeline.size}, pipeline_schedule={self._pipeline.schedule_name!r},"
+            f" microbatches={self._pipeline.microbatches}, ")
+        return (f"{type(self).__name__}({pipeline}data_parallel_size={dp!r}, tensor_parallel_size={tp!r},"
                 f" state_dict_type={self.state_dict_type!r}, timeout={self.timeout})")
+
+
+@dataclass(frozen=True)
+class _PipelineOptions:
+    size: int
+    schedule_name: str
+    schedule: type
+    microbatches: int
+    split_points: list[str | int] | None
+    stages_per_rank: int
+    loss_fn: Callable[..., Any] | None
+
+
+def _pipeline_options(size: int, schedule_name: str, microbatches: int | None, split_points: Any,
+                      stages_per_rank: int | None, loss_fn: Any) -> _PipelineOptions | None:
+    """The pipeline's options, checked; `None` without a pipeline (`size == 1`)."""
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        raise ConfigurationError(f"pipeline_parallel_size={size!r} is not valid: pass a positive integer (1: no pipeline).")
+    if size == 1:
+        return None
+    schedule = _pipeline.schedule_class(schedule_name)
+    several = _pipeline.runs_several_stages(schedule)
+    per_rank = stages_per_rank if stages_per_rank is not None else (2 if several else 1)
+    if not several and per_rank != 1:
+        raise ConfigurationError(
+            f"pipeline_schedule={schedule_name!r} runs one stage per process, not stages_per_rank={per_rank}:"
+            " choose 'Interleaved1F1B' for several, or leave stages_per_rank unset."
+        )
+    microbatches = microbatches if microbatches is not None else size * per_rank
+    if not (isinstance(microbatches, int) and not isinstance(microbatches, bool) and microbatches >= 1):
+        raise ConfigurationError(f"microbatches={microbatches!r} is not valid: pass a positive integer.")
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigurationError(f"loss_fn={loss_fn!r} is not callable: pass a function loss_fn(output, target).")
+    return _PipelineOptions(size, schedule_name, schedule, microbatches,
+                            list(split_points) if split_points is not None else None, per_rank, loss_fn)
 
 
 def _check_size(name: str, size: int | str) -> int | str:

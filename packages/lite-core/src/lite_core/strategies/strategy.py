@@ -235,6 +235,18 @@ class Strategy:
         buckets); a strategy whose wrapper must stay eager compiles the module inside it instead."""
         return options.compile(module)
 
+    def forward_call(self, forward_module: nn.Module, compiled: nn.Module | None,
+                     loss_fn: Callable[..., torch.Tensor] | None) -> Callable[..., Any] | None:
+        """What the set-up model's forward calls: `compiled` (or `forward_module` itself, `None`)
+        and, with the `loss_fn` given to `setup`, a call that returns `loss_fn(output, target)`
+        when the model is called with `target=`. A strategy that needs the target inside its
+        forward pass (pipeline parallelism) overrides this."""
+        if loss_fn is None:
+            return compiled
+        from lite_core.strategies._loss import ForwardWithLoss
+
+        return ForwardWithLoss(compiled if compiled is not None else forward_module, loss_fn)
+
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
         """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""

@@ -1,0 +1,138 @@
+"""Cutting a model into pipeline stages at module names, keeping the unsplit model's names.
+
+The model's *units* are its children, expanded wherever a split point lies inside one: a split at
+`"blocks.2"` makes `blocks`'s children units, and `blocks.2` the first unit of a stage. Each stage's
+part is a structural copy of the model (every module on the way to a unit copied, the units
+themselves shared) without the other stages' units, as torchtitan's `module_fqns_per_model_part`
+does: so a part's `state_dict()` keys are those of the unsplit model, and its `forward` is the
+model's own. Inside `nn.Sequential`, `nn.ModuleList` and `nn.ModuleDict` a missing unit is
+left out (their iteration skips it, their keys stay); elsewhere it becomes `None`, which the
+model's `forward` skips (`if self.embed is not None: ...`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from torch import nn
+
+from lite_core.errors import MisuseError
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def split_names(model: nn.Module, split_points: Sequence[str | int] | None) -> list[str]:
+    """The split points as module names (an index of an `nn.Sequential` becomes its name),
+    each checked to name a module of `model`."""
+    names = [str(point) for point in split_points or ()]
+    modules = dict(model.named_modules())
+    for name in names:
+        if not name or name not in modules:
+            raise MisuseError(
+                f"The split point {name!r} names no module of {type(model).__name__}: pass names from"
+                " model.named_modules() (such as 'blocks.2'), or indexes of an nn.Sequential."
+            )
+    return names
+
+
+def units(model: nn.Module, split_points: list[str]) -> tuple[list[str], set[str]]:
+    """(the model's units in order, the modules expanded to reach them)."""
+    found: list[str] = []
+    expanded: set[str] = {""}
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            full = prefix + name
+            if any(point.startswith(full + ".") for point in split_points):
+                expanded.add(full)
+                walk(full + ".", child)
+            else:
+                found.append(full)
+
+    walk("", model)
+    return found, expanded
+
+
+def assign_stages(model: nn.Module, split_points: list[str], num_stages: int) -> tuple[list[list[str]], set[str]]:
+    """The units of each of `num_stages` stages (cut at `split_points`, or evenly without them), and
+    the expanded modules; refuses a split that leaves a stage empty or parameters outside every unit."""
+    names, expanded = units(model, split_points)
+    _refuse_own_parameters(model, expanded)
+    if num_stages > len(names):
+        raise MisuseError(
+            f"{num_stages} pipeline stages need at least as many layers, but {type(model).__name__} splits into"
+            f" {len(names)} ({', '.join(names)}): lower pipeline_parallel_size (or stages per process), or name"
+            " split points inside a block (such as 'blocks.2')."
+        )
+    if not split_points:
+        base, extra = divmod(len(names), num_stages)
+        sizes = [base + (stage < extra) for stage in range(num_stages)]
+        starts = [sum(sizes[:stage]) for stage in range(num_stages)]
+        return [names[start:start + size] for start, size in zip(starts, sizes)], expanded
+    if len(split_points) != num_stages - 1:
+        raise MisuseError(
+            f"{len(split_points)} split points make {len(split_points) + 1} stages, but the pipeline has"
+            f" {num_stages} (pipeline_parallel_size x stages per process): pass {num_stages - 1} split points."
+        )
+    cuts = []
+    for point in split_points:
+        if point not in names or names.index(point) == 0:
+            raise MisuseError(
+                f"The split point {point!r} does not begin a stage of its own (split points must be in"
+                " forward order, not nested in each other, and not the first layer): name the module that"
+                " begins each stage after the first."
+            )
+        cuts.append(names.index(point))
+    if cuts != sorted(set(cuts)):
+        raise MisuseError(
+            f"The split points {split_points} are not in the order of the model's layers: list them in forward order."
+        )
+    bounds = [0, *cuts, len(names)]
+    return [names[bounds[i]:bounds[i + 1]] for i in range(num_stages)], expanded
+
+
+def _refuse_own_parameters(model: nn.Module, expanded: set[str]) -> None:
+    for name, module in model.named_modules():
+        if name in expanded and module._parameters:
+            owner = name or type(model).__name__
+            raise MisuseError(
+                f"Module {owner!r} holds parameters of its own ({', '.join(module._parameters)}) that no pipeline"
+                " stage would own: move them into a submodule, so that a stage can hold them."
+            )
+
+
+def part(model: nn.Module, keep: set[str], expanded: set[str]) -> nn.Module:
+    """A structural copy of `model` that holds only the units named in `keep` (shared, not copied)."""
+    return _copy(model, "", keep, expanded)
+
+
+def trim(model: nn.Module, keep: set[str], expanded: set[str]) -> None:
+    """Remove, in place, every unit of `model` not named in `keep` (the other stages' layers)."""
+    for name, module in list(model.named_modules()):
+        if name in expanded:
+            for child_name in list(module._modules):
+                full = f"{name}.{child_name}" if name else child_name
+                if full not in keep and full not in expanded:
+                    _drop(module, child_name)
+
+
+def _copy(module: nn.Module, prefix: str, keep: set[str], expanded: set[str]) -> nn.Module:
+    new = copy.copy(module)
+    for key, value in module.__dict__.items():  # hook dicts, parameters, buffers: the copy's own
+        if isinstance(value, (dict, set)):
+            new.__dict__[key] = copy.copy(value)
+    for name, child in module._modules.items():
+        full = prefix + name
+        if full in expanded:
+            new._modules[name] = _copy(child, full + ".", keep, expanded)
+        elif full not in keep and child is not None:
+            _drop(new, name)
+    return new
+
+
+def _drop(module: nn.Module, name: str) -> None:
+    if isinstance(module, _CONTAINERS):
+        del module._modules[name]
+    else:
+        module._modules[name] = None

@@ -1,0 +1,270 @@
+"""Pipeline parallelism (`ModelParallelStrategy(pipeline_parallel_size=2)`) on 2, 4 or 8 processes,
+for comparison with one plain PyTorch process.
+
+    python pipeline_job.py OUT_DIR WORLD_SIZE [CHECKPOINT]
+
+One job runs every layout of its world size, each with its own `LightningLite` in the same processes
+(the first launches them; the others reuse them). Every layout trains the same user loop,
+`loss = model(x, target=y)`, `backward(loss)`, clipping, `optimizer.step()`, `scheduler.step()`,
+for `STEPS` steps, then evaluates under `torch.no_grad()`. Rank 0 writes `OUT_DIR/results.pt` with,
+per layout, the initial weights, the final full weights (every stage's, gathered), the losses and
+norms that every rank saw, and the evaluation's loss and output.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from lite_core import LightningLite
+from lite_core.errors import LiteError
+from lite_core.strategies import ModelParallelStrategy
+
+torch.set_num_threads(1)
+
+GLOBAL_BATCH = 8
+STEPS = 3
+LR = 0.1
+MAX_NORM = 0.3
+WIDTH = 8
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class Net(nn.Module):
+    """Four blocks and a head; a pipeline stage holds some of them (the others are missing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        self.head = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def sequential() -> nn.Sequential:
+    return nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(3)), nn.Tanh(), nn.Linear(WIDTH, WIDTH))
+
+
+def parallelize(model: nn.Module, device_mesh) -> nn.Module:
+    """The user's function: tensor parallel inside each block, FSDP2 over the data-parallel ranks."""
+    tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    if tp.size() > 1:
+        for block in blocks:
+            parallelize_module(block, tp, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if dp.size() > 1:
+        for block in blocks:
+            fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
+    return model
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    return (torch.randn((STEPS + 2) * GLOBAL_BATCH, WIDTH, generator=generator),
+            torch.randn((STEPS + 2) * GLOBAL_BATCH, WIDTH, generator=generator))
+
+
+def make_model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    return Net() if kind == "net" else sequential()
+
+
+def make_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output, target)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every stage's full weights, on every rank (each process holds its stages' layers)."""
+    local = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().cpu().clone()
+             for k, v in model.state_dict().items()}
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
+def this_ranks_batch(lite: LightningLite, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This data-parallel rank's slice of global batch `step` (every stage of a pipeline gets it)."""
+    x, y = make_data()
+    rank = lite.strategy.distributed_sampler_kwargs()
+    replicas, shard = (rank["num_replicas"], rank["rank"]) if rank else (1, 0)
+    per_rank = GLOBAL_BATCH // replicas
+    start = step * GLOBAL_BATCH + shard * per_rank
+    return lite.to_device(x[start:start + per_rank]), lite.to_device(y[start:start + per_rank])
+
+
+def training_step(lite: LightningLite, model: nn.Module, optimizer, scheduler, step: int, clip: bool) -> tuple:
+    """The user's step: the same under ddp, fsdp and model_parallel with or without a pipeline."""
+    xb, yb = this_ranks_batch(lite, step)
+    optimizer.zero_grad()
+    loss = model(xb, target=yb)
+    lite.backward(loss)
+    norm = lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item() if clip else None
+    optimizer.step()
+    scheduler.step()
+    return loss, norm
+
+
+def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: bool) -> dict:
+    """`STEPS` training steps, then an evaluation under `torch.no_grad()`."""
+    losses, norms = [], []
+    for step in range(STEPS):
+        loss, norm = training_step(lite, model, optimizer, scheduler, step, clip)
+        norms.append(norm)
+        losses.append(lite.all_gather(loss.detach()).cpu())  # every rank's view of the loss
+    x, y = make_data()
+    per_rank = this_ranks_batch(lite, 0)[0].shape[0]
+    with torch.no_grad():
+        xb, yb = lite.to_device(x[:per_rank]), lite.to_device(y[:per_rank])
+        eval_loss = lite.all_gather(model(xb, target=yb)).cpu()
+        output = lite.all_gather(model(xb)).cpu()
+    return {"losses": losses, "norms": norms, "eval_loss": eval_loss, "eval_output": output}
+
+
+def pipeline(world: int, pp: int = 2, dp: int | str = "auto", tp: int = 1, schedule: str = "1F1B",
+             microbatches: int = 4, split_points=("blocks.2",), **kwargs) -> LightningLite:
+    strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp,
+                                     pipeline_parallel_size=pp, pipeline_schedule=schedule,
+                                     microbatches=microbatches,
+                                     split_points=list(split_points) if split_points is not None else None,
+                                     **kwargs)
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite.launch()
+    return lite
+
+
+def train(lite: LightningLite, kind: str = "net", clip: bool = True) -> dict:
+    model = make_model(kind)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    run = the_loop(lite, model, optimizer, scheduler, clip)
+    return {**run, "initial": initial, "final": full_weights(model),
+            "local_keys": sorted(model.state_dict())}
+
+
+def other_strategy(world: int, strategy) -> LightningLite:
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite.launch()
+    return lite
+
+
+def set_up(lite: LightningLite, kind: str = "net") -> dict:
+    model = make_model(kind)
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
+
+
+def resume_and_step(lite: LightningLite, path: Path, save_to: Path) -> dict:
+    """Load `path` into a fresh model, take the next step, save to `save_to`; the full weights."""
+    state = set_up(lite)
+    lite.load(path, state)
+    step = state["step"]
+    training_step(lite, state["model"], state["optimizer"], state["scheduler"], step, clip=True)
+    lite.save({**state, "step": step + 1}, save_to)
+    return {"loaded_step": step, "final": full_weights(state["model"]), "lr": state["scheduler"].get_last_lr()}
+
+
+def save_on_pipeline(lite: LightningLite, out: Path) -> dict:
+    """Train `STEPS` steps under this pipeline layout, save (sharded), and train one step more."""
+    state = set_up(lite)
+    for step in range(STEPS):
+        training_step(lite, state["model"], state["optimizer"], state["scheduler"], step, clip=True)
+    lite.save({**state, "step": STEPS}, out / "pp2xdp2_sharded")
+    saved = full_weights(state["model"])
+    training_step(lite, state["model"], state["optimizer"], state["scheduler"], STEPS, clip=True)
+    return {"saved": saved, "one_more": full_weights(state["model"])}
+
+
+def flops(world: int) -> dict:
+    """`measure_flops` of the set-up model on each stage, and what the monitor counts per replica."""
+    from lite_core import ThroughputMonitor, measure_flops
+
+    lite = pipeline(world)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    local = measure_flops(model, lite.to_device(torch.zeros(GLOBAL_BATCH, WIDTH)))
+    monitor = ThroughputMonitor(lite, flops_per_step=local, log_every_n_steps=0)
+    return {"local": lite.all_gather(torch.tensor(float(local))).tolist(), "monitor": monitor._flops_per_step}
+
+
+def error_of(action) -> str:
+    try:
+        action()
+    except LiteError as err:
+        return str(err)
+    return "no error"
+
+
+def bad_inputs(world: int) -> dict:
+    lite = pipeline(world, split_points=("blocks.9",))
+    no_module = error_of(lambda: lite.setup(make_model("net")))
+    lite = pipeline(world, schedule="Interleaved1F1B", stages_per_rank=4, split_points=None)
+    too_many = error_of(lambda: lite.setup(make_model("net")))
+    lite = pipeline(world, microbatches=3)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    uneven = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH)), target=lite.to_device(torch.zeros(4, WIDTH))))
+    lite = pipeline(world)
+    model = lite.setup(make_model("net"), loss_fn=loss_fn)
+    no_target = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH))))
+    accumulate = error_of(lambda: lite.no_backward_sync(model).__enter__())
+    return {"no_module": no_module, "too_many": too_many, "uneven": uneven, "no_target": no_target,
+            "accumulate": accumulate}
+
+
+def main(out: Path, world: int, checkpoint: Path | None) -> None:
+    results: dict = {}
+    if world == 2 and checkpoint is not None:
+        # A checkpoint of PP2 x DP2 resumed under ddp, whose one file resumes under PP2, and back.
+        results["from_pp2xdp2_on_ddp"] = resume_and_step(other_strategy(world, "ddp"), checkpoint, out / "ddp.pt")
+        results["from_ddp_on_pp2"] = resume_and_step(pipeline(world), out / "ddp.pt", out / "pp2_sharded")
+    if world == 2:
+        same_loop = {"ddp": "ddp", "fsdp": "fsdp",
+                     "model_parallel_2d": ModelParallelStrategy(parallelize, data_parallel_size=2, tensor_parallel_size=1)}
+        for name, strategy in same_loop.items():
+            results[name] = train(other_strategy(world, strategy))
+        for schedule in ("GPipe", "1F1B"):
+            results[f"pp2_{schedule}"] = train(pipeline(world, schedule=schedule))
+        results["pp2_Interleaved1F1B"] = train(pipeline(world, schedule="Interleaved1F1B",
+                                                        split_points=("blocks.1", "blocks.2", "blocks.3")))
+        results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
+                                        clip=False)
+        results["errors"] = bad_inputs(world)
+        results["flops"] = flops(world)
+    elif world == 4:
+        results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
+        results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)
+        results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
+                                                            split_points=("blocks.1", "blocks.2", "blocks.3")))
+        results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))
+    else:
+        results["pp2xdp2xtp2_1F1B"] = train(pipeline(world, dp=2, tp=2, microbatches=2))
+    if dist.get_rank() == 0:
+        torch.save(results, out / "results.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
