@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -37,6 +37,11 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole tensor (an FSDP shard gathered)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def plain(out: Path) -> None:
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -47,7 +52,7 @@ def plain(out: Path) -> None:
     torch.save(net.state_dict(), out / "weights-plain.pt")
 
 
-def lite(out: Path, split: bool) -> None:
+def lite(out: Path, split: bool, fsdp: bool) -> None:
     from lite_core import LightningLite
 
     group = os.environ["REPLICA_GROUP_ID"]
@@ -65,17 +70,22 @@ def lite(out: Path, split: bool) -> None:
                 optimizer.step()
                 if self.strategy.step > before:  # the step committed: record it at once
                     rows = " ".join(str(int(i)) for i in index.flatten().tolist())
-                    with open(out / f"progress-{group}", "a") as f:
+                    with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
                         f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
                 while (out / f"hold-{group}").exists():  # the test holds this group between steps
                     time.sleep(0.05)
+            weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
             if self.global_rank == 0:
-                torch.save(net.state_dict(), out / f"weights-{group}.pt")
+                torch.save(weights, out / f"weights-{group}.pt")
 
     from lite_torchft import DDPFTStrategy
+    from lite_torchft.fsdp import FSDPFTStrategy
 
-    Train(accelerator="cpu", strategy=DDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+    if fsdp:  # two processes per group, each holding half of every parameter
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+    else:
+        Train(accelerator="cpu", strategy=DDPFTStrategy(split_batches=split, ft_timeout=5)).run()
 
 
 if __name__ == "__main__":
@@ -83,4 +93,4 @@ if __name__ == "__main__":
     if "plain" in sys.argv[2:]:
         plain(out)
     else:
-        lite(out, split="split" in sys.argv[2:])
+        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:])
