@@ -1,7 +1,8 @@
 """Two replica groups under `ddp_ft` on loopback: one is SIGKILLed mid-run and started again.
 
 The test starts the lighthouse (in this process) and both groups itself (tests/scripts/ft_train.py,
-one process each). Group 0 must finish without a restart; both groups must end with bit-identical
+one process each under `ddp_ft`, two under `fsdp_ft`; SIGKILL goes to the group's first process,
+whose launcher takes its second one down). Group 0 must finish without a restart; both groups must end with bit-identical
 weights, and with `split_batches=True` equal to one plain PyTorch process over the same loader.
 """
 
@@ -25,9 +26,9 @@ STEPS = 24  # ft_train.STEPS
 
 
 def _start(group: int, lighthouse: str, out: Path, mode: str, log: Path) -> subprocess.Popen[str]:
-    env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
+    env = script_env(LITE_COLLECTIVE_TIMEOUT="10", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), FT_STEP_SLEEP="0.1")
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), mode], env=env, text=True,
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), *mode.split()], env=env, text=True,
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
@@ -77,9 +78,10 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
-@pytest.mark.timeout(150)
-def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path) -> None:
-    _kill_and_restart(lighthouse, tmp_path, "split")
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["split", "split fsdp"], ids=["ddp_ft", "fsdp_ft-2-processes-per-group"])
+def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path, mode: str) -> None:
+    _kill_and_restart(lighthouse, tmp_path, mode)
     # group 0 was never restarted: one process wrote every committed step, in order, up to the last
     records = _records(tmp_path, 0)
     assert [step for step, _, _ in records] == list(range(1, STEPS + 1))
@@ -88,6 +90,7 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert all(torch.equal(first[name], second[name]) for name in first)
     subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "plain"], check=True, timeout=60)
     plain = _weights(tmp_path / "weights-plain.pt")
+    assert sorted(plain) == sorted(first)
     for name in plain:
         torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)
 
