@@ -18,18 +18,20 @@ _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
     "accelerator": {"cuda": "cuda", "gpu": "cuda", "tpu": "xla", "xla": "xla"},
     "strategy": {
         "dp": "cuda",
+        "ddp_ft": "torchft",
         "deepspeed": "deepspeed",
         "deepspeed_stage_1": "deepspeed",
         "deepspeed_stage_2": "deepspeed",
         "deepspeed_stage_2_offload": "deepspeed",
         "deepspeed_stage_3": "deepspeed",
         "deepspeed_stage_3_offload": "deepspeed",
+        "fsdp_ft": "torchft",
         "single_xla": "xla",
         "xla": "xla",
         "xla_fsdp": "xla",
     },
 }
-_EXTRA_PACKAGE = {"cuda": "lite-cuda", "xla": "lite-xla", "deepspeed": "lite-deepspeed"}
+_EXTRA_PACKAGE = {"cuda": "lite-cuda", "xla": "lite-xla", "deepspeed": "lite-deepspeed", "torchft": "lite-torchft"}
 
 
 def known_backends() -> dict[str, tuple[str, dict[str, list[str]]]]:

@@ -11,7 +11,8 @@ What is here, by purpose:
 
 - Base classes to derive from: `Accelerator` (and `CPUAccelerator`), `Strategy`,
   `SingleDeviceStrategy`, `DDPStrategy` (the base of every strategy that runs a
-  `torch.distributed` process group, e.g. DeepSpeed's), `Launcher`, `Precision`
+  `torch.distributed` process group, e.g. DeepSpeed's), `FSDPStrategy` (`fully_shard`, e.g. the
+  base of torchft's HSDP), `Launcher`, `Precision`
   (`MixedPrecision`, `TruePrecision`), `ClusterEnvironment`, `CheckpointIO` (`TorchCheckpointIO`).
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
     )
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
+    from lite_core.strategies.fsdp import FSDPStrategy
     from lite_core.strategies.process_group import attempt_prefix, attempt_store, init_attempt_process_group
     from lite_core.strategies.single_device import SingleDeviceStrategy
     from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op, reduce_on_one_process
@@ -102,6 +104,7 @@ _HOMES: dict[str, str] = {
                    "lite_core.strategies.strategy"),
     **dict.fromkeys(["SingleDeviceStrategy"], "lite_core.strategies.single_device"),
     **dict.fromkeys(["DDPStrategy"], "lite_core.strategies.ddp"),
+    **dict.fromkeys(["FSDPStrategy"], "lite_core.strategies.fsdp"),
     **dict.fromkeys(["attempt_prefix", "attempt_store", "init_attempt_process_group"],
                    "lite_core.strategies.process_group"),
     **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),

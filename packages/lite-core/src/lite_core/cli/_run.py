@@ -33,6 +33,10 @@ Several machines (the same command on each; HOST:PORT is one of them):
 Elastic, with restarts:
   lite run --nnodes 1:4 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py
 
+Fault-tolerant replica groups (lite-core[torchft], strategy ddp_ft or fsdp_ft): a torchft
+lighthouse and N groups of this job on this machine, each group its own `lite run`:
+  lite run --replica-groups 2 --strategy ddp_ft train.py
+
 Restarts: each rank sees LITE_RESTART_COUNT (0, then 1, 2, ...). A script resumes by loading its
 last checkpoint at the top of run(): self.load(path, state, missing_ok=True).
 """
@@ -58,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
 def launch_command_line(argv: Sequence[str], name: str = "lite run") -> int:
     """Parse `lite run`'s arguments `argv`, check them, and run the job on torch's elastic agent;
     returns the exit code (Lite's lines start with `name`)."""
+    from lite_core.cli._groups import launch_groups, without_flag
     from lite_core.launchers.elastic import launch, quiet_agent
 
+    groups, argv = without_flag(argv)
+    if groups is not None:
+        return launch_groups(groups, argv, name)
     with quiet_agent():
         options = parse(argv)
         check_target_exists(options)

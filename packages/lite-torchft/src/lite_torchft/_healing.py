@@ -1,0 +1,53 @@
+"""What a healing replica group receives from a peer: every set-up model, optimizer and loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from lite_torchft._stream import LoaderStream
+
+
+class HealingState:
+    """The objects Lite set up in this group, in set-up order, and their state as one dict.
+
+    Loaders take part from their first pass on; a peer's loader state that arrives before this
+    group iterated that loader waits here and is applied at the loader's first pass.
+    """
+
+    def __init__(self) -> None:
+        self.modules: list[nn.Module] = []
+        self.optimizers: list[Optimizer] = []
+        self.streams: list[LoaderStream] = []
+        self._waiting_loaders: list[dict[str, int]] = []
+
+    def add_stream(self, stream: LoaderStream) -> None:
+        """Register a loader at its first pass (it resumes a peer's position received earlier)."""
+        index = len(self.streams)
+        self.streams.append(stream)
+        if index < len(self._waiting_loaders):
+            stream.load_state_dict(self._waiting_loaders[index])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a peer needs to continue from here."""
+        return {
+            "modules": [module.state_dict() for module in self.modules],
+            "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+            "loaders": [stream.state_dict() for stream in self.streams] + self._waiting_loaders[len(self.streams):],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take over a peer's state (models and optimizers in place, loader positions)."""
+        for module, module_state in zip(self.modules, state["modules"], strict=True):
+            module.load_state_dict(module_state)
+        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(optimizer_state)
+        self.load_positions(state["loaders"])
+
+    def load_positions(self, positions: list[dict[str, int]]) -> None:
+        """Move every loader to its position (a loader not iterated yet takes it at its first pass)."""
+        for stream, position in zip(self.streams, positions):
+            stream.load_state_dict(position)
+        self._waiting_loaders = list(positions)

@@ -1,0 +1,227 @@
+"""Fault-tolerant replication across replica groups on torchft, for any data-parallel strategy inside a group.
+
+Each replica group is an ordinary Lite job (one or more processes, started by `python`, `lite run`
+or torchrun) running its own strategy (`ddp`, or `fsdp` for HSDP) over its own process group.
+Across groups, torchft's `Manager` runs the steps: a quorum per step from the lighthouse, the
+gradients averaged over the groups alive in the step (rank r of every group over its own
+reconfigurable gloo group, so a sharded model averages its shards), and `should_commit` deciding
+whether the optimizers step. A group that dies is dropped; a group that starts again heals at the
+next quorum from a peer's state (see `HealingState`), sent by torchft's checkpoint transport.
+
+The step opens at the first of: the next batch of a set-up loader, a training forward pass of a
+set-up model, `backward`; it is decided at the first `optimizer.step()` after its backward.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from lite_core.plugins import LiteError
+from lite_torchft._healing import HealingState
+from lite_torchft._stream import LoaderStream
+from lite_torchft._variables import check_lighthouse, read_variables
+
+#: Defaults chosen so that a dead group is dropped within seconds on one machine (docs/launching.md).
+FT_TIMEOUT_SECONDS = 10.0
+QUORUM_TIMEOUT_SECONDS = 60.0
+CONNECT_TIMEOUT_SECONDS = 10.0
+MAX_COMMIT_FAILURES = 10
+
+
+class FaultTolerantReplication:
+    """The torchft part of `ddp_ft` and `fsdp_ft`, mixed into the group's own strategy class.
+
+    Args:
+        split_batches: each loader batch is the step's global batch, split over every process
+            alive in the step (`False`: each process takes a whole loader batch of its own).
+        ft_timeout: seconds a cross-group all-reduce, commit vote or healing transfer may take
+            before the step is given up (a dead peer is usually noticed at once, when its
+            sockets close; this bounds the rest).
+        quorum_timeout: seconds to wait for the lighthouse's quorum.
+        connect_timeout: seconds to reach the lighthouse and the peers' managers.
+        min_replica_size: the fewest groups a step may commit with.
+        max_commit_failures: consecutive steps that may fail to commit before this group gives up
+            with an error.
+        **kwargs: the group strategy's own arguments.
+    """
+
+    def __init__(self, split_batches: bool = False, ft_timeout: float = FT_TIMEOUT_SECONDS,
+                 quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+                 min_replica_size: int = 1, max_commit_failures: int = MAX_COMMIT_FAILURES, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.split_batches = split_batches
+        self._ft_timeout = timedelta(seconds=ft_timeout)
+        self._quorum_timeout = timedelta(seconds=quorum_timeout)
+        self._connect_timeout = timedelta(seconds=connect_timeout)
+        self._min_replica_size = min_replica_size
+        self._max_commit_failures = max_commit_failures
+        self._manager: Any = None
+        self._healing = HealingState()
+        self._wrapped: list[nn.Module] = []
+        self._open = False  # a quorum was started for the step in progress
+        self._decision: bool | None = None  # the step's commit vote, once taken
+
+    # -- environment -------------------------------------------------------------------------------
+    def connect(self, *args: Any, **kwargs: Any) -> None:
+        read_variables()  # at construction: a missing or wrong variable is one sentence, before anything starts
+        super().connect(*args, **kwargs)
+
+    def setup_environment(self) -> None:
+        if self._environment_ready:
+            return
+        variables = read_variables()
+        if self.global_rank == 0 or self.launcher is None:
+            check_lighthouse(variables.lighthouse, self._connect_timeout.total_seconds())
+        super().setup_environment()
+        self._manager = self._build_manager(variables.group_id, variables.lighthouse)
+
+    def _build_manager(self, group_id: int, lighthouse: str) -> Any:
+        from torchft import Manager, ProcessGroupGloo
+
+        env = self._env()
+        return Manager(
+            pg=ProcessGroupGloo(timeout=self._ft_timeout),
+            load_state_dict=self._healing.load_state_dict,
+            state_dict=self._healing.state_dict,
+            min_replica_size=self._min_replica_size,
+            use_async_quorum=False,  # heal before the step's forward pass, so every group computes on healed weights
+            timeout=self._ft_timeout,
+            quorum_timeout=self._quorum_timeout,
+            connect_timeout=self._connect_timeout,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            store_addr=env.main_address,
+            store_port=env.main_port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"lite_ddp_ft_{group_id}",
+            max_retries=self._max_commit_failures,
+        )
+
+    def teardown(self, failed: bool = False) -> None:
+        if self._manager is not None:
+            self._manager.shutdown(wait=False)
+            self._manager = None
+        super().teardown(failed)
+
+    @property
+    def manager(self) -> Any:
+        """torchft's `Manager` of this process (after the environment is set up)."""
+        return self._manager
+
+    @property
+    def step(self) -> int:
+        """Committed steps of the whole job (a healed group takes its peer's count)."""
+        return 0 if self._manager is None else self._manager.current_step()
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _begin_step(self) -> tuple[int, int]:
+        """Open the step's quorum once (healing from a peer if due); returns this process's index
+        among the processes alive in the step and their number."""
+        if not self._open or self._decision is not None:
+            self._open, self._decision = True, None
+            try:
+                self._manager.start_quorum()
+            except Exception as err:  # the lighthouse is the job's single point of failure
+                raise LiteError(
+                    f"The torchft lighthouse stopped answering ({err}): it is the job's single point of failure;"
+                    " restart it and every replica group (their checkpoints hold the Manager's state)."
+                ) from err
+        replica_rank = self._manager.participating_rank() or 0
+        groups = max(self._manager.num_participants(), 1)
+        return replica_rank * self.world_size + self.global_rank, groups * self.world_size
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        wrapped = super().setup_module(module)
+        self._healing.modules.append(module)
+        self._wrapped.append(wrapped)
+        wrapped.register_forward_pre_hook(self._before_forward)
+        return wrapped
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._begin_step()
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        self._healing.optimizers.append(optimizer)
+        return optimizer
+
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterator[Any]:
+        stream = self._stream_of(dataloader)
+        return stream.batches(self._begin_step)
+
+    def _stream_of(self, dataloader: Iterable[Any]) -> LoaderStream:
+        for stream in self._healing.streams:
+            if stream.dataloader is dataloader:
+                return stream
+        stream = LoaderStream(dataloader, self.split_batches)
+        self._healing.add_stream(stream)
+        return stream
+
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        return None  # every process iterates the loader as one plain process does; the stream shares it
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        self._begin_step()
+        super().backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        if self._decision is None:
+            self._begin_step()
+            self._average_across_groups()
+            self._decision = self._manager.should_commit()
+            for stream in self._healing.streams:
+                stream.commit() if self._decision else stream.abort()
+        return super().optimizer_step(optimizer, **kwargs) if self._decision else None
+
+    def _average_across_groups(self) -> None:
+        """Average every set-up model's gradients over the groups alive in the step (one all-reduce;
+        a sharded gradient averages this rank's shard with the same shard of the other groups)."""
+        grads = [_local(p.grad) for m in self._healing.modules for p in m.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self._manager.allreduce(flat).wait()
+        for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(averaged)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        super().save_checkpoint(path, self._with_manager(content))
+
+    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Any:
+        return super().stage_checkpoint(path, self._with_manager(content))
+
+    def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
+        if self._manager is None:
+            return content
+        return {**content, _MANAGER_KEY: self._manager.state_dict(),
+                _LOADERS_KEY: [stream.state_dict() for stream in self._healing.streams]}
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only)
+        manager_state, loaders = content.pop(_MANAGER_KEY, None), content.pop(_LOADERS_KEY, None)
+        if manager_state is not None and self._manager is not None:
+            self._manager.load_state_dict(manager_state)
+        if loaders is not None:
+            self._healing.load_positions(loaders)
+        return content
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(split_batches={self.split_batches}, ft_timeout={self._ft_timeout})"
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a gradient (the local shard of a `DTensor`)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+_MANAGER_KEY = "_torchft_manager"
+_LOADERS_KEY = "_torchft_loaders"
+

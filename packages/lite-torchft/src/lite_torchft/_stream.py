@@ -1,0 +1,102 @@
+"""A set-up dataloader's part in the quorum: which global batch a step takes, and this process's share.
+
+The loader runs in every process as it runs in one plain process (no sampler is replaced), so each
+process sees the same sequence of batches. A step takes its batches from the front of what is not
+yet committed:
+
+- `split_batches=True`: one loader batch is the step's global batch; the processes alive in the
+  step (every group in the quorum, every rank in each group) each take an equal slice of its rows,
+  in order of `replica rank * group size + group rank`;
+- otherwise: the step takes one loader batch per process alive in the step, in that order.
+
+A step that commits advances the position past what it took; a step that does not commit takes
+the same batches again, shared over the processes of the next step. So no committed step repeats
+or skips a sample, and with `split_batches=True` the job computes the steps of one plain process.
+The position (`epoch`, `committed`) travels in the state a healing group receives from a peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+
+class LoaderStream:
+    """The committed position of one dataloader and the batches fetched past it."""
+
+    def __init__(self, dataloader: Iterable[Any], split_batches: bool) -> None:
+        self.dataloader = dataloader
+        self.split_batches = split_batches
+        self.epoch = 0
+        self.committed = 0  # batches of this epoch that committed steps took
+        self._pending: list[Any] = []  # fetched, not yet committed
+        self._taken = 0  # how many of `_pending` the open step uses
+        self._iterator: Iterator[Any] | None = None
+
+    # -- position ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """The committed position."""
+        return {"epoch": self.epoch, "committed": self.committed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Move to a committed position (a peer's, while healing): fetched batches are dropped."""
+        self.epoch, self.committed = int(state["epoch"]), int(state["committed"])
+        self._pending, self._taken, self._iterator = [], 0, None
+
+    def commit(self) -> None:
+        """The open step committed: what it took is consumed."""
+        self.committed += self._taken
+        self._pending = self._pending[self._taken:]
+        self._taken = 0
+
+    def abort(self) -> None:
+        """The open step did not commit: its batches are taken again by the next step."""
+        self._taken = 0
+
+    # -- iteration -------------------------------------------------------------------------------
+    def batches(self, begin_step: Callable[[], tuple[int, int]]) -> Iterator[Any]:
+        """One pass: this process's share of each step's batches until the epoch runs out.
+
+        `begin_step` opens the step's quorum (healing this process if a peer's state is due) and
+        returns this process's index among the processes alive in the step and their number.
+        """
+        self._set_epoch()
+        while self._fill(1):
+            index, count = begin_step()
+            if not self._fill(1 if self.split_batches else count):
+                break  # fewer batches left than processes: the epoch ends for everyone alike
+            yield self._share(index, count)
+        self.epoch += 1
+        self.committed, self._pending, self._taken, self._iterator = 0, [], 0, None
+
+    def _set_epoch(self) -> None:
+        sampler = getattr(self.dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+
+    def _fill(self, needed: int) -> bool:
+        """Fetch until `needed` uncommitted batches are there; False when the epoch runs out first."""
+        if self._iterator is None:
+            self._set_epoch()
+            self._iterator = iter(self.dataloader)
+            for _ in range(self.committed):  # resume inside the epoch at the committed position
+                next(self._iterator, None)
+        while len(self._pending) < needed:
+            batch = next(self._iterator, _END)
+            if batch is _END:
+                return False
+            self._pending.append(batch)
+        return True
+
+    def _share(self, index: int, count: int) -> Any:
+        if self.split_batches:
+            self._taken = 1
+            return tree_map_only(torch.Tensor, lambda rows: torch.tensor_split(rows, count)[index], self._pending[0])
+        self._taken = count
+        return self._pending[index]
+
+
+_END = object()

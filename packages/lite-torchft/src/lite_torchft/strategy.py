@@ -1,0 +1,17 @@
+"""`strategy="ddp_ft"`: DDP inside each replica group, fault-tolerant replication across groups."""
+
+from __future__ import annotations
+
+from lite_core.plugins import DDPStrategy
+from lite_torchft._replication import FaultTolerantReplication
+
+
+class DDPFTStrategy(FaultTolerantReplication, DDPStrategy):
+    """`strategy="ddp_ft"`: per-step fault tolerance across replica groups on torchft.
+
+    Takes `FaultTolerantReplication`'s arguments (`split_batches`, `ft_timeout`, `quorum_timeout`,
+    `connect_timeout`, `min_replica_size`, `max_commit_failures`) and `strategy="ddp"`'s
+    (`timeout`, `process_group_backend`, DDP's keyword arguments) for the group.
+    """
+
+    name = "ddp_ft"

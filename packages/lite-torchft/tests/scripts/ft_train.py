@@ -1,0 +1,96 @@
+"""A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
+
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp]
+
+Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
+can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
+`OUT_DIR/progress-<group>`; while `OUT_DIR/hold-<group>` exists the group waits between steps
+(the test holds the survivor until the restarted group is ready to join); at the end the weights go to `OUT_DIR/weights-<group>.pt`. With `plain`, the same loop runs in plain
+PyTorch (one process, no Lite) and writes `OUT_DIR/weights-plain.pt`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+STEPS = 24
+BATCH = 4
+SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0.25"))
+
+
+def data() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(STEPS * BATCH, 3, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1
+    index = torch.arange(len(x), dtype=torch.float64).unsqueeze(1)
+    return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=False)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole tensor (an FSDP shard gathered)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def plain(out: Path) -> None:
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for x, y, _ in data():
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        optimizer.step()
+    torch.save(net.state_dict(), out / "weights-plain.pt")
+
+
+def lite(out: Path, split: bool, fsdp: bool) -> None:
+    from lite_core import LightningLite
+
+    group = os.environ["REPLICA_GROUP_ID"]
+
+    class Train(LightningLite):
+        def run(self) -> None:
+            net = model()
+            net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+            loader = self.setup_dataloaders(data())
+            (out / f"ready-{group}-{os.getpid()}").touch()
+            for x, y, index in loader:
+                optimizer.zero_grad()
+                self.backward(torch.nn.functional.mse_loss(net(x), y))
+                before = self.strategy.step
+                optimizer.step()
+                if self.strategy.step > before:  # the step committed: record it at once
+                    rows = " ".join(str(int(i)) for i in index.flatten().tolist())
+                    with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
+                        f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
+                time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
+                while (out / f"hold-{group}").exists():  # the test holds this group between steps
+                    time.sleep(0.05)
+            weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
+            if self.global_rank == 0:
+                torch.save(weights, out / f"weights-{group}.pt")
+
+    from lite_torchft import DDPFTStrategy
+    from lite_torchft.fsdp import FSDPFTStrategy
+
+    if fsdp:  # two processes per group, each holding half of every parameter
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+    else:
+        Train(accelerator="cpu", strategy=DDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    if "plain" in sys.argv[2:]:
+        plain(out)
+    else:
+        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:])

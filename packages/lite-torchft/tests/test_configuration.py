@@ -1,0 +1,45 @@
+"""A replica group that is not told which group it is, or where the lighthouse is, fails in one sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import free_port  # the repository's conftest.py
+from lite_core import LightningLite
+from lite_core.plugins import ConfigurationError
+from lite_torchft import DDPFTStrategy
+from lite_torchft.fsdp import FSDPFTStrategy
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def group_variables(monkeypatch: pytest.MonkeyPatch, clean_env: None) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("REPLICA_GROUP_ID", "0")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "2")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    return monkeypatch
+
+
+@pytest.mark.parametrize("missing", ["REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE"])
+def test_a_missing_variable_fails_at_construction_naming_it(group_variables: pytest.MonkeyPatch, missing: str) -> None:
+    group_variables.delenv(missing)
+    with pytest.raises(ConfigurationError, match=f"needs {missing} set: start each replica group with"):
+        LightningLite(accelerator="cpu", strategy="ddp_ft")
+
+
+def test_a_group_id_outside_the_groups_is_refused(group_variables: pytest.MonkeyPatch) -> None:
+    group_variables.setenv("REPLICA_GROUP_ID", "2")
+    with pytest.raises(ConfigurationError, match=r"REPLICA_GROUP_ID=2 is outside 0..1"):
+        LightningLite(accelerator="cpu", strategy=DDPFTStrategy())
+
+
+def test_no_lighthouse_at_the_address_names_the_command_that_starts_one(group_variables: pytest.MonkeyPatch) -> None:
+    lite = LightningLite(accelerator="cpu", strategy=FSDPFTStrategy(connect_timeout=2))
+    with pytest.raises(ConfigurationError, match="No torchft lighthouse answers at .* start one with `torchft_lighthouse"):
+        lite.launch(lambda lite: None)
+
+
+def test_names_resolve_through_the_entry_points(group_variables: pytest.MonkeyPatch) -> None:
+    assert type(LightningLite(accelerator="cpu", strategy="ddp_ft").strategy) is DDPFTStrategy
+    assert type(LightningLite(accelerator="cpu", strategy="fsdp_ft").strategy) is FSDPFTStrategy
