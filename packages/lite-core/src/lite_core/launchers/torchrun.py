@@ -8,6 +8,7 @@ through here, so the launcher never calls up into the command line.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,8 +45,6 @@ def _rendezvous_defaults(options: argparse.Namespace) -> None:
     a free port of this machine (a c10d store on localhost:0); otherwise the static rendezvous
     uses `--master-port` (default 29500). Ranks get 5 s (Lite's grace period) to exit after
     SIGTERM, unless `--shutdown-timeout` says otherwise."""
-    import os
-
     from lite_core.launchers.supervision import GRACE_SECONDS
 
     alone = options.rdzv_backend == "static" and not options.rdzv_endpoint and options.master_port is None
