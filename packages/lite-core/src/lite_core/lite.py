@@ -345,7 +345,8 @@ class LightningLite:
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
         if evaluation is not None and evaluation.dataloader is not dataloader:
             _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
-        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation)
+        moves_plainly = type(self._strategy).batch_to_device is Strategy.batch_to_device
+        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation, moves_plainly)
 
     def _claim(self, obj: Any, kind: str) -> None:
         if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
