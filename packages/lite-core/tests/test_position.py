@@ -164,3 +164,9 @@ def test_a_stateful_dataloader_sharded_over_ranks_resumes_at_the_next_sample_on_
     rest = [list(loader) for loader in after]
     rest = [i for step in zip(*rest) for batch in step for i in batch.tolist()]
     assert sorted(seen) == sorted(uninterrupted[:12]) and sorted(rest) == sorted(uninterrupted[12:])
+
+
+def test_split_batches_needs_lite_to_draw_the_batches() -> None:
+    with pytest.raises(MisuseError, match="split_batches=True.*replace_sampler=False"):
+        LightningLite(accelerator="cpu").setup_dataloaders(DataLoader(Counting(8), batch_size=4),
+                                                           split_batches=True, replace_sampler=False)
