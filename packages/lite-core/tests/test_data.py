@@ -76,7 +76,7 @@ def test_custom_sampler_is_sharded_in_its_own_order() -> None:
     sampler = distribute(DataLoader(DATA, sampler=FixedOrder(order)), 2, 0, 0).sampler
     assert isinstance(sampler, ShardedSampler)
     sampler.set_epoch(4)
-    assert sampler.sampler.epochs == [4]
+    assert sampler.sampler.source.epochs == [4]
 
 
 def test_distributed_sampler_and_iterable_datasets_are_left_alone() -> None:

@@ -134,3 +134,39 @@ def test_split_batches_refuses_a_batch_the_processes_do_not_divide() -> None:
     with pytest.raises(MisuseError, match="last batch holds 1 samples, fewer than the 2.*drop_last=True"):
         split_batches(DataLoader(Counting(9), batch_size=4), lambda: (0, 2), 2)
     split_batches(DataLoader(Counting(9), batch_size=4, drop_last=True), lambda: (0, 2), 2)
+
+
+def test_a_stateful_dataloader_sharded_over_ranks_resumes_at_the_next_sample_on_another_world_size() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from lite_core._data import distribute
+    from lite_core._loader import LiteDataLoader
+
+    def shards(world: int) -> list[LiteDataLoader]:  # every rank's loader, as each rank would build it
+        loaders = []
+        for rank in range(world):
+            torch.manual_seed(4)  # torchdata's RandomSampler draws its generator's seed at construction
+            loaders.append(LiteDataLoader(distribute(stateful.StatefulDataLoader(
+                Counting(24), batch_size=2, shuffle=True), world, rank, 0), None))
+        return loaders
+
+    one = shards(1)[0]
+    uninterrupted = [[i for batch in one for i in batch.tolist()] for _ in range(2)][1]  # the 2nd epoch
+    before = shards(2)
+    for loader in before:
+        list(loader)  # the first epoch: the sampler's generator moves on
+    steps = [iter(loader) for loader in before]
+    seen = [i for _ in range(3) for it in steps for i in next(it).tolist()]  # 3 steps: 12 samples
+    state = before[0].state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 12)
+    after = shards(3)
+    for loader in after:
+        loader.load_state_dict(state)
+    rest = [list(loader) for loader in after]
+    rest = [i for step in zip(*rest) for batch in step for i in batch.tolist()]
+    assert sorted(seen) == sorted(uninterrupted[:12]) and sorted(rest) == sorted(uninterrupted[12:])
+
+
+def test_split_batches_needs_lite_to_draw_the_batches() -> None:
+    with pytest.raises(MisuseError, match="split_batches=True.*replace_sampler=False"):
+        LightningLite(accelerator="cpu").setup_dataloaders(DataLoader(Counting(8), batch_size=4),
+                                                           split_batches=True, replace_sampler=False)

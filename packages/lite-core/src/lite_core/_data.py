@@ -87,7 +87,7 @@ def _sharded(dataloader: DataLoader, sampler: Any, drop_last: bool, num_replicas
             f"The dataloader's sampler ({type(sampler).__name__}) has no length, so Lite cannot shard it:"
             " pass setup_dataloaders(..., replace_sampler=False) and shard it yourself."
         )
-    return ShardedSampler(sampler, num_replicas, rank, drop_last=drop_last)
+    return ShardedSampler(EpochOrder(sampler), num_replicas, rank, drop_last=drop_last)
 
 
 def in_order(dataloader: DataLoader) -> DataLoader:

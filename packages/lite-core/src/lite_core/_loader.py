@@ -4,7 +4,7 @@ and its place in the job's global sample order (`lite_core._position`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -12,14 +12,7 @@ from lite_core._data import EvaluationPass, EvenBatches
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
 
-if TYPE_CHECKING:
-    from lite_core._roles import StrategyLike as Strategy
-
-_OWN = ("_dataloader", "_strategy", "_position", "_evaluation", "_evaluation_position")
-
-
-def _moves_batches_plainly(strategy: Strategy) -> bool:
-    return strategy.moves_batches_plainly
+_OWN = ("_dataloader", "_strategy", "_moves_plainly", "_position", "_evaluation", "_evaluation_position")
 
 
 class LiteDataLoader(DataLoader):
@@ -36,13 +29,17 @@ class LiteDataLoader(DataLoader):
 
     With an `evaluation` shard (distributed strategies), a pass that it `applies` to iterates that
     shard instead: every sample once, and as many batches as every other rank (the last ones
-    possibly empty); see `LightningLite.setup_dataloaders`.
+    possibly empty); see `LightningLite.setup_dataloaders`. `moves_plainly` says that the
+    strategy moves batches the default way (`Strategy.batch_to_device`), which lets the loader
+    pass batches already on the device through untouched. `strategy` (a `Strategy`, handed in:
+    this module sits below the strategies) moves the batches; `None` leaves them where they are.
     """
 
-    def __init__(self, dataloader: DataLoader, strategy: Strategy | None,
-                 evaluation: EvaluationPass | None = None) -> None:
+    def __init__(self, dataloader: DataLoader, strategy: Any,
+                 evaluation: EvaluationPass | None = None, moves_plainly: bool = False) -> None:
         self._dataloader = dataloader
         self._strategy = strategy
+        self._moves_plainly = moves_plainly  # the strategy's batch_to_device is Strategy's own
         self._position = LoaderPosition(dataloader)
         self._evaluation = evaluation
         self._evaluation_position = None if evaluation is None else LoaderPosition(evaluation.dataloader)
@@ -88,7 +85,7 @@ class LiteDataLoader(DataLoader):
             for batch in dataloader:
                 position.taken += 1
                 yield batch
-        elif not _moves_batches_plainly(self._strategy):
+        elif not self._moves_plainly:
             move = self._strategy.batch_to_device
             for batch in self._strategy.process_dataloader(dataloader):
                 position.taken += 1

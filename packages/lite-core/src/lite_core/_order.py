@@ -178,7 +178,8 @@ class ShardedSampler(Sampler[int]):
     Every rank draws the same sequence from the user's sampler (so it must be deterministic
     for a given epoch); with `drop_last=False` the sequence is padded by repeating its start so
     that all ranks see the same number of samples. The first `skip` indices of the sequence
-    were consumed before this pass.
+    were consumed before this pass. Lite hands it the user's sampler inside an `EpochOrder`, so
+    that a sampler with its own generator or state draws the same sequence again on resume.
     """
 
     def __init__(self, sampler: Sampler[int], num_replicas: int, rank: int, drop_last: bool = False) -> None:
@@ -198,14 +199,16 @@ class ShardedSampler(Sampler[int]):
         return iter(_strided(list(self.sampler), self.skip, self.num_replicas, self.rank, self.drop_last))
 
     def order_state(self) -> dict[str, Any]:
-        return {}
+        return self.sampler.order_state() if isinstance(self.sampler, EpochOrder) else {}
 
     def restore_order(self, state: dict[str, Any]) -> None:
-        pass
+        if isinstance(self.sampler, EpochOrder):
+            self.sampler.restore_order(state)
 
     @property
     def reproducible(self) -> bool:
-        return hasattr(self.sampler, "set_epoch")
+        inner = self.sampler
+        return inner.reproducible if isinstance(inner, EpochOrder) else hasattr(inner, "set_epoch")
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the user's sampler when it uses one."""

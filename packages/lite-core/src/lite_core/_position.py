@@ -137,7 +137,8 @@ class LoaderPosition:
     def _warn_if_not_reproducible(self, state: dict[str, Any]) -> None:
         if self._sampler.reproducible:
             return
-        inner = getattr(self._sampler, "source", getattr(self._sampler, "sampler", self._sampler))
+        inner = getattr(self._sampler, "sampler", self._sampler)  # inside a ShardedSampler
+        inner = getattr(inner, "source", inner)  # inside an EpochOrder
         before, now = state.get("processes", 1), self.processes()
         shape = f" on {before} processes (now {now})" if before != now else ""
         warnings.warn(

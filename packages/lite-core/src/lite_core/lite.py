@@ -22,13 +22,13 @@ from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
 from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
+from lite_core._loader import LiteDataLoader
 from lite_core._move import collective_input
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
-from lite_core._loader import LiteDataLoader
 from lite_core.wrappers import (
     LiteModule,
     _LiteOptimizerBase,
@@ -320,13 +320,19 @@ class LightningLite:
                 processes. The batch size must be a multiple of the data-parallel size; the
                 epoch's short last batch (without `drop_last`) is cut into parts that differ by at
                 most one sample. Processes that hold the same data (tensor-parallel peers) get
-                the same part.
+                the same part. Evaluation passes shard as without it (each rank takes whole
+                batches of `batch_size`). Needs `replace_sampler=True`.
 
         The set-up loader's `state_dict()` is its place in the job's global sample order (epoch,
         the epoch's order, samples consumed): `load` resumes it at the next sample under any
         strategy and number of processes (see the "Preemption and resuming" page).
         """
         check_sharding(sharding)
+        if split_batches and not replace_sampler:
+            raise MisuseError(
+                "setup_dataloaders(split_batches=True) cuts the batches Lite draws, but replace_sampler=False"
+                " keeps your own sampler: pass one of the two."
+            )
         self._require_environment("setup_dataloaders")
         wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding, split_batches)
                    for d in dataloaders]
@@ -356,7 +362,8 @@ class LightningLite:
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
         if evaluation is not None and evaluation.dataloader is not dataloader:
             _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
-        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation)
+        moves_plainly = self._strategy.moves_batches_plainly
+        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation, moves_plainly)
 
     def _claim(self, obj: Any, kind: str) -> None:
         if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
