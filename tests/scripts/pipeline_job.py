@@ -145,13 +145,14 @@ def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: 
 
 
 def pipeline(world: int, pp: int = 2, dp: int | str = "auto", tp: int = 1, schedule: str = "1F1B",
-             microbatches: int = 4, split_points=("blocks.2",), **kwargs) -> LightningLite:
+             microbatches: int = 4, split_points=("blocks.2",), precision: str = "32-true",
+             **kwargs) -> LightningLite:
     strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp,
                                      pipeline_parallel_size=pp, pipeline_schedule=schedule,
                                      microbatches=microbatches,
                                      split_points=list(split_points) if split_points is not None else None,
                                      **kwargs)
-    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world, precision=precision)
     lite.launch()
     return lite
 
@@ -252,6 +253,8 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
                                                         split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
                                         clip=False)
+        for precision in ("bf16-mixed", "bf16-true"):
+            results[f"pp2_{precision}"] = train(pipeline(world, precision=precision), clip=False)
         results["errors"] = bad_inputs(world)
         results["flops"] = flops(world)
     elif world == 4:

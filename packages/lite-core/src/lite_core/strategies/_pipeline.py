@@ -127,7 +127,7 @@ class PipelineForward:
         if self.holds_last_stage:
             loss = torch.stack([value.detach().float() for value in losses]).mean().to(device)
         else:
-            loss = torch.zeros((), device=device)
+            loss = torch.zeros((), dtype=torch.float32, device=device)  # not the default dtype (bf16-true)
         dist.broadcast(loss, group=self._group, group_src=self._last_rank)
         return loss
 
