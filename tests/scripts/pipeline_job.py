@@ -212,6 +212,15 @@ def flops(world: int) -> dict:
     return {"local": lite.all_gather(torch.tensor(float(local))).tolist(), "monitor": monitor._flops_per_step}
 
 
+def first_batches(lite: LightningLite) -> torch.Tensor:
+    """Every rank's first batch from a set-up loader (data is sharded by data-parallel rank only)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = lite.setup_dataloaders(DataLoader(TensorDataset(torch.arange(16.0)), batch_size=2))
+    (batch,) = next(iter(loader))
+    return lite.all_gather(batch).cpu()
+
+
 def error_of(action) -> str:
     try:
         action()
@@ -260,6 +269,7 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
         results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)
+        results["first_batches"] = first_batches(pipeline(world, dp=2))
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))

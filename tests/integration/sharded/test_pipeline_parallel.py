@@ -209,3 +209,10 @@ def test_bfloat16_precisions_run_through_the_schedule(job2, precision):
         assert len(set(seen.tolist())) == 1  # the same loss on both stages
         # bfloat16 keeps about 3 significant digits; micro-batches round differently than one batch.
         torch.testing.assert_close(seen[0], loss.detach().float(), atol=2e-2, rtol=0)
+
+
+def test_every_stage_of_a_pipeline_gets_its_data_parallel_ranks_batches(job4):
+    batches = job4["first_batches"]  # ranks 0, 1: stage 0 of data-parallel ranks 0, 1; ranks 2, 3: stage 1
+    torch.testing.assert_close(batches[0], batches[2], atol=0, rtol=0)
+    torch.testing.assert_close(batches[1], batches[3], atol=0, rtol=0)
+    assert not torch.equal(batches[0], batches[1])
