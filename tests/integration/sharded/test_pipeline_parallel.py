@@ -173,6 +173,7 @@ def test_bad_input_is_refused_in_one_sentence(job2):
     assert "does not split into microbatches=3" in errors["uneven"]
     assert "needs the target" in errors["no_target"]
     assert "no_backward_sync() cannot accumulate under pipeline parallelism" in errors["accumulate"]
+    assert errors["eval_mode_grads"] == 0 and errors["eval_mode_loss"] > 0  # model.eval(): forward only
 
 
 def test_the_throughput_monitor_counts_every_stage_once(job2):

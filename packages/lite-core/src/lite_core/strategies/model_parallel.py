@@ -250,8 +250,9 @@ class ModelParallelStrategy(FSDPStrategy):
         parts = [self._parallelize_part(part) for part in parts]
         stages = _pipeline.build_stages(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
         last_rank = (num_stages - 1) % options.size
+        copies = [pair for part in parts for pair in _split.copies_of(part, module)]
         self._pipelines[id(module)] = PipelineForward(stages, options.schedule, options.microbatches,
-                                                      pp_mesh.get_group(), last_rank, options.loss_fn)
+                                                      pp_mesh.get_group(), last_rank, options.loss_fn, module, copies)
         self._sharded_modules.append(module)
         return module
 
