@@ -145,13 +145,14 @@ def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: 
 
 
 def pipeline(world: int, pp: int = 2, dp: int | str = "auto", tp: int = 1, schedule: str = "1F1B",
-             microbatches: int = 4, split_points=("blocks.2",), **kwargs) -> LightningLite:
+             microbatches: int = 4, split_points=("blocks.2",), precision: str = "32-true",
+             **kwargs) -> LightningLite:
     strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp,
                                      pipeline_parallel_size=pp, pipeline_schedule=schedule,
                                      microbatches=microbatches,
                                      split_points=list(split_points) if split_points is not None else None,
                                      **kwargs)
-    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world)
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=world, precision=precision)
     lite.launch()
     return lite
 
@@ -211,6 +212,15 @@ def flops(world: int) -> dict:
     return {"local": lite.all_gather(torch.tensor(float(local))).tolist(), "monitor": monitor._flops_per_step}
 
 
+def first_batches(lite: LightningLite) -> torch.Tensor:
+    """Every rank's first batch from a set-up loader (data is sharded by data-parallel rank only)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = lite.setup_dataloaders(DataLoader(TensorDataset(torch.arange(16.0)), batch_size=2))
+    (batch,) = next(iter(loader))
+    return lite.all_gather(batch).cpu()
+
+
 def error_of(action) -> str:
     try:
         action()
@@ -231,8 +241,11 @@ def bad_inputs(world: int) -> dict:
     model = lite.setup(make_model("net"), loss_fn=loss_fn)
     no_target = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH))))
     accumulate = error_of(lambda: lite.no_backward_sync(model).__enter__())
+    model.eval()  # evaluation without torch.no_grad(): forward only, no gradients left behind
+    eval_mode = model(lite.to_device(torch.zeros(4, WIDTH)), target=lite.to_device(torch.ones(4, WIDTH)))
+    left_behind = sum(p.grad is not None for p in model.parameters())
     return {"no_module": no_module, "too_many": too_many, "uneven": uneven, "no_target": no_target,
-            "accumulate": accumulate}
+            "accumulate": accumulate, "eval_mode_loss": eval_mode.item(), "eval_mode_grads": left_behind}
 
 
 def main(out: Path, world: int, checkpoint: Path | None) -> None:
@@ -252,11 +265,14 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
                                                         split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
                                         clip=False)
+        for precision in ("bf16-mixed", "bf16-true"):
+            results[f"pp2_{precision}"] = train(pipeline(world, precision=precision), clip=False)
         results["errors"] = bad_inputs(world)
         results["flops"] = flops(world)
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
         results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)
+        results["first_batches"] = first_batches(pipeline(world, dp=2))
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))

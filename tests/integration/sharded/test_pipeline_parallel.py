@@ -173,6 +173,7 @@ def test_bad_input_is_refused_in_one_sentence(job2):
     assert "does not split into microbatches=3" in errors["uneven"]
     assert "needs the target" in errors["no_target"]
     assert "no_backward_sync() cannot accumulate under pipeline parallelism" in errors["accumulate"]
+    assert errors["eval_mode_grads"] == 0 and errors["eval_mode_loss"] > 0  # model.eval(): forward only
 
 
 def test_the_throughput_monitor_counts_every_stage_once(job2):
@@ -186,3 +187,33 @@ def test_the_throughput_monitor_counts_every_stage_once(job2):
     # gradient of blocks.2.up's input in addition (which the pipeline computes and sends back).
     boundary_input_gradient = 2 * job_module.GLOBAL_BATCH * job_module.WIDTH * 2 * job_module.WIDTH
     assert whole - sum(flops["local"]) == boundary_input_gradient
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bfloat16_precisions_run_through_the_schedule(job2, precision):
+    run = job2[f"pp2_{precision}"]
+    model = job_module.make_model("net")
+    model.load_state_dict(run["initial"])
+    mixed = precision == "bf16-mixed"
+    model = model if mixed else model.to(torch.bfloat16)
+    optimizer, scheduler = job_module.make_optimizer(model)
+    x, y = job_module.make_data()
+    batch = job_module.GLOBAL_BATCH
+    for step, seen in enumerate(run["losses"]):
+        xb, yb = x[step * batch:(step + 1) * batch], y[step * batch:(step + 1) * batch]
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            loss = job_module.loss_fn(model(xb if mixed else xb.to(torch.bfloat16)), yb if mixed else yb.to(torch.bfloat16))
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        assert len(set(seen.tolist())) == 1  # the same loss on both stages
+        # bfloat16 keeps about 3 significant digits; micro-batches round differently than one batch.
+        torch.testing.assert_close(seen[0], loss.detach().float(), atol=2e-2, rtol=0)
+
+
+def test_every_stage_of_a_pipeline_gets_its_data_parallel_ranks_batches(job4):
+    batches = job4["first_batches"]  # ranks 0, 1: stage 0 of data-parallel ranks 0, 1; ranks 2, 3: stage 1
+    torch.testing.assert_close(batches[0], batches[2], atol=0, rtol=0)
+    torch.testing.assert_close(batches[1], batches[3], atol=0, rtol=0)
+    assert not torch.equal(batches[0], batches[1])

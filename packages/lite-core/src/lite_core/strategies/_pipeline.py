@@ -5,8 +5,9 @@ A schedule runs the forward and backward passes of every micro-batch together, s
 pipeline parallelism `model(x, target=y)` is the whole step's computation: it returns the batch's
 loss (the mean of the micro-batches' losses, broadcast from the last stage so that every process
 holds it) with the gradients already accumulated, and `backward(loss)` then has nothing left to
-do. Under `torch.no_grad()` the schedule runs forward only (`schedule.eval`): `model(x, target=y)`
-returns the loss, `model(x)` the last stage's output, on every process.
+do. Under `torch.no_grad()` (or after `model.eval()`) the schedule runs forward only
+(`schedule.eval`): `model(x, target=y)` returns the loss, `model(x)` the last stage's output, on
+every process.
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ class PipelineForward:
         group: the pipeline-parallel process group.
         last_rank: the rank, in `group`, of the process that holds the last stage.
         loss_fn: `loss_fn(output, target)`, averaging over its micro-batch; `None` until given.
+        module: the user's model, holding this process's layers (its `training` flag decides).
+        copies: (a part's copy of a module, the model's module) pairs whose flags follow the model's.
     """
 
     def __init__(self, stages: list[Any], schedule: type, microbatches: int, group: Any, last_rank: int,
-                 loss_fn: Callable[..., torch.Tensor] | None) -> None:
+                 loss_fn: Callable[..., torch.Tensor] | None, module: nn.Module,
+                 copies: list[tuple[nn.Module, nn.Module]]) -> None:
         self._stages = stages
+        self.module = module
+        self.copies = copies
         self._schedule_class = schedule
         self._microbatches = microbatches
         self._group = group
@@ -77,7 +83,11 @@ class PipelineForward:
 
     def __call__(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
         self.calls += 1
-        training = torch.is_grad_enabled()
+        # model.eval() counts as evaluation too: a schedule's step would run backward and leave
+        # gradients behind, where a forward pass elsewhere leaves none.
+        for copy, original in self.copies:  # model.train()/eval() reached the model, not the parts' copies
+            copy.training = original.training
+        training = torch.is_grad_enabled() and self.module.training
         if training and target is None:
             raise MisuseError(
                 "Under pipeline parallelism a training forward pass needs the target, because the schedule runs"
@@ -127,7 +137,7 @@ class PipelineForward:
         if self.holds_last_stage:
             loss = torch.stack([value.detach().float() for value in losses]).mean().to(device)
         else:
-            loss = torch.zeros((), device=device)
+            loss = torch.zeros((), dtype=torch.float32, device=device)  # not the default dtype (bf16-true)
         dist.broadcast(loss, group=self._group, group_src=self._last_rank)
         return loss
 

@@ -136,3 +136,11 @@ def _drop(module: nn.Module, name: str) -> None:
         del module._modules[name]
     else:
         module._modules[name] = None
+
+
+def copies_of(part: nn.Module, model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """(copy, the model's module it copies) for each module of `part` that is not shared with
+    `model`: their `training` flags are set apart, so the pipeline keeps them in step."""
+    originals = dict(model.named_modules())
+    return [(module, originals[name]) for name, module in part.named_modules()
+            if name in originals and module is not originals[name]]

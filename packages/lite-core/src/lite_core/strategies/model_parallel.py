@@ -1,6 +1,8 @@
 """Model parallelism: the user's own `parallelize_fn(model, device_mesh)` on a 2-D device mesh named
 `("data_parallel", "tensor_parallel")`, typically torch's `parallelize_module` (tensor parallel)
-within a node and `fully_shard` (FSDP2) over the data-parallel dimension."""
+within a node and `fully_shard` (FSDP2) over the data-parallel dimension; with
+`pipeline_parallel_size > 1` the mesh gains a `"pipeline_parallel"` dimension and the model is cut
+into stages (`_split`) run by a `torch.distributed.pipelining` schedule (`_pipeline`)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ class ModelParallelStrategy(FSDPStrategy):
     data-parallel rank: the ranks of one tensor-parallel group get the same batches.
 
     Args:
-        parallelize_fn: `parallelize_fn(model, device_mesh) -> model`.
+        parallelize_fn: `parallelize_fn(model, device_mesh) -> model`; under a pipeline it is
+            applied to each stage's part, and `None` leaves the parts as they are (pipeline only).
         data_parallel_size: how many groups hold distinct data; `"auto"` means the number of
             nodes.
         tensor_parallel_size: how many processes split each layer; `"auto"` means the processes
@@ -247,8 +250,9 @@ class ModelParallelStrategy(FSDPStrategy):
         parts = [self._parallelize_part(part) for part in parts]
         stages = _pipeline.build_stages(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
         last_rank = (num_stages - 1) % options.size
+        copies = [pair for part in parts for pair in _split.copies_of(part, module)]
         self._pipelines[id(module)] = PipelineForward(stages, options.schedule, options.microbatches,
-                                                      pp_mesh.get_group(), last_rank, options.loss_fn)
+                                                      pp_mesh.get_group(), last_rank, options.loss_fn, module, copies)
         self._sharded_modules.append(module)
         return module
 
