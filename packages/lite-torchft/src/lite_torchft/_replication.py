@@ -83,7 +83,7 @@ class FaultTolerantReplication:
     def _build_manager(self, group_id: int, lighthouse: str) -> Any:
         from torchft import Manager, ProcessGroupGloo
 
-        env = self._env()
+        store_addr, store_port = _group_store_address()
         return Manager(
             pg=ProcessGroupGloo(timeout=self._ft_timeout),
             load_state_dict=self._healing.load_state_dict,
@@ -95,8 +95,8 @@ class FaultTolerantReplication:
             connect_timeout=self._connect_timeout,
             rank=self.global_rank,
             world_size=self.world_size,
-            store_addr=env.main_address,
-            store_port=env.main_port,
+            store_addr=store_addr,
+            store_port=store_port,
             lighthouse_addr=lighthouse,
             replica_id=f"lite_ddp_ft_{group_id}",
             max_retries=self._max_commit_failures,
@@ -214,6 +214,17 @@ class FaultTolerantReplication:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(split_batches={self.split_batches}, ft_timeout={self._ft_timeout})"
+
+
+def _group_store_address() -> tuple[str, int]:
+    """Host and port of the TCPStore under the group's process group, where torchft's Manager
+    publishes the group's manager address (rank 0) for the other ranks."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host, store.port
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""ddp_ft (lite-torchft) against ddp, and what a failure costs; run in the test-torchft environment:
+
+    hatch run test-torchft:python benchmarks/torchft_bench.py [--steps 60] [--repeats 3]
+
+Rows (written to benchmarks/results/torchft.md):
+
+- steady step: median seconds per step of 2 replica groups of 1 process under `ddp_ft` against
+  2 processes under `ddp` (the same tiny model and batch per process), alternated, as a ratio;
+  with the Manager's calls per step (a quorum, one all-reduce, one commit vote);
+- drop: seconds from SIGKILL of group 1 to group 0's next committed step (lighthouse
+  heartbeat timeout 1 s, as `lite run --replica-groups` sets it);
+- heal: seconds from the restarted group's process start to its first committed step (its
+  Python start-up and imports included), and that first step's own time (quorum + healing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_ft_worker.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _group(out: Path, group: int, lighthouse: str, steps: int, sleep: float) -> subprocess.Popen[bytes]:
+    env = _env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    return subprocess.Popen([sys.executable, str(WORKER), str(out), "ddp_ft", str(steps), str(sleep)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _records(path: Path) -> tuple[dict[str, float], list[tuple[int, int, float]]]:
+    """The worker's marks (`start`, `loop`) and its (step, committed, time) lines."""
+    lines = [line.split() for line in path.read_text().split("\n") if line] if path.exists() else []
+    marks = {line[0]: float(line[1]) for line in lines if len(line) == 2}
+    return marks, [(int(a), int(b), float(c)) for a, b, c in (line for line in lines if len(line) == 3)]
+
+
+def _record_of(out: Path, prefix: str, pid: int | None = None) -> Path:
+    found = sorted(out.glob(f"steps-{prefix}-{pid if pid else '*'}"))
+    return found[0]
+
+
+def _median_step(path: Path) -> float:
+    times = [t for _, _, t in _records(path)[1]]
+    return statistics.median(b - a for a, b in zip(times[10:], times[11:]))
+
+
+def steady(lighthouse: str, steps: int) -> tuple[float, float, dict[str, int]]:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        groups = [_group(out, g, lighthouse, steps, 0.0) for g in (0, 1)]
+        for proc in groups:
+            proc.wait(timeout=300)
+        ft = _median_step(_record_of(out, "0"))
+        calls = json.loads(next(out.glob("calls-0-*.json")).read_text())
+        committed = _records(_record_of(out, "0"))[1][-1][1]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        subprocess.run([sys.executable, str(WORKER), str(out), "ddp", str(steps), "0"], env=_env(), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        plain_ddp = min(_median_step(path) for path in out.glob("steps-ddp-*"))
+    return ft, plain_ddp, {name: count / committed for name, count in calls.items()}
+
+
+def failure(lighthouse: str) -> tuple[float, float, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        group0, group1 = (_group(out, g, lighthouse, 120, 0.05) for g in (0, 1))
+        while len(_records(_record_of_when(out, "1", group1.pid))[1]) < 10:
+            time.sleep(0.02)
+        committed_at_kill = _records(_record_of(out, "0"))[1][-1][1]
+        killed = time.time()
+        os.kill(group1.pid, signal.SIGKILL)
+        group1.wait()
+        restarted = _group(out, 1, lighthouse, 120, 0.05)
+        group0.wait(timeout=300)
+        restarted.wait(timeout=300)
+        after = [t for _, committed, t in _records(_record_of(out, "0"))[1] if committed > committed_at_kill and t > killed]
+        marks, steps = _records(_record_of(out, "1", restarted.pid))
+        first_commit = steps[0][2]
+        return after[0] - killed, first_commit - marks["start"], first_commit - marks["loop"]
+
+
+def _record_of_when(out: Path, prefix: str, pid: int) -> Path:
+    while not (out / f"steps-{prefix}-{pid}").exists():
+        time.sleep(0.02)
+    return out / f"steps-{prefix}-{pid}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    options = parser.parse_args()
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
+    lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    ft_steps, ddp_steps, calls = [], [], {}
+    for _ in range(options.repeats):
+        ft, plain_ddp, calls = steady(lighthouse, options.steps)
+        ft_steps.append(ft)
+        ddp_steps.append(plain_ddp)
+    drop, heal_total, heal_step = failure(lighthouse)
+    server.shutdown()
+    ratio = statistics.median(ft_steps) / statistics.median(ddp_steps)
+    rows = [
+        "| measurement | value |",
+        "| --- | --- |",
+        f"| steady step, ddp_ft (2 groups x 1 process) | {statistics.median(ft_steps) * 1e3:.2f} ms |",
+        f"| steady step, ddp (2 processes) | {statistics.median(ddp_steps) * 1e3:.2f} ms |",
+        f"| ratio ddp_ft / ddp | {ratio:.2f} |",
+        f"| Manager calls per step | {', '.join(f'{k} {v:.2f}' for k, v in calls.items())} |",
+        f"| group 1 killed -> group 0's next committed step | {drop:.2f} s |",
+        f"| restarted group: process start -> first committed step | {heal_total:.2f} s |",
+        f"| restarted group: its first step (quorum + healing from a peer) | {heal_step:.2f} s |",
+    ]
+    table = "\n".join(rows)
+    print(table)
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    (results / "torchft.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
