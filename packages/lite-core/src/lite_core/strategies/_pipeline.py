@@ -12,6 +12,7 @@ every process.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -164,3 +165,40 @@ def build_stages(parts: list[nn.Module], indexes: list[int], num_stages: int, de
     from torch.distributed.pipelining import PipelineStage
 
     return [PipelineStage(module, index, num_stages, device, group=group) for module, index in zip(parts, indexes)]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """The pipeline's options, checked (see `ModelParallelStrategy`)."""
+
+    size: int
+    schedule_name: str
+    schedule: type
+    microbatches: int
+    split_points: list[str | int] | None
+    stages_per_rank: int
+    loss_fn: Callable[..., Any] | None
+
+
+def options(size: int, schedule_name: str, microbatches: int | None, split_points: Any,
+            stages_per_rank: int | None, loss_fn: Any) -> PipelineOptions | None:
+    """The pipeline's options, checked; `None` without a pipeline (`size == 1`)."""
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        raise ConfigurationError(f"pipeline_parallel_size={size!r} is not valid: pass a positive integer (1: no pipeline).")
+    if size == 1:
+        return None
+    schedule = schedule_class(schedule_name)
+    several = runs_several_stages(schedule)
+    per_rank = stages_per_rank if stages_per_rank is not None else (2 if several else 1)
+    if not several and per_rank != 1:
+        raise ConfigurationError(
+            f"pipeline_schedule={schedule_name!r} runs one stage per process, not stages_per_rank={per_rank}:"
+            " choose 'Interleaved1F1B' for several, or leave stages_per_rank unset."
+        )
+    microbatches = microbatches if microbatches is not None else size * per_rank
+    if not (isinstance(microbatches, int) and not isinstance(microbatches, bool) and microbatches >= 1):
+        raise ConfigurationError(f"microbatches={microbatches!r} is not valid: pass a positive integer.")
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigurationError(f"loss_fn={loss_fn!r} is not callable: pass a function loss_fn(output, target).")
+    return PipelineOptions(size, schedule_name, schedule, microbatches,
+                           list(split_points) if split_points is not None else None, per_rank, loss_fn)

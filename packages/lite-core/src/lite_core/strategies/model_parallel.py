@@ -7,7 +7,6 @@ into stages (`_split`) run by a `torch.distributed.pipelining` schedule (`_pipel
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -93,7 +92,7 @@ class ModelParallelStrategy(FSDPStrategy):
                  loss_fn: Callable[..., Any] | None = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
                          timeout=timeout, process_group_backend=process_group_backend)
-        self._pipeline = _pipeline_options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
+        self._pipeline = _pipeline.options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
             self.supported_precisions = type(self).supported_precisions | {"16-mixed"}
@@ -369,41 +368,6 @@ class ModelParallelStrategy(FSDPStrategy):
             f" microbatches={self._pipeline.microbatches}, ")
         return (f"{type(self).__name__}({pipeline}data_parallel_size={dp!r}, tensor_parallel_size={tp!r},"
                 f" state_dict_type={self.state_dict_type!r}, timeout={self.timeout})")
-
-
-@dataclass(frozen=True)
-class _PipelineOptions:
-    size: int
-    schedule_name: str
-    schedule: type
-    microbatches: int
-    split_points: list[str | int] | None
-    stages_per_rank: int
-    loss_fn: Callable[..., Any] | None
-
-
-def _pipeline_options(size: int, schedule_name: str, microbatches: int | None, split_points: Any,
-                      stages_per_rank: int | None, loss_fn: Any) -> _PipelineOptions | None:
-    """The pipeline's options, checked; `None` without a pipeline (`size == 1`)."""
-    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
-        raise ConfigurationError(f"pipeline_parallel_size={size!r} is not valid: pass a positive integer (1: no pipeline).")
-    if size == 1:
-        return None
-    schedule = _pipeline.schedule_class(schedule_name)
-    several = _pipeline.runs_several_stages(schedule)
-    per_rank = stages_per_rank if stages_per_rank is not None else (2 if several else 1)
-    if not several and per_rank != 1:
-        raise ConfigurationError(
-            f"pipeline_schedule={schedule_name!r} runs one stage per process, not stages_per_rank={per_rank}:"
-            " choose 'Interleaved1F1B' for several, or leave stages_per_rank unset."
-        )
-    microbatches = microbatches if microbatches is not None else size * per_rank
-    if not (isinstance(microbatches, int) and not isinstance(microbatches, bool) and microbatches >= 1):
-        raise ConfigurationError(f"microbatches={microbatches!r} is not valid: pass a positive integer.")
-    if loss_fn is not None and not callable(loss_fn):
-        raise ConfigurationError(f"loss_fn={loss_fn!r} is not callable: pass a function loss_fn(output, target).")
-    return _PipelineOptions(size, schedule_name, schedule, microbatches,
-                            list(split_points) if split_points is not None else None, per_rank, loss_fn)
 
 
 def _check_size(name: str, size: int | str) -> int | str:
