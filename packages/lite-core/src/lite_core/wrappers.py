@@ -7,7 +7,6 @@ strategy and precision.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import cache, wraps
 from typing import TYPE_CHECKING, Any
 
