@@ -94,7 +94,7 @@ class SetUpModel(LightningLite):
         return {
             "losses": losses,
             "keys": list(model.state_dict()),
-            "module_is_plain": model.module is plain,
+            "module_is_plain": model is plain,
             "frames_compiled": counters["frames"]["ok"],
             "outputs": {name: value.tolist() for name, value in outputs.items()},
         }

@@ -152,10 +152,10 @@ class Train(LightningLite):
             xb, yb = next(batches)
             with self.no_backward_sync(model):
                 self.backward(nn.functional.mse_loss(model(xb), yb))
-            unsynced = self.all_gather(model.module[0].weight.grad.clone())
+            unsynced = self.all_gather(model[0].weight.grad.clone())
             xb, yb = next(batches)
             self.backward(nn.functional.mse_loss(model(xb), yb))
-            synced = self.all_gather(model.module[0].weight.grad.clone())
+            synced = self.all_gather(model[0].weight.grad.clone())
             checks.append({
                 "differ_after_no_sync": not torch.allclose(unsynced[0], unsynced[1]),
                 "equal_after_sync": torch.equal(synced[0], synced[1]),

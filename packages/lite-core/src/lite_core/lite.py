@@ -18,23 +18,19 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
+from lite_core._changes import guard_new_parameters
 from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
 from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
+from lite_core._set_up_model import LiteModule, set_up_in_place, state_of
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
-from lite_core.wrappers import (
-    LiteDataLoader,
-    LiteModule,
-    _LiteOptimizerBase,
-    forward_ran_since_backward,
-    wrap_optimizer,
-)
+from lite_core.wrappers import LiteDataLoader, _LiteOptimizerBase, forward_ran_since_backward, wrap_optimizer
 
 if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ import annotations`)
     from lite_core.accelerators.accelerator import Accelerator
@@ -258,10 +254,17 @@ class LightningLite:
 
     def _wrap_module(self, forward_module: nn.Module, model: nn.Module,
                      compile_options: CompileOptions | None = None) -> LiteModule:
-        compiled = None if compile_options is None else self._strategy.compile_module(forward_module, compile_options)
-        wrapped = LiteModule(forward_module, model, self._strategy, compiled)
-        self._models.append(wrapped)
-        return wrapped
+        strategy = self._strategy
+        compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
+        routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
+                  or strategy.is_distributed or type(strategy).call_module_method is not Strategy.call_module_method)
+        loads = type(strategy).load_module_state_dict is not Strategy.load_module_state_dict
+        module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes, loads=loads,
+                                 guards=not strategy.follows_conversions)
+        if not strategy.follows_new_parameters:
+            guard_new_parameters(module, strategy.name)
+        self._models.append(module)
+        return module  # type: ignore[return-value]
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so that `step()` goes through the strategy and precision."""
@@ -363,7 +366,7 @@ class LightningLite:
             self._evaluations.check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
-        forward_module = module._forward_module if isinstance(module, LiteModule) else module
+        forward_module = state_of(module).forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -395,7 +398,7 @@ class LightningLite:
             raise MisuseError("no_backward_sync() needs the model returned by setup(): pass that one.")
         if not enabled:
             return nullcontext()
-        return self._strategy.no_backward_sync(model._forward_module)
+        return self._strategy.no_backward_sync(state_of(model).forward_module)
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's forward context, for code that runs outside the wrapped model."""

@@ -75,8 +75,8 @@ class FSDPStrategy(DDPStrategy):
         self._reshard_after_forward = reshard_after_forward
         self._mixed_precision = mixed_precision
         self._sharded_modules: list[nn.Module] = []
-        #: (id of a sharded module, method name) already registered as a forward method.
-        self._forward_methods: set[tuple[int, str]] = set()
+        #: (id of a sharded module, method name) -> torch's forward-method wrapper of it.
+        self._forward_methods: dict[tuple[int, str], Any] = {}
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def connect(self, accelerator: Any, environment: Any, device_indexes: list[int], num_nodes: int) -> None:
@@ -128,11 +128,16 @@ class FSDPStrategy(DDPStrategy):
         `register_fsdp_forward_method`, which this registers once per method."""
         from torch.distributed.fsdp import register_fsdp_forward_method
 
+        if module not in self._sharded_modules:
+            return getattr(module, name)(*args, **kwargs)
         key = (id(module), name)
-        if module in self._sharded_modules and key not in self._forward_methods:
+        if key not in self._forward_methods:
             register_fsdp_forward_method(module, name)
-            self._forward_methods.add(key)
-        return getattr(module, name)(*args, **kwargs)
+            # torch installs its wrapper on the instance; kept here instead, so that the user's
+            # `model.<name>(...)` keeps reaching the set-up model's method, which calls this.
+            # (A module that fully_shard did not wrap gets nothing: its method runs as it is.)
+            self._forward_methods[key] = module.__dict__.pop(name, None) or getattr(module, name)
+        return self._forward_methods[key](*args, **kwargs)
 
     def _shard_options(self) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh
