@@ -5,7 +5,8 @@
 The constructor arguments come from the environment (`LITE_STRATEGY`, `LITE_DEVICES`, ...), as in
 `scenario.py`. One run per strategy observes every behaviour, in this order (later ones change
 the model): names and structure, every kind of hook, two training steps, attribute, buffer and
-submodule assignment, a parameter added after setup, `copy.deepcopy`, and `model.double()`.
+submodule assignment, a parameter added after setup, `copy.deepcopy`, `model.double()`; then a
+second model through `setup_module` and an optimizer built before it through `setup_optimizers`.
 `observe()` is the user's code, the same for the plain model in the test process and for the
 set-up model here; rank 0 writes `OUT_DIR/result.json` (`{"observed": {...}}`).
 
@@ -75,11 +76,14 @@ def probe() -> torch.Tensor:
 
 
 class User:
-    """How the user's code reaches its process: `backward`, the mean over ranks, its data share."""
+    """How the user's code reaches its process: `backward(loss, model)`, the mean over ranks, its
+    data share, and `setup_module`/`setup_optimizers` (nothing to do in plain PyTorch)."""
 
-    def __init__(self, backward: Callable[[torch.Tensor], None], mean: Callable[[torch.Tensor], float],
-                 rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, backward: Callable[..., None], mean: Callable[[torch.Tensor], float], rank: int = 0,
+                 world_size: int = 1, setup_module: Callable[[Any], Any] = lambda m: m,
+                 setup_optimizers: Callable[[Any], Any] = lambda o: o) -> None:
         self.backward, self.mean, self.rank, self.world_size = backward, mean, rank, world_size
+        self.setup_module, self.setup_optimizers = setup_module, setup_optimizers
 
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor[self.rank::self.world_size]
@@ -94,7 +98,7 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, user: User, dtype
     losses = []
     for x, y in batches():
         loss = nn.functional.mse_loss(model(user.share(x).to(dtype)), user.share(y).to(dtype))
-        user.backward(loss)
+        user.backward(loss, model)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(user.mean(loss.detach()))
@@ -121,7 +125,7 @@ def structure(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def hooks(model: nn.Module, user: User) -> list[str]:
+def hooks(model: nn.Module, optimizer: torch.optim.Optimizer, user: User) -> list[str]:
     """Every kind of hook on the model: which fired, each with the model as its `module`."""
     fired: list[str] = []
 
@@ -140,8 +144,8 @@ def hooks(model: nn.Module, user: User) -> list[str]:
         model.register_load_state_dict_post_hook(note("load_state_dict_post")),
     ]
     x = user.share(batches()[0][0]).requires_grad_()
-    user.backward(model(x).pow(2).mean())
-    model.zero_grad()
+    user.backward(model(x).pow(2).mean(), model)
+    optimizer.zero_grad()
     model.load_state_dict(model.state_dict())
     for handle in handles:
         handle.remove()
@@ -193,17 +197,28 @@ def double(model: nn.Module, optimizer: torch.optim.Optimizer, user: User) -> An
     return _outcome(convert_and_train)
 
 
+def optimizer_built_before_setup_module(user: User) -> list[float]:
+    """`setup_module(model)`, then `setup_optimizers(optimizer)` of an optimizer built before it."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    model = user.setup_module(model)
+    optimizer = user.setup_optimizers(optimizer)
+    model.eval()
+    return _train(model, optimizer, user, torch.float32)
+
+
 def observe(model: Any, optimizer: torch.optim.Optimizer, user: User) -> dict[str, Any]:
     """The user's code: the same for the plain model and the set-up one."""
     observed = structure(model)
     model.eval()
-    observed["hooks"] = hooks(model, user)
+    observed["hooks"] = hooks(model, optimizer, user)
     observed["losses"] = _train(model, optimizer, user, torch.float32)
     observed["trained"] = _output(model)
     observed.update(assignments(model))
     observed["new_parameter"] = new_parameter(model)
     observed["deepcopy"] = deep_copy(model)
     observed["double"] = double(model, optimizer, user)
+    observed["optimizer_built_before_setup_module"] = _outcome(lambda: optimizer_built_before_setup_module(user))
     return observed
 
 
@@ -211,7 +226,7 @@ def plain() -> dict[str, Any]:
     """The observations on the plain model in one process."""
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    return observe(model, optimizer, User(lambda loss: loss.backward(), lambda loss: loss.item()))
+    return observe(model, optimizer, User(lambda loss, model: loss.backward(), lambda loss: loss.item()))
 
 
 def parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
@@ -238,7 +253,9 @@ class Fidelity(LightningLite):
         plain_model = make_model()
         model, optimizer = self.setup(plain_model, torch.optim.SGD(plain_model.parameters(), lr=LR))
         rank, ranks = _data_share(self)
-        user = User(self.backward, lambda loss: self.all_reduce(loss, reduce_op="mean").item(), rank, ranks)
+        user = User(lambda loss, model: self.backward(loss, model=model),
+                    lambda loss: self.all_reduce(loss, reduce_op="mean").item(), rank, ranks, self.setup_module,
+                    self.setup_optimizers)
         observed = observe(model, optimizer, user)
         observed["is_the_user_object"] = model is plain_model
         return observed

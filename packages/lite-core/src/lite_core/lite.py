@@ -24,7 +24,7 @@ from lite_core._connector import connect
 from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
 from lite_core._move import collective_input
-from lite_core._set_up_model import LiteModule, set_up_in_place, state_of
+from lite_core._set_up_model import STATE_KEY, LiteModule, set_up_in_place, state_of
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
@@ -366,7 +366,7 @@ class LightningLite:
             self._evaluations.check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
-        forward_module = state_of(module).forward_module if isinstance(module, LiteModule) else module
+        forward_module = module.__dict__[STATE_KEY].forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -375,9 +375,9 @@ class LightningLite:
             retain = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
         if not forward_ran_since_backward(self._models, bool(retain)):
             raise MisuseError(
-                "backward() got a loss that no model returned by setup() computed since the last backward(), so"
-                f" strategy={self._strategy.name!r} would not synchronise its gradients: call the model that"
-                " setup() returned (model, optimizer = self.setup(model, optimizer)) instead of the original one."
+                "backward() got a loss that no set-up model computed since the last backward(), so"
+                f" strategy={self._strategy.name!r} would not synchronise its gradients: compute it by calling a"
+                " model passed to setup() (model(x), not model.forward(x))."
             )
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,

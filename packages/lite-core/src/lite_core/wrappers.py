@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 from lite_core._data import EvaluationPass, EvenBatches
 from lite_core._move import already_on, move_to_device
 from lite_core._position import LoaderPosition
-from lite_core._set_up_model import LiteModule, is_set_up_model, state_of
+from lite_core._set_up_model import STATE_KEY, LiteModule, is_set_up_model, state_of
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -103,10 +103,11 @@ def forward_module(obj: Any) -> Any:
 def forward_ran_since_backward(modules: list[Any], retain: bool) -> bool:
     """Whether any of the set-up `modules` ran a forward pass since the last call; forgets it unless
     `retain` (a backward with `retain_graph=True` may be followed by another through the same graph)."""
-    states = [state_of(module) for module in modules]
-    ran = any(state.forward_ran for state in states)
-    if not retain:
-        for state in states:
+    ran = False
+    for module in modules:  # once per backward: no helper calls
+        state = module.__dict__[STATE_KEY]
+        ran = ran or state.forward_ran
+        if not retain:
             state.forward_ran = False
     return ran
 

@@ -75,6 +75,7 @@ class FSDPStrategy(DDPStrategy):
         self._reshard_after_forward = reshard_after_forward
         self._mixed_precision = mixed_precision
         self._sharded_modules: list[nn.Module] = []
+        self._names_before_sharding: list[_fsdp_optimizers.NamesBeforeSharding] = []
         #: (id of a sharded module, method name) -> torch's forward-method wrapper of it.
         self._forward_methods: dict[tuple[int, str], Any] = {}
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -111,6 +112,7 @@ class FSDPStrategy(DDPStrategy):
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
         options = self._shard_options()
+        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
         for submodule in reversed(list(module.modules())):
             if submodule is not module and isinstance(submodule, self._wrap_classes):
                 fully_shard(submodule, **options)
@@ -190,12 +192,18 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.tensor import DTensor
 
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not all(isinstance(p, DTensor) for p in params):
-            raise MisuseError(
-                f"This optimizer holds parameters that strategy={self.name!r} did not shard: create it from"
-                " the parameters of the model returned by setup_module(), then call setup_optimizers()."
-            )
-        return optimizer
+        if all(isinstance(p, DTensor) for p in params):
+            return optimizer
+        for names in self._names_before_sharding:  # built before setup_module(): re-pointed as setup() does
+            move = names.move(optimizer)
+            if move is not None:
+                move.onto(names.module)
+                return optimizer
+        raise MisuseError(
+            f"This optimizer holds parameters of no model that strategy={self.name!r} sharded, or stepped before"
+            " setup: create it from the parameters of a model set up with setup_module(), and call"
+            " setup_optimizers() before its first step."
+        )
 
     def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
         return _no_gradient_sync(module)
