@@ -4,7 +4,8 @@
 
 The constructor arguments come from the environment (`LITE_STRATEGY`, `LITE_DEVICES`, ...), as in
 `scenario.py`. One run per strategy observes every behaviour, in this order (later ones change
-the model): names and structure, every kind of hook, two training steps, attribute, buffer and
+the model): names and structure, every kind of hook, two training steps and the whole state dict
+on rank 0 (`lite.full_state_dict(model)`; plain: `model.state_dict()`), attribute, buffer and
 submodule assignment, a parameter added after setup, `copy.deepcopy`, `model.double()`; then a
 second model through `setup_module` and an optimizer built before it through `setup_optimizers`.
 `observe()` is the user's code, the same for the plain model in the test process and for the
@@ -81,9 +82,10 @@ class User:
 
     def __init__(self, backward: Callable[..., None], mean: Callable[[torch.Tensor], float], rank: int = 0,
                  world_size: int = 1, setup_module: Callable[[Any], Any] = lambda m: m,
-                 setup_optimizers: Callable[[Any], Any] = lambda o: o) -> None:
+                 setup_optimizers: Callable[[Any], Any] = lambda o: o,
+                 full_state_dict: Callable[[Any], dict[str, Any]] = lambda m: m.state_dict()) -> None:
         self.backward, self.mean, self.rank, self.world_size = backward, mean, rank, world_size
-        self.setup_module, self.setup_optimizers = setup_module, setup_optimizers
+        self.setup_module, self.setup_optimizers, self.full_state_dict = setup_module, setup_optimizers, full_state_dict
 
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor[self.rank::self.world_size]
@@ -214,6 +216,7 @@ def observe(model: Any, optimizer: torch.optim.Optimizer, user: User) -> dict[st
     observed["hooks"] = hooks(model, optimizer, user)
     observed["losses"] = _train(model, optimizer, user, torch.float32)
     observed["trained"] = _output(model)
+    observed["full_state_dict"] = {k: v.tolist() for k, v in user.full_state_dict(model).items()}  # rank 0's
     observed.update(assignments(model))
     observed["new_parameter"] = new_parameter(model)
     observed["deepcopy"] = deep_copy(model)
@@ -255,7 +258,7 @@ class Fidelity(LightningLite):
         rank, ranks = _data_share(self)
         user = User(lambda loss, model: self.backward(loss, model=model),
                     lambda loss: self.all_reduce(loss, reduce_op="mean").item(), rank, ranks, self.setup_module,
-                    self.setup_optimizers)
+                    self.setup_optimizers, self.full_state_dict)
         observed = observe(model, optimizer, user)
         observed["is_the_user_object"] = model is plain_model
         return observed

@@ -25,7 +25,7 @@ STRATEGIES = ["single_device-1-32-true", "ddp-2-32-true", "ddp_spawn-2-32-true",
               "model_parallel-2-32-true", "deepspeed_stage_2-2-32-true", "deepspeed_stage_3-2-32-true"]
 BEHAVIOURS = ["is_the_user_object", "named_parameters", "named_buffers", "named_modules", "named_children", "modules",
               "children", "apply", "get_parameter", "get_submodule", "get_buffer", "submodule_named_module",
-              "isinstance", "state_dict_keys", "hooks", "losses", "trained", "attribute", "buffer",
+              "isinstance", "state_dict_keys", "hooks", "losses", "trained", "full_state_dict", "attribute", "buffer",
               "buffer_in_state_dict", "submodule", "new_parameter", "deepcopy", "double",
               "optimizer_built_before_setup_module"]
 

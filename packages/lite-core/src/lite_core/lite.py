@@ -519,6 +519,13 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The set-up model's whole state dict as plain CPU tensors on rank 0, under every strategy
+        (sharded ones gather it; the other ranks get an empty dict): what `torch.save` on rank 0
+        writes for a plain model to load. Call it on every rank.
+        """
+        return self._strategy.full_module_state_dict(model)
+
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0.
 

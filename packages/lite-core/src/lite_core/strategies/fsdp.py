@@ -166,6 +166,15 @@ class FSDPStrategy(DDPStrategy):
 
         return self._mixed_precision if self._mixed_precision is not None else MixedPrecisionPolicy()
 
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The shards gathered whole onto rank 0's CPU (torch's `get_model_state_dict`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if module not in self._sharded_modules:
+            return super().full_module_state_dict(module)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(module, options=options)
+
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -241,6 +241,13 @@ class Strategy:
         buckets); a strategy whose wrapper must stay eager compiles the module inside it instead."""
         return options.compile(module)
 
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """`module`'s whole state dict as plain tensors on the CPU, on rank 0 (an empty dict on the
+        other ranks; every rank must call it). Here each rank holds the whole module: a copy of it."""
+        if self.global_rank != 0:
+            return {}
+        return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
+
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
         """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""
