@@ -8,7 +8,9 @@ tests/integration/test_set_up_model.py; under DeepSpeed: lite-deepspeed's tests.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 from typing import Any
 
@@ -218,3 +220,42 @@ def test_setting_up_a_compiled_and_set_up_model_again_is_refused() -> None:
     for again in (torch.compile(model), compiled, plain):
         with pytest.raises(MisuseError, match="already set up by Lite"):
             lite.setup(again)
+
+
+# -- in place: copies, and changes the strategy cannot follow --------------------------------------
+def test_a_copy_or_pickle_of_the_set_up_model_is_a_plain_model_of_the_users_class() -> None:
+    plain = _net()
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(plain)
+    assert model is plain and isinstance(model, Net) and type(model).__name__ == "Net"
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(copied) is Net and "_lite_set_up" not in vars(copied)
+        assert torch.equal(copied.layer.weight, model.layer.weight) and copied.layer.weight is not model.layer.weight
+
+
+class _FixedLayoutStrategy(SingleDeviceStrategy):
+    """A strategy that, like DDP, cannot follow conversions or new parameters after setup."""
+
+    follows_conversions = False
+    follows_new_parameters = False
+
+
+def test_a_change_the_strategy_cannot_follow_is_refused_before_it_happens() -> None:
+    model = LightningLite(accelerator="cpu", strategy=_FixedLayoutStrategy()).setup(_net())
+    with pytest.raises(MisuseError, match=r"converted from torch.float32 on cpu to torch.float64 .* before setup\(\)"):
+        model.double()
+    assert model.layer.weight.dtype == torch.float32
+    model.float().to("cpu")  # changes nothing: fine
+    with pytest.raises(MisuseError, match=r"submodule 'head' with new parameters was added .* before setup\(\)"):
+        model.head = nn.Linear(4, 1)
+    with pytest.raises(MisuseError, match=r"parameter 'extra' was added to the model after setup"):
+        model.layer.register_parameter("extra", nn.Parameter(torch.ones(1)))
+    model.act = nn.ReLU()  # no parameters: fine
+    model.layer = model.layer  # the parameters it was set up with: fine
+    assert [name for name, _ in model.named_parameters()] == ["layer.weight", "layer.bias"]
+
+
+def test_a_one_process_model_takes_every_change_as_plain_pytorch_does() -> None:
+    model = LightningLite(accelerator="cpu", devices=1).setup(_net())
+    model.double()
+    model.head = nn.Linear(4, 1)
+    assert model.layer.weight.dtype == torch.float64 and "head.weight" in model.state_dict()

@@ -13,7 +13,8 @@ once per class (as torch's `fully_shard` does with `FSDP<Class>`), which adds wh
 - `load_state_dict` goes through the strategy where it has its own (sharded strategies take full
   weights).
 - Under a strategy that cannot follow a dtype or device change (DDP's gradient buckets), such a
-  change (`model.double()`) is refused before anything moves (`_changes.py`).
+  change (`model.double()`) is refused before anything moves (`_changes.py`, which also refuses
+  new parameters there).
 
 Everything else is the user's class: names, `modules()`, attribute and submodule assignment,
 every kind of hook, `state_dict`, `isinstance`. A one-process strategy with a precision that
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from lite_core._changes import refuse_conversion
 from lite_core._methods import computes_on_input
 
 #: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
@@ -106,8 +108,6 @@ class _GuardsChanges:
     """Refuses a dtype or device change that the strategy cannot follow, before it happens."""
 
     def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from lite_core._changes import refuse_conversion
-
         refuse_conversion(self, self.__dict__[STATE_KEY].strategy, fn)
         return super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
 
