@@ -259,3 +259,10 @@ def test_a_one_process_model_takes_every_change_as_plain_pytorch_does() -> None:
     model.double()
     model.head = nn.Linear(4, 1)
     assert model.layer.weight.dtype == torch.float64 and "head.weight" in model.state_dict()
+
+
+def test_the_set_up_models_class_builds_the_users_class_and_bare_copies() -> None:
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(nn.Sequential(nn.Linear(2, 2)))
+    assert type(model[0:1]) is nn.Sequential  # slicing calls type(model)(...)
+    bare = type(model).__new__(type(model))  # as DataParallel's replicas are made: no __init__ runs
+    assert isinstance(bare, nn.Sequential) and not vars(bare)

@@ -64,6 +64,10 @@ class LiteModule:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            # `self.__new__(type(self))`, as torch's copies make them (DataParallel's replicas):
+            # a bare instance whose `__dict__` the caller fills in.
+            return object.__new__(cls)
         # `type(model)(...)` builds the user's class, not a second set-up model.
         return cls.__bases__[-1](*args, **kwargs)
 
