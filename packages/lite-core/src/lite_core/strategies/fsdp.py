@@ -201,18 +201,23 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.tensor import DTensor
 
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if all(isinstance(p, DTensor) for p in params):
+        if all(isinstance(p, DTensor) for p in params) or self._repoint_built_before_setup(optimizer):
             return optimizer
-        for names in self._names_before_sharding:  # built before setup_module(): re-pointed as setup() does
-            move = names.move(optimizer)
-            if move is not None:
-                move.onto(names.module)
-                return optimizer
         raise MisuseError(
             f"This optimizer holds parameters of no model that strategy={self.name!r} sharded, or stepped before"
             " setup: create it from the parameters of a model set up with setup_module(), and call"
             " setup_optimizers() before its first step."
         )
+
+    def _repoint_built_before_setup(self, optimizer: Optimizer) -> bool:
+        """Re-point an optimizer built before `setup_module()` at the shards, as `setup()` does;
+        whether it held the parameters of a module set up here (and had not stepped)."""
+        for names in self._names_before_sharding:
+            move = names.move(optimizer)
+            if move is not None:
+                move.onto(names.module)
+                return True
+        return False
 
     def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
         return _no_gradient_sync(module)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _fsdp_init
+from lite_core.strategies import _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.fsdp import FSDPStrategy
 
 if TYPE_CHECKING:
@@ -140,6 +140,7 @@ class ModelParallelStrategy(FSDPStrategy):
         on_meta = _fsdp_init.has_meta_tensors(module)
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
+        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
         parallelised = self._parallelize_fn(module, self.device_mesh)
         if not isinstance(parallelised, nn.Module):
             raise MisuseError(
@@ -153,7 +154,8 @@ class ModelParallelStrategy(FSDPStrategy):
         return parallelised
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        self.module_of(optimizer)  # refuses an optimizer of parameters that were not set up
+        if not self._repoint_built_before_setup(optimizer):  # built before setup_module(): re-pointed
+            self.module_of(optimizer)  # refuses an optimizer of parameters that were not set up
         return optimizer
 
     def __repr__(self) -> str:
