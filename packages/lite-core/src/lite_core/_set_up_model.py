@@ -73,7 +73,8 @@ class LiteModule:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Rebuilt by the standard library alone (`copyreg`), so loading needs no Lite.
-        state = {key: value for key, value in self.__getstate__().items() if key != STATE_KEY}  # type: ignore[attr-defined]
+        own = self.__getstate__().items()  # type: ignore[attr-defined]
+        state = {key: value for key, value in own if key != STATE_KEY}
         return copyreg._reconstructor, (self.__dict__[STATE_KEY].user_class, object, None), state
 
 
