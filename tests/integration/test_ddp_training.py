@@ -130,13 +130,15 @@ def _one_sentence(message: str) -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_training_the_model_whose_setup_result_was_discarded_fails_at_backward(strategy, training_job):
+def test_the_model_passed_to_setup_is_the_set_up_one_and_a_loss_that_skipped_the_strategy_fails_at_backward(
+        strategy, training_job):
     for checks in training_job(strategy).checks:
-        error = checks["discarded_setup"]
-        assert error is not None, "backward through the original model ran without synchronising gradients"
+        assert checks["discarded_setup"] == {"ranks_agree": True}, "the model passed to setup() trained unsynchronised"
+        error = checks["forward_called_directly"]
+        assert error is not None, "a loss from model.forward(x) ran backward without synchronising gradients"
         assert error["type"] == "MisuseError"
         _one_sentence(error["message"])
-        assert "call the model that setup() returned" in error["message"]
+        assert "calling a model passed to setup() (model(x), not model.forward(x))" in error["message"]
         assert checks["retain_graph"] is None, "two backward passes through one forward were refused"
 
 

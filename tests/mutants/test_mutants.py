@@ -20,6 +20,7 @@ ROOT = HERE.parents[1]
 _TRAIN = "tests/matrix/test_matrix.py::test_training_matches_plain_pytorch"
 _RESUME = "tests/matrix/test_checkpoint_matrix.py::test_resume_under_another_strategy"
 _EVALUATE = "tests/matrix/test_evaluation.py::test_evaluation_equals_one_process"
+_FIDELITY = "tests/matrix/test_fidelity.py::test_the_set_up_model_behaves_as_the_plain_model"
 
 #: mutant -> (what it breaks, the matrix tests that must fail with it)
 MUTANTS = {
@@ -30,6 +31,10 @@ MUTANTS = {
     "eval_padding": ("evaluation passes are padded like training ones", [f"{_EVALUATE}[ddp-2-32-true]"]),
     "no_optimizer_restore": ("a checkpoint loads the model but not the optimizer",
                              [f"{_RESUME}[ddp-2-32-true-to-single_device-1-32-true]"]),
+    "prefixed_names": ("the set-up model's parameter names carry a prefix",
+                       [f"{_FIDELITY}[single_device-1-32-true-named_parameters]"]),
+    "writes_stop_at_wrapper": ("attribute writes on the set-up model never reach forward",
+                               [f"{_FIDELITY}[single_device-1-32-true-attribute]"]),
 }
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]

@@ -54,7 +54,7 @@ def bf16_mixed(lite: LightningLite) -> None:
     model = lite.setup_module(nn.Sequential(nn.Linear(4, 2), nn.Identity()))
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     seen = []
-    model.module[1].register_forward_hook(lambda m, i, o: seen.append(i[0].dtype))  # the Linear's output
+    model[1].register_forward_hook(lambda m, i, o: seen.append(i[0].dtype))  # the Linear's output
     out = model(torch.randn(8, 4))
     lite.backward(out.pow(2).mean())
     optimizer.step()

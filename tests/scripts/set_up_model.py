@@ -25,6 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+if len(sys.argv) > 1 and sys.argv[1].startswith("deepspeed"):
+    # As tests/matrix/scenario.py: skip the JIT build (80-100 s, longer on a busy machine) of
+    # DeepSpeed's shared-memory all-reduce, which only inference uses.
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -94,7 +101,7 @@ class SetUpModel(LightningLite):
         return {
             "losses": losses,
             "keys": list(model.state_dict()),
-            "module_is_plain": model.module is plain,
+            "module_is_plain": model is plain,
             "frames_compiled": counters["frames"]["ok"],
             "outputs": {name: value.tolist() for name, value in outputs.items()},
         }

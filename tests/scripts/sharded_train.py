@@ -104,7 +104,7 @@ class Train(LightningLite):
         gradient only once it was reduced; under sharded DDP the ranks' gradients still differ."""
         if self.strategy.name == "fsdp":
             return all(p.grad is None for p in model.parameters())
-        grad = model.module[0].weight.grad.clone()
+        grad = model[0].weight.grad.clone()
         gathered = self.all_gather(grad)
         return not torch.allclose(gathered[0], gathered[1])
 

@@ -152,10 +152,10 @@ class Train(LightningLite):
             xb, yb = next(batches)
             with self.no_backward_sync(model):
                 self.backward(nn.functional.mse_loss(model(xb), yb))
-            unsynced = self.all_gather(model.module[0].weight.grad.clone())
+            unsynced = self.all_gather(model[0].weight.grad.clone())
             xb, yb = next(batches)
             self.backward(nn.functional.mse_loss(model(xb), yb))
-            synced = self.all_gather(model.module[0].weight.grad.clone())
+            synced = self.all_gather(model[0].weight.grad.clone())
             checks.append({
                 "differ_after_no_sync": not torch.allclose(unsynced[0], unsynced[1]),
                 "equal_after_sync": torch.equal(synced[0], synced[1]),
@@ -177,7 +177,8 @@ class Train(LightningLite):
     # -- the code users write: discarded setup results, schedulers in checkpoints, failed saves -----
     def check_setup_and_checkpoints(self, out_dir: str) -> None:
         x, y = make_data()
-        checks = {"discarded_setup": self.error_of(lambda: self.train_without_setup_result(x, y))}
+        checks = {"discarded_setup": self.train_without_setup_result(x, y),
+                  "forward_called_directly": self.error_of(lambda: self.train_through_forward_directly(x, y))}
         model, optimizer, _ = self.fresh()
 
         def twice_through_one_forward() -> None:  # legitimate: no error
@@ -239,13 +240,20 @@ class Train(LightningLite):
             return {"type": type(err).__name__, "message": str(err), "cause": type(cause).__name__ if cause else None}
         return None
 
-    def train_without_setup_result(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def train_without_setup_result(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """The result is thrown away: `model` is the set-up model all the same, so each rank's
+        gradients (from its own half of the batch) are averaged."""
         model = make_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        self.setup(model, optimizer)  # the result is thrown away: `model` is still the original
-        optimizer.zero_grad()
-        self.backward(nn.functional.mse_loss(model(x), y))
-        optimizer.step()
+        self.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+        mine = slice(self.global_rank, None, self.world_size)
+        self.backward(nn.functional.mse_loss(model(x[mine]), y[mine]))
+        grads = self.all_gather(model[0].weight.grad.clone())
+        return {"ranks_agree": torch.equal(grads[0], grads[1])}
+
+    def train_through_forward_directly(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        model = make_model()
+        self.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+        self.backward(nn.functional.mse_loss(model.forward(x), y))  # skips the strategy, as it skips DDP
 
     def with_schedulers(self) -> dict:
         torch.manual_seed(0)

@@ -36,7 +36,7 @@ def test_save_and_load_restore_modules_optimizers_and_values(tmp_path: Path) -> 
     state = {"model": fresh, "optimizer": fresh_opt, "step": 0}
     content = other.load(tmp_path / "ckpt.pt", state)
     assert state["step"] == 7 and content["step"] == 7
-    assert torch.equal(fresh.weight, model.module.weight)
+    assert torch.equal(fresh.weight, model.weight)
     assert fresh_opt.state_dict()["state"][0]["step"] == 1
 
 

@@ -116,7 +116,7 @@ def test_a_pass_without_gradients_or_with_every_model_in_eval_mode_is_an_evaluat
         assert _samples(loader) == [4, 5, 6, 7]
     model.eval()
     assert _samples(loader) == [4, 5, 6, 7]
-    model.module.train()  # the user's own module counts too
+    model.train()
     assert _samples(loader) == padded
 
 

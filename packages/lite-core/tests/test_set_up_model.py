@@ -8,7 +8,9 @@ tests/integration/test_set_up_model.py; under DeepSpeed: lite-deepspeed's tests.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 from typing import Any
 
@@ -18,6 +20,7 @@ from torch import nn
 
 from lite_core import LightningLite
 from lite_core.errors import MisuseError
+from lite_core.plugins import forward_module
 from lite_core.strategies import SingleDeviceStrategy
 
 
@@ -120,14 +123,14 @@ class _IgnoringStrategy(SingleDeviceStrategy):
 
 
 def test_a_method_runs_as_one_forward_pass_of_the_strategys_wrapper() -> None:
-    plain = _net()
+    plain, reference = _net(), _net()
     model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain)
     x = torch.randn(3, 4)
     loss = model.training_step(x)
-    assert torch.equal(loss, plain.training_step(x))
+    assert torch.equal(loss, reference.training_step(x))
     out = model.generate(x, steps=3)
-    assert torch.equal(out, plain.generate(x, steps=3))
-    wrapper = model._forward_module
+    assert torch.equal(out, reference.generate(x, steps=3))
+    wrapper = forward_module(model)
     assert [len(args) for args in wrapper.calls] == [1, 1]  # once per method call, whatever it calls inside
     assert "forward" not in vars(plain)  # the user's forward is its own again afterwards
 
@@ -135,13 +138,13 @@ def test_a_method_runs_as_one_forward_pass_of_the_strategys_wrapper() -> None:
 def test_a_method_called_with_tensors_runs_through_the_wrapper_and_one_without_runs_on_the_module() -> None:
     """`save_pretrained(folder)` on one rank must not enter the strategy's forward (its collectives
     would wait for the other ranks): a call without a tensor among its arguments runs on the module."""
-    plain = _net()
+    plain, reference = _net(), _net()
     model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain)
-    wrapper = model._forward_module
+    wrapper = forward_module(model)
     x = torch.randn(3, 4)
-    assert torch.equal(model.encode({"x": x}), plain(x))
+    assert torch.equal(model.encode({"x": x}), reference(x))
     assert model.generate(x, steps=1).shape == (3, 4)
-    assert torch.equal(model.score(Batch(x)), plain(x))
+    assert torch.equal(model.score(Batch(x)), reference(x))
     assert len(wrapper.calls) == 3  # tensors in a mapping or a dataclass count too
     assert model.write("folder") == "folder"
     assert len(wrapper.calls) == 3
@@ -149,7 +152,7 @@ def test_a_method_called_with_tensors_runs_through_the_wrapper_and_one_without_r
 
 def test_a_wrapper_that_never_calls_the_module_is_an_error_not_a_wrong_result() -> None:
     model = LightningLite(accelerator="cpu", strategy=_IgnoringStrategy()).setup(_net())
-    with pytest.raises(MisuseError, match=r"did not call Net in its forward.*model\.module"):
+    with pytest.raises(MisuseError, match=r"did not call Net in its forward.*forward\(\) instead"):
         model.training_step(torch.randn(3, 4))
 
 
@@ -194,7 +197,7 @@ def test_a_compiled_model_trains_as_the_uncompiled_one_with_plain_keys_both_ways
     lite = LightningLite(accelerator="cpu", devices=1)
     plain = _net()
     model, optimizer = lite.setup(torch.compile(plain), torch.optim.SGD(plain.parameters(), lr=0.1))
-    assert model.module is plain
+    assert model is plain
     losses = _train(model, optimizer, lite.backward)
     assert torch.allclose(torch.tensor(losses), torch.tensor(expected), rtol=0, atol=COMPILE)
     assert list(model.state_dict()) == list(eager.state_dict())
@@ -217,3 +220,49 @@ def test_setting_up_a_compiled_and_set_up_model_again_is_refused() -> None:
     for again in (torch.compile(model), compiled, plain):
         with pytest.raises(MisuseError, match="already set up by Lite"):
             lite.setup(again)
+
+
+# -- in place: copies, and changes the strategy cannot follow --------------------------------------
+def test_a_copy_or_pickle_of_the_set_up_model_is_a_plain_model_of_the_users_class() -> None:
+    plain = _net()
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(plain)
+    assert model is plain and isinstance(model, Net) and type(model).__name__ == "Net"
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(copied) is Net and "_lite_set_up" not in vars(copied)
+        assert torch.equal(copied.layer.weight, model.layer.weight) and copied.layer.weight is not model.layer.weight
+
+
+class _FixedLayoutStrategy(SingleDeviceStrategy):
+    """A strategy that, like DDP, cannot follow conversions or new parameters after setup."""
+
+    follows_conversions = False
+    follows_new_parameters = False
+
+
+def test_a_change_the_strategy_cannot_follow_is_refused_before_it_happens() -> None:
+    model = LightningLite(accelerator="cpu", strategy=_FixedLayoutStrategy()).setup(_net())
+    with pytest.raises(MisuseError, match=r"converted from torch.float32 on cpu to torch.float64 .* before setup\(\)"):
+        model.double()
+    assert model.layer.weight.dtype == torch.float32
+    model.float().to("cpu")  # changes nothing: fine
+    with pytest.raises(MisuseError, match=r"submodule 'head' with new parameters was added .* before setup\(\)"):
+        model.head = nn.Linear(4, 1)
+    with pytest.raises(MisuseError, match=r"parameter 'extra' was added to the model after setup"):
+        model.layer.register_parameter("extra", nn.Parameter(torch.ones(1)))
+    model.act = nn.ReLU()  # no parameters: fine
+    model.layer = model.layer  # the parameters it was set up with: fine
+    assert [name for name, _ in model.named_parameters()] == ["layer.weight", "layer.bias"]
+
+
+def test_a_one_process_model_takes_every_change_as_plain_pytorch_does() -> None:
+    model = LightningLite(accelerator="cpu", devices=1).setup(_net())
+    model.double()
+    model.head = nn.Linear(4, 1)
+    assert model.layer.weight.dtype == torch.float64 and "head.weight" in model.state_dict()
+
+
+def test_the_set_up_models_class_builds_the_users_class_and_bare_copies() -> None:
+    model = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed").setup(nn.Sequential(nn.Linear(2, 2)))
+    assert type(model[0:1]) is nn.Sequential  # slicing calls type(model)(...)
+    bare = type(model).__new__(type(model))  # as DataParallel's replicas are made: no __init__ runs
+    assert isinstance(bare, nn.Sequential) and not vars(bare)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from lite_core.errors import ConfigurationError
+from lite_core.plugins import forward_module
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("lite_deepspeed") is None or importlib.util.find_spec("deepspeed") is None,
@@ -99,7 +100,7 @@ def test_devices_list_puts_the_engine_and_zero3_shards_on_that_gpu():
             with self.init_module():
                 model = nn.Linear(8, 8)
             model, _ = self.setup(model, torch.optim.Adam(model.parameters()))
-            engine = model._forward_module
+            engine = forward_module(model)
             return str(engine.device), str(next(engine.module.parameters()).ds_tensor.device)
 
     assert Run(accelerator="cuda", strategy="deepspeed_stage_3", devices=[1]).run() == ("cuda:1", "cuda:1")

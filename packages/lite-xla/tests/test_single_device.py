@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lite_core import LightningLite
 from lite_core.errors import MisuseError
+from lite_core.plugins import forward_module
 
 
 def _data(batch_size: int = 16) -> DataLoader:
@@ -235,7 +236,7 @@ def test_xla_fsdp_points_the_optimizer_at_the_sharded_parameters() -> None:
     def body(lite: LightningLite) -> None:
         model = _model()
         model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.25, momentum=0.5))
-        sharded = {id(p) for p in model._forward_module.parameters()}
+        sharded = {id(p) for p in forward_module(model).parameters()}
         assert {id(p) for group in optimizer.param_groups for p in group["params"]} == sharded
         assert optimizer.param_groups[0]["lr"] == 0.25 and optimizer.param_groups[0]["momentum"] == 0.5
 
@@ -292,7 +293,7 @@ def test_xla_fsdp_saves_shards_that_load_back_and_consolidate(tmp_path: Path) ->
         optimizer.step()
         lite.save({"model": model, "optimizer": optimizer, "step": 7}, path)
         probe = model(lite.to_device(torch.ones(3, 4))).detach().cpu()
-        return [p.detach().cpu().clone() for p in model._forward_module.parameters()], probe
+        return [p.detach().cpu().clone() for p in forward_module(model).parameters()], probe
 
     def load_back(lite: LightningLite) -> tuple[int, list[torch.Tensor], int]:
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -300,7 +301,7 @@ def test_xla_fsdp_saves_shards_that_load_back_and_consolidate(tmp_path: Path) ->
         state = {"model": model, "optimizer": optimizer, "step": 0}
         lite.load(path, state)
         steps = int(optimizer.state_dict()["state"][0]["step"])
-        return state["step"], [p.detach().cpu() for p in model._forward_module.parameters()], steps
+        return state["step"], [p.detach().cpu() for p in forward_module(model).parameters()], steps
 
     saved, probe = LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(train_and_save)
     assert [f.name for f in path.iterdir()] == ["shard-00000-of-00001.pt"]

@@ -76,8 +76,8 @@ def test_training_with_clipping_matches_one_plain_process(job, layout):
 
 def test_parallelised_parameters_live_on_two_meshes(job):
     params = job["train_2x2"]["params"]
-    assert params["_forward_module.up.weight"].count("Shard") == 2  # data and tensor parallel
-    assert params["_forward_module.head.weight"] == "DTensor(Shard(dim=0),)"  # data parallel only
+    assert params["up.weight"].count("Shard") == 2  # data and tensor parallel
+    assert params["head.weight"] == "DTensor(Shard(dim=0),)"  # data parallel only
 
 
 @pytest.mark.parametrize(("layout", "dp", "tp"), [("2x2", 2, 2), ("1x4", 1, 4), ("4x1", 4, 1)])
@@ -99,8 +99,8 @@ def test_empty_init_builds_on_meta_and_equals_a_normal_build(job):
     run = job["empty_init"]
     assert run["on_meta"], "init_module(empty_init=True) allocated real parameters"
     # up.weight (16 x 8) is split by 2 tensor- and 2 data-parallel ranks; head.weight (8 x 8) by 2.
-    assert run["local_numel"]["_forward_module.up.weight"] == 32
-    assert run["local_numel"]["_forward_module.head.weight"] == 32
+    assert run["local_numel"]["up.weight"] == 32
+    assert run["local_numel"]["head.weight"] == 32
     torch.manual_seed(7)
     normal = job_module.MLP().state_dict()
     assert run["final"].keys() == normal.keys()

@@ -17,7 +17,7 @@ from lite_core import _data
 from lite_core.errors import MisuseError
 
 if TYPE_CHECKING:
-    from lite_core.wrappers import LiteModule
+    from lite_core._set_up_model import LiteModule
 
 #: What `setup_dataloaders(sharding=...)` accepts.
 SHARDINGS = ("auto", "training", "evaluation")
@@ -54,7 +54,7 @@ class EvaluationPasses:
         """Whether a pass over a loader set up with `sharding="auto"` starting now evaluates."""
         if not torch.is_grad_enabled():
             return True
-        return bool(self._models) and not any(model.module.training for model in self._models)
+        return bool(self._models) and not any(model.training for model in self._models)
 
     def check_not_evaluating(self) -> None:
         """Refuse a `backward()` inside a pass that Lite sharded for evaluation by its own rule."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import MethodType
 from typing import Any, Callable
 
 from torch import nn
@@ -26,12 +25,6 @@ from lite_core._move import holds_tensor
 from lite_core.errors import MisuseError
 
 _MISSING = object()
-
-
-def is_user_method(module: nn.Module, name: str, value: Any) -> bool:
-    """Whether `value`, read as `module.<name>`, is a method of the user's module (its class or a
-    mixin such as a `generate`), not one of `nn.Module`'s own (`state_dict`, `to`, `train`, ...)."""
-    return isinstance(value, MethodType) and value.__self__ is module and not hasattr(nn.Module, name)
 
 
 def computes_on_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -72,8 +65,8 @@ def forward_runs(module: nn.Module, method: Callable[..., Any]) -> Iterator[None
     if not ran:
         raise MisuseError(
             f"The strategy's wrapper did not call {type(module).__name__} in its forward, so"
-            f" {getattr(method, '__name__', 'the method')}() could not run through it: call the method on"
-            " the user's module (model.module) instead."
+            f" {getattr(method, '__name__', 'the method')}() could not run through it: compute it in"
+            " the model's forward() instead (model(x) runs through the wrapper)."
         )
 
 

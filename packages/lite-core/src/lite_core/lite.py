@@ -18,23 +18,20 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lite_core import _arguments, _data, _defaults, _seed
+from lite_core._changes import guard_new_parameters
 from lite_core._compile import CompileOptions, unwrap_compiled
 from lite_core._connector import connect
 from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
 from lite_core._loader import LiteDataLoader
 from lite_core._move import collective_input
+from lite_core._set_up_model import STATE_KEY, LiteModule, set_up_in_place, state_of
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
 from lite_core.launchers.supervision import record_failure
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies.strategy import Strategy
-from lite_core.wrappers import (
-    LiteModule,
-    _LiteOptimizerBase,
-    forward_ran_since_backward,
-    wrap_optimizer,
-)
+from lite_core.wrappers import _LiteOptimizerBase, forward_ran_since_backward, wrap_optimizer
 
 if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ import annotations`)
     from lite_core.accelerators.accelerator import Accelerator
@@ -268,11 +265,18 @@ class LightningLite:
     def _wrap_module(self, forward_module: nn.Module, model: nn.Module,
                      compile_options: CompileOptions | None = None,
                      loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
-        compiled = None if compile_options is None else self._strategy.compile_module(forward_module, compile_options)
-        compiled = self._strategy.forward_call(forward_module, compiled, loss_fn)
-        wrapped = LiteModule(forward_module, model, self._strategy, compiled)
-        self._models.append(wrapped)
-        return wrapped
+        strategy = self._strategy
+        compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
+        compiled = strategy.forward_call(forward_module, compiled, loss_fn)
+        routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
+                  or strategy.is_distributed or type(strategy).call_module_method is not Strategy.call_module_method)
+        loads = type(strategy).load_module_state_dict is not Strategy.load_module_state_dict
+        module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes, loads=loads,
+                                 guards=not strategy.follows_conversions)
+        if not strategy.follows_new_parameters:
+            guard_new_parameters(module, strategy.name)
+        self._models.append(module)
+        return module  # type: ignore[return-value]
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so that `step()` goes through the strategy and precision."""
@@ -397,7 +401,7 @@ class LightningLite:
             self._evaluations.check_not_evaluating()
             self._check_loss_came_through_setup(args, kwargs)
         module = model if model is not None else self._models[0]
-        forward_module = module._forward_module if isinstance(module, LiteModule) else module
+        forward_module = module.__dict__[STATE_KEY].forward_module if isinstance(module, LiteModule) else module
         self._strategy.backward(tensor, forward_module, *args, **kwargs)
 
     def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -406,9 +410,9 @@ class LightningLite:
             retain = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
         if not forward_ran_since_backward(self._models, bool(retain)):
             raise MisuseError(
-                "backward() got a loss that no model returned by setup() computed since the last backward(), so"
-                f" strategy={self._strategy.name!r} would not synchronise its gradients: call the model that"
-                " setup() returned (model, optimizer = self.setup(model, optimizer)) instead of the original one."
+                "backward() got a loss that no set-up model computed since the last backward(), so"
+                f" strategy={self._strategy.name!r} would not synchronise its gradients: compute it by calling a"
+                " model passed to setup() (model(x), not model.forward(x))."
             )
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
@@ -429,7 +433,7 @@ class LightningLite:
             raise MisuseError("no_backward_sync() needs the model returned by setup(): pass that one.")
         if not enabled:
             return nullcontext()
-        return self._strategy.no_backward_sync(model._forward_module)
+        return self._strategy.no_backward_sync(state_of(model).forward_module)
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's forward context, for code that runs outside the wrapped model."""
@@ -550,6 +554,13 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The set-up model's whole state dict as plain CPU tensors on rank 0, under every strategy
+        (sharded ones gather it; the other ranks get an empty dict): what `torch.save` on rank 0
+        writes for a plain model to load. Call it on every rank.
+        """
+        return self._strategy.full_module_state_dict(model)
+
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0.
 

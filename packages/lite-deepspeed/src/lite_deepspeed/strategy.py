@@ -182,6 +182,15 @@ class DeepSpeedStrategy(DDPStrategy):
             )
         return self._initialize(module, None)
 
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Under stage 3 the partitions are gathered for the copy (DeepSpeed's `GatheredParameters`)."""
+        if self.stage != 3:
+            return super().full_module_state_dict(module)
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return super().full_module_state_dict(module)
+
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise MisuseError(
             "DeepSpeed sets up a model and its optimizer together: call setup(model, optimizer) instead"

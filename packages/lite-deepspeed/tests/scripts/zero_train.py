@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lite_core import LightningLite
 from lite_core.errors import CheckpointError, MisuseError
+from lite_core.plugins import forward_module
 
 # Skip the 80-100 s JIT build of DeepSpeed's shared-memory allreduce (used for inference only).
 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -51,7 +52,7 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter whole, in fp32 (gathered from the shards under ZeRO-3)."""
     params = list(model.parameters())
     with deepspeed.zero.GatheredParameters(params):
-        return {name: p.detach().float().clone() for name, p in model.module.named_parameters()}
+        return {name: p.detach().float().clone() for name, p in model.named_parameters()}
 
 
 def partition_of(model: nn.Module) -> list[tuple[int, int, int]]:
@@ -73,7 +74,7 @@ class ZeroRun(LightningLite):
         loader = self.setup_dataloaders(DataLoader(make_data(), batch_size=MICRO_BATCH))
         batches = iter(loader)
         result["losses"] = self.train(model, optimizer, batches, steps=4)
-        engine = model._forward_module
+        engine = forward_module(model)
         result["batch_sizes"] = (engine.train_micro_batch_size_per_gpu(), engine.train_batch_size())
         result["weights_at_save"] = full_weights(model)
         self.save({"model": model, "optimizer": optimizer, "step": 4, "note": tag}, OUT / f"ckpt_{tag}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from lite_core.plugins import CheckpointError, TorchCheckpointIO
+from lite_core.plugins import CheckpointError, TorchCheckpointIO, forward_module
 
 #: Marks a sharded module's entry: `{"state_dict": ..., "shard_metadata": ..., MARK: True}`.
 MARK = "lite_xla_sharded_module"
@@ -23,7 +23,7 @@ def sharded_entry(module: nn.Module) -> dict[str, Any] | None:
     """The entry saved for a model set up by `xla_fsdp`, or `None` for anything else."""
     from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
 
-    inner = getattr(module, "_forward_module", module)
+    inner = forward_module(module)
     if not isinstance(inner, XlaFullyShardedDataParallel):
         return None
     return {"state_dict": inner.state_dict(), "shard_metadata": inner.get_shard_metadata(), MARK: True}

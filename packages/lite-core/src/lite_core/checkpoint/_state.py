@@ -103,14 +103,10 @@ def is_keyed_by_name(optimizer_state: Any) -> bool:
 
 def module_of(optimizer: Optimizer, state: dict[str, Any]) -> nn.Module:
     """The user's module in `state` that owns `optimizer`'s parameters."""
-    from lite_core.wrappers import original_module  # only loads of name-keyed state need it
-
     first = optimizer.param_groups[0]["params"][0]
-    for value in state.values():
-        if isinstance(value, nn.Module):
-            module = original_module(value)
-            if any(p is first for p in module.parameters()):
-                return module
+    for value in state.values():  # a set-up model is the user's module itself
+        if isinstance(value, nn.Module) and any(p is first for p in value.parameters()):
+            return value
     raise CheckpointError(
         "The checkpoint names the optimizer's parameters, but `state` holds no model that owns them:"
         " pass the model in the same `state` as its optimizer."

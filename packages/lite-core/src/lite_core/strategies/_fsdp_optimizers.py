@@ -10,6 +10,7 @@ hyperparameters and every LR scheduler built on it stay the same.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -47,6 +48,27 @@ def capture(optimizer: Optimizer, module: nn.Module) -> OptimizerMove:
     groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
     state = positions_to_names(optimizer.state_dict(), optimizer, module) if optimizer.state else None
     return OptimizerMove(optimizer, groups, state)
+
+
+class NamesBeforeSharding:
+    """The names of a module's parameters before `fully_shard` replaced them, by identity, so that
+    an optimizer built before setup and set up later (`setup_optimizers`) can be re-pointed too."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._names = {id(p): (weakref.ref(p), name) for name, p in module.named_parameters()}
+
+    def move(self, optimizer: Optimizer) -> OptimizerMove | None:
+        """The move onto the shards of an optimizer that holds only this module's parameters as
+        they were before sharding, with no state yet; `None` for any other optimizer."""
+        groups = [[self._name_of(p) for p in group["params"]] for group in optimizer.param_groups]
+        if optimizer.state or any(name is None for names in groups for name in names):
+            return None
+        return OptimizerMove(optimizer, groups, None)  # type: ignore[arg-type]
+
+    def _name_of(self, parameter: Any) -> str | None:
+        ref, name = self._names.get(id(parameter), (None, None))
+        return name if ref is not None and ref() is parameter else None
 
 
 def _load_full_state(module: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:

@@ -45,6 +45,11 @@ class DDPStrategy(Strategy):
     name = "ddp"
     is_distributed = True
     needs_process_group = True
+    # DistributedDataParallel fixes its gradient buckets and buffer list when it is built, and
+    # fully_shard (FSDPStrategy) its all-gather buffers at the first forward; neither shards or
+    # reduces a parameter added later.
+    follows_conversions = False
+    follows_new_parameters = False
     #: `None` re-runs the script; otherwise a `multiprocessing` start method.
     start_method: ClassVar[str | None] = None
 

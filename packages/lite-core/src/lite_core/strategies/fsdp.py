@@ -75,8 +75,9 @@ class FSDPStrategy(DDPStrategy):
         self._reshard_after_forward = reshard_after_forward
         self._mixed_precision = mixed_precision
         self._sharded_modules: list[nn.Module] = []
-        #: (id of a sharded module, method name) already registered as a forward method.
-        self._forward_methods: set[tuple[int, str]] = set()
+        self._names_before_sharding: list[_fsdp_optimizers.NamesBeforeSharding] = []
+        #: (id of a sharded module, method name) -> torch's forward-method wrapper of it.
+        self._forward_methods: dict[tuple[int, str], Any] = {}
         self._init_rng_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def connect(self, accelerator: Any, environment: Any, device_indexes: list[int], num_nodes: int) -> None:
@@ -111,6 +112,7 @@ class FSDPStrategy(DDPStrategy):
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
         options = self._shard_options()
+        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
         for submodule in reversed(list(module.modules())):
             if submodule is not module and isinstance(submodule, self._wrap_classes):
                 fully_shard(submodule, **options)
@@ -128,11 +130,16 @@ class FSDPStrategy(DDPStrategy):
         `register_fsdp_forward_method`, which this registers once per method."""
         from torch.distributed.fsdp import register_fsdp_forward_method
 
+        if module not in self._sharded_modules:
+            return getattr(module, name)(*args, **kwargs)
         key = (id(module), name)
-        if module in self._sharded_modules and key not in self._forward_methods:
+        if key not in self._forward_methods:
             register_fsdp_forward_method(module, name)
-            self._forward_methods.add(key)
-        return getattr(module, name)(*args, **kwargs)
+            # torch installs its wrapper on the instance; kept here instead, so that the user's
+            # `model.<name>(...)` keeps reaching the set-up model's method, which calls this.
+            # (A module that fully_shard did not wrap gets nothing: its method runs as it is.)
+            self._forward_methods[key] = module.__dict__.pop(name, None) or getattr(module, name)
+        return self._forward_methods[key](*args, **kwargs)
 
     def _shard_options(self) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh
@@ -158,6 +165,15 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         return self._mixed_precision if self._mixed_precision is not None else MixedPrecisionPolicy()
+
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The shards gathered whole onto rank 0's CPU (torch's `get_model_state_dict`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if module not in self._sharded_modules:
+            return super().full_module_state_dict(module)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(module, options=options)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
@@ -185,12 +201,23 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.tensor import DTensor
 
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not all(isinstance(p, DTensor) for p in params):
-            raise MisuseError(
-                f"This optimizer holds parameters that strategy={self.name!r} did not shard: create it from"
-                " the parameters of the model returned by setup_module(), then call setup_optimizers()."
-            )
-        return optimizer
+        if all(isinstance(p, DTensor) for p in params) or self._repoint_built_before_setup(optimizer):
+            return optimizer
+        raise MisuseError(
+            f"This optimizer holds parameters of no model that strategy={self.name!r} sharded, or stepped before"
+            " setup: create it from the parameters of a model set up with setup_module(), and call"
+            " setup_optimizers() before its first step."
+        )
+
+    def _repoint_built_before_setup(self, optimizer: Optimizer) -> bool:
+        """Re-point an optimizer built before `setup_module()` at the shards, as `setup()` does;
+        whether it held the parameters of a module set up here (and had not stepped)."""
+        for names in self._names_before_sharding:
+            move = names.move(optimizer)
+            if move is not None:
+                move.onto(names.module)
+                return True
+        return False
 
     def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
         return _no_gradient_sync(module)

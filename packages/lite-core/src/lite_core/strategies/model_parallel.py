@@ -216,6 +216,7 @@ class ModelParallelStrategy(FSDPStrategy):
         on_meta = _fsdp_init.has_meta_tensors(module)
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
+        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
         parallelised = self._parallelize_fn(module, self.device_mesh)
         if not isinstance(parallelised, nn.Module):
             raise MisuseError(
@@ -229,7 +230,8 @@ class ModelParallelStrategy(FSDPStrategy):
         return parallelised
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        self.module_of(optimizer)  # refuses an optimizer of parameters that were not set up
+        if not self._repoint_built_before_setup(optimizer):  # built before setup_module(): re-pointed
+            self.module_of(optimizer)  # refuses an optimizer of parameters that were not set up
         return optimizer
 
     # -- pipeline ------------------------------------------------------------------------------

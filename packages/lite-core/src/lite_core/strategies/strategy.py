@@ -72,6 +72,12 @@ class Strategy:
     #: Whether `backward` must be told which model the loss belongs to when several are set up
     #: (e.g. DeepSpeed, where each model has its own engine that runs the backward pass).
     backward_needs_model: ClassVar[bool] = False
+    #: Whether training stays correct when the set-up model's dtype or device changes after
+    #: setup (`model.double()`); where not, the set-up model refuses the change.
+    follows_conversions: ClassVar[bool] = True
+    #: Whether a trainable parameter added to the set-up model after setup (a new head) is
+    #: synchronised like the others; where not, the set-up model refuses it.
+    follows_new_parameters: ClassVar[bool] = True
     #: Modules the strategy imports when it runs, each with the command that installs it
     #: (`lite env` marks a strategy whose module is missing).
     requirements: ClassVar[dict[str, str]] = {}
@@ -246,6 +252,14 @@ class Strategy:
         from lite_core.strategies._loss import ForwardWithLoss
 
         return ForwardWithLoss(compiled if compiled is not None else forward_module, loss_fn)
+
+
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """`module`'s whole state dict as plain tensors on the CPU, on rank 0 (an empty dict on the
+        other ranks; every rank must call it). Here each rank holds the whole module: a copy of it."""
+        if self.global_rank != 0:
+            return {}
+        return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:

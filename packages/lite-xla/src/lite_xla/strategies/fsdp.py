@@ -121,7 +121,7 @@ class XLAFSDPStrategy(XLAStrategy):
             return content
         modules = {k for k, v in content.items() if isinstance(v, dict) and v.get(sharded.MARK)}
         for key in modules & state.keys():
-            target = getattr(state[key], "_forward_module", state[key])
+            target = forward_module(state[key])
             target.load_state_dict(content[key]["state_dict"], strict=strict)
         rest = {k: v for k, v in state.items() if k not in modules}
         restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)

@@ -1,0 +1,223 @@
+"""The set-up model is the user's own module, its class swapped in place for a subclass.
+
+`setup(model)` returns `model` itself: the same object, with the same `__dict__`, parameters,
+buffers, submodules and hooks. Only its class changes, to a subclass of the user's class created
+once per class (as torch's `fully_shard` does with `FSDP<Class>`), which adds what Lite needs:
+
+- `model(x)` runs through the strategy's wrapper (`DistributedDataParallel`, a DeepSpeed engine,
+  a compiled module) under the precision. The wrapper holds the same object and calls it; while
+  the strategy works on the model (`_SetUp.busy`), the model is plainly the user's module, so that
+  inner call is `nn.Module.__call__` and the user's forward, hooks and all.
+- A method of the user's class called with a tensor (`model.training_step(x, y)`,
+  `model.generate(ids)`) runs the same way, as one forward pass of the strategy (`_methods.py`).
+- `load_state_dict` goes through the strategy where it has its own (sharded strategies take full
+  weights).
+- Under a strategy that cannot follow a dtype or device change (DDP's gradient buckets), such a
+  change (`model.double()`) is refused before anything moves (`_changes.py`, which also refuses
+  new parameters there).
+
+Everything else is the user's class: names, `modules()`, attribute and submodule assignment,
+every kind of hook, `state_dict`, `isinstance`. A one-process strategy with a precision that
+changes nothing gets a subclass that overrides nothing on the step path.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import inspect
+from functools import cache, wraps
+from typing import Any, Callable
+
+from torch import nn
+
+from lite_core._changes import refuse_conversion
+from lite_core._methods import computes_on_input
+
+#: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
+#: and `_buffers`, so it is in no name, state dict or `modules()`).
+STATE_KEY = "_lite_set_up"
+
+
+class _SetUp:
+    """What Lite keeps on a set-up model: the strategy, what it built around the model, and
+    whether the strategy is at work on it right now."""
+
+    __slots__ = ("strategy", "forward_module", "forward_call", "user_class", "plain_forward", "busy", "forward_ran")
+
+    def __init__(self, strategy: Any, forward_module: nn.Module, forward_call: Callable[..., Any],
+                 user_class: type[nn.Module]) -> None:
+        self.strategy = strategy
+        self.forward_module = forward_module
+        self.forward_call = forward_call
+        self.user_class = user_class
+        self.plain_forward = not strategy.precision.changes_forward
+        self.busy = False
+        self.forward_ran = False
+
+
+class LiteModule:
+    """Marks a set-up model (the user's module after `setup()`); the first base of its class.
+
+    It defines only what every set-up model needs off the step path: construction of the user's
+    class where code calls `type(model)(...)` (slicing an `nn.Sequential`), and pickling and
+    `copy.deepcopy` as a plain module of the user's class (an EMA copy), without Lite's record.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            # `self.__new__(type(self))`, as torch's copies make them (DataParallel's replicas):
+            # a bare instance whose `__dict__` the caller fills in.
+            return object.__new__(cls)
+        # `type(model)(...)` builds the user's class, not a second set-up model.
+        return cls.__bases__[-1](*args, **kwargs)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Rebuilt by the standard library alone (`copyreg`), so loading needs no Lite.
+        own = self.__getstate__().items()  # type: ignore[attr-defined]
+        state = {key: value for key, value in own if key != STATE_KEY}
+        return copyreg._reconstructor, (self.__dict__[STATE_KEY].user_class, object, None), state
+
+
+class _Calls:
+    """`model(x)` through the strategy's wrapper and the precision."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__[STATE_KEY]
+        if state.busy:  # the strategy's wrapper calling the module it holds
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        state.forward_ran = True
+        state.busy = True
+        try:
+            if state.plain_forward:  # the precision changes nothing: one call less per step
+                return state.forward_call(*args, **kwargs)
+            return _through_precision(state, state.forward_call, args, kwargs)
+        finally:
+            state.busy = False
+
+
+class _LoadsThroughStrategy:
+    """`load_state_dict` as the strategy loads (full weights into a sharded model)."""
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        state = self.__dict__[STATE_KEY]
+        if state.busy:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)  # type: ignore[misc]
+        state.busy = True
+        try:
+            return state.strategy.load_module_state_dict(self, state_dict, strict=strict, assign=assign)
+        finally:
+            state.busy = False
+
+
+class _GuardsChanges:
+    """Refuses a dtype or device change that the strategy cannot follow, before it happens."""
+
+    def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        refuse_conversion(self, self.__dict__[STATE_KEY].strategy, fn)
+        return super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
+
+
+def _through_precision(state: _SetUp, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    precision = state.strategy.precision
+    if not precision.changes_forward:
+        return call(*args, **kwargs)
+    args, kwargs = precision.convert_input((args, kwargs))
+    with precision.forward_context():
+        output = call(*args, **kwargs)
+    return precision.convert_output(output)
+
+
+def _routed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, a method of the user's class, run as one forward pass of the strategy when it
+    is called with a tensor from outside the strategy; as it is otherwise."""
+
+    @wraps(function)
+    def method(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__[STATE_KEY]
+        if state.busy or not computes_on_input(args, kwargs):
+            return function(self, *args, **kwargs)
+        state.forward_ran = True
+        state.busy = True
+        try:
+            return _through_precision(state, _call_method(state, self, name), args, kwargs)
+        finally:
+            state.busy = False
+
+    return method
+
+
+def _call_method(state: _SetUp, module: nn.Module, name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return state.strategy.call_module_method(state.forward_module, module, name, *args, **kwargs)
+
+    return call
+
+
+def user_methods(user_class: type[nn.Module]) -> dict[str, Callable[..., Any]]:
+    """The plain functions defined by `user_class` and its bases outside torch (a Hugging Face
+    `generate` included), which are not `nn.Module`'s own names: the methods Lite routes."""
+    methods: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(user_class.__mro__):
+        if klass.__module__.split(".")[0] == "torch" or klass is object:
+            continue
+        for name, value in vars(klass).items():
+            if name.startswith("__") or name == "forward" or hasattr(nn.Module, name):
+                continue
+            if inspect.isfunction(value):
+                methods[name] = value
+            else:
+                methods.pop(name, None)  # a property or attribute of a subclass hides the base's method
+    return methods
+
+
+@cache
+def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads: bool, guards: bool) -> type:
+    """The subclass of `user_class` a set-up model gets; only the parts asked for are added, so a
+    plain one-process model's step runs nothing of Lite's."""
+    mixins: list[type] = [LiteModule]
+    if calls:
+        mixins.append(_Calls)
+    if loads:
+        mixins.append(_LoadsThroughStrategy)
+    if guards:
+        mixins.append(_GuardsChanges)
+    body: dict[str, Any] = {"__module__": user_class.__module__, "__qualname__": user_class.__qualname__}
+    if methods:
+        body.update({name: _routed(name, function) for name, function in user_methods(user_class).items()})
+    return type(user_class.__name__, (*mixins, user_class), body)
+
+
+def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, compiled: nn.Module | None,
+                    *, routes: bool, loads: bool, guards: bool) -> nn.Module:
+    """Make `module` the set-up model: the same object, its class a subclass of its own.
+
+    Args:
+        module: the user's module, as the strategy left it (`fully_shard` may have swapped its class already).
+        forward_module: what the strategy built around `module` (or `module` itself).
+        strategy: the strategy; its precision applies to every forward pass.
+        compiled: the compiled `forward_module`, when the user set up a compiled model.
+        routes: whether `model(x)` and the user's methods must go through the strategy (a wrapper,
+            a compiled module, a precision that changes the forward, a strategy's own method call).
+        loads: whether `load_state_dict` goes through the strategy's.
+        guards: whether dtype and device changes are refused (the strategy cannot follow them).
+    """
+    user_class = type(module)
+    if compiled is not None:
+        forward_call: Callable[..., Any] = compiled
+    elif forward_module is module:
+        forward_call = nn.Module.__call__.__get__(module)  # the module itself, plainly
+    else:
+        forward_call = forward_module
+    module.__dict__[STATE_KEY] = _SetUp(strategy, forward_module, forward_call, user_class)
+    module.__class__ = set_up_class(user_class, routes, routes, loads, guards)
+    return module
+
+
+def is_set_up_model(obj: Any) -> bool:
+    """Whether `obj` is a model that `setup()` returned."""
+    return isinstance(obj, LiteModule)
+
+
+def state_of(model: nn.Module) -> _SetUp:
+    """Lite's record on a set-up model."""
+    return model.__dict__[STATE_KEY]
