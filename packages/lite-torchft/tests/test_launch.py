@@ -79,3 +79,18 @@ def test_replica_groups_without_a_number_is_refused() -> None:
         2, ["--devices", "1", "train.py", "--replica-groups", "x"])
     with pytest.raises(ConfigurationError, match="--replica-groups zero is not a positive number"):
         without_flag(["--replica-groups=zero", "train.py"])
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_keeps_failing_is_given_up_after_its_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    from lite_torchft.launch import run_replica_groups
+
+    failing = tmp_path / "failing.py"
+    failing.write_text("import sys\nopen(sys.argv[1], 'a').write('tried\\n')\nsys.exit(3)\n")
+    for name, value in script_env(LITE_GROUP_RESTARTS="1").items():
+        monkeypatch.setenv(name, value)
+    tries = tmp_path / "tries"
+    assert run_replica_groups(1, [str(failing), str(tries)], "lite run") == 1
+    assert tries.read_text().count("tried") == 2  # the first start and one restart
+    assert "replica group 0 failed 2 times (last exit code 3): given up" in capfd.readouterr().err
