@@ -95,7 +95,7 @@ def _declared_entry_points() -> list[tuple[str, str, str]]:
 
 def test_the_not_installed_table_matches_every_backend_entry_point() -> None:
     declared = _declared_entry_points()
-    assert {dist for _, _, dist in declared} == {"lite-cuda", "lite-xla", "lite-deepspeed"}
+    assert {dist for _, _, dist in declared} == {"lite-cuda", "lite-xla", "lite-deepspeed", "lite-torchft"}
     table = {(kind, name, _registry._EXTRA_PACKAGE[extra]) for kind, names in _registry._KNOWN_BACKENDS.items()
              for name, extra in names.items()}
     assert table == set(declared)

@@ -6,6 +6,7 @@ again, and it heals from group 0, which goes on. Both end with the same weights 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -19,6 +20,14 @@ import torch
 from conftest import script_env  # the repository's conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "ft_train.py"
+
+
+def _plain_run(out: Path) -> None:
+    """ft_train.py's plain PyTorch loop, run here; writes `out/weights-plain.pt`."""
+    spec = importlib.util.spec_from_file_location("_ft_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.plain(out)
 
 
 def _lines(path: Path) -> list[list[str]]:
@@ -55,7 +64,7 @@ def test_lite_run_starts_the_groups_and_starts_a_failed_group_again(tmp_path: Pa
     assert len({pid for _, pid, *_ in _lines(tmp_path / "progress-0")}) == 1  # group 0 was never restarted
     first = torch.load(tmp_path / "weights-0.pt", weights_only=True)
     second = torch.load(tmp_path / "weights-1.pt", weights_only=True)
-    subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "plain"], check=True, timeout=60)
+    _plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
     plain = torch.load(tmp_path / "weights-plain.pt", weights_only=True)
     for name in plain:
         assert torch.equal(first[name], second[name])
@@ -70,3 +79,18 @@ def test_replica_groups_without_a_number_is_refused() -> None:
         2, ["--devices", "1", "train.py", "--replica-groups", "x"])
     with pytest.raises(ConfigurationError, match="--replica-groups zero is not a positive number"):
         without_flag(["--replica-groups=zero", "train.py"])
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_keeps_failing_is_given_up_after_its_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    from lite_torchft.launch import run_replica_groups
+
+    failing = tmp_path / "failing.py"
+    failing.write_text("import sys\nopen(sys.argv[1], 'a').write('tried\\n')\nsys.exit(3)\n")
+    for name, value in script_env(LITE_GROUP_RESTARTS="1").items():
+        monkeypatch.setenv(name, value)
+    tries = tmp_path / "tries"
+    assert run_replica_groups(1, [str(failing), str(tries)], "lite run") == 1
+    assert tries.read_text().count("tried") == 2  # the first start and one restart
+    assert "replica group 0 failed 2 times (last exit code 3): given up" in capfd.readouterr().err
