@@ -7,6 +7,8 @@ kill when a run overruns its timeout.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -27,17 +29,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.matrix)
 
 
+@pytest.fixture(autouse=True)
+def _planted_fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/mutants: `LITE_MUTANTS` (JSON, test id -> mutant folder) plants a fault in the runs of
+    the tests it names (as `LITE_MUTANT`), so that one pytest checks several mutants."""
+    folder = json.loads(os.environ.get("LITE_MUTANTS", "{}")).get(request.node.nodeid)
+    if folder:
+        monkeypatch.setenv("LITE_MUTANT", folder)
+
+
 @pytest.fixture(scope="session")
 def scenario_run(run_script: Callable[..., Any], output_of: Callable[..., str],
                  tmp_path_factory: pytest.TempPathFactory) -> Callable[[Cell], tuple[dict[str, Any], Path]]:
     """`scenario_run(cell)` -> (result, out_dir): a training run of `cell`, once per session, so
     that the parity test and the checkpoint moves share it."""
-    done: dict[str, tuple[dict[str, Any], Path]] = {}
+    done: dict[tuple[str, str | None], tuple[dict[str, Any], Path]] = {}
 
     def get(cell: Cell) -> tuple[dict[str, Any], Path]:
-        if cell.id not in done:
+        key = cell.id, os.environ.get("LITE_MUTANT")  # a run with a planted fault is its own
+        if key not in done:
             out_dir = tmp_path_factory.mktemp(cell.id)
-            done[cell.id] = run_scenario(run_script, output_of, cell, out_dir), out_dir
-        return done[cell.id]
+            done[key] = run_scenario(run_script, output_of, cell, out_dir), out_dir
+        return done[key]
 
     return get

@@ -81,3 +81,35 @@ def test_every_declared_matrix_test_is_known_with_its_hardware_need() -> None:
     cuda = [name for name in declared if "cuda-" in name]
     has_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
     assert cuda and all(declared[name] is not has_gpu for name in cuda)  # excused only without a GPU
+
+
+def test_an_environment_that_mostly_waits_runs_beside_the_others(monkeypatch, capsys) -> None:
+    # `hatch run ENV:all` is replaced by a job that takes 0.3 s; `hatch env create` by nothing.
+    import subprocess
+    import threading
+    import time
+
+    spans: dict[str, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def fake_run(command, **kwargs):
+        if command[:2] == ["hatch", "run"]:
+            started = time.monotonic()
+            time.sleep(0.3)
+            with lock:
+                spans[command[2].removesuffix(":all")] = (started, time.monotonic())
+            if kwargs.get("stdout") is not None:
+                kwargs["stdout"].write("packaging output\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(suite.subprocess, "run", fake_run)
+    assert suite.main(["test", "test-cuda", "test-packaging"]) == 0
+    assert set(spans) == {"test", "test-cuda", "test-packaging"}
+    (test_start, test_end), (cuda_start, _) = spans["test"], spans["test-cuda"]
+    packaging_start, packaging_end = spans["test-packaging"]
+    assert cuda_start >= test_end  # the others still one after the other
+    assert packaging_start < test_end and test_start < packaging_end  # beside them
+    out = capsys.readouterr().out
+    assert "===== test-packaging (ran beside the others) =====\npackaging output" in out
+    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| test")]
+    assert rows == ["| test", "| test-cuda", "| test-packaging"]  # the table in the order asked

@@ -322,7 +322,8 @@ def test_mistake_fails_at_once_in_one_sentence_naming_the_fix(row: Row, ctx: Ctx
     assert seconds < MAX_SECONDS, f"{seconds:.2f} s"
 
 
-# -- rows that need a launched job: a subprocess, bounded by a timeout -------------------------------
+# -- rows that need a launched job: one subprocess for all of them (one torch import, one
+# -- 2-process start), bounded by a timeout -----------------------------------------------------
 _IN_A_JOB = textwrap.dedent(
     """
     import json, sys, time
@@ -331,7 +332,10 @@ _IN_A_JOB = textwrap.dedent(
     from lite_core import LightningLite
 
     class Job(LightningLite):
-        def run(self, case):
+        def run(self, cases):
+            return {case: self.attempt(case) for case in cases}  # each case fails before any collective
+
+        def attempt(self, case):
             class Batches(BatchSampler):
                 pass
 
@@ -346,7 +350,7 @@ _IN_A_JOB = textwrap.dedent(
                 return {"error": type(err).__name__, "message": str(err), "seconds": time.perf_counter() - started}
             return {"error": None}
 
-    print("RESULT " + json.dumps(Job(accelerator="cpu", strategy="ddp_fork", devices=2).run(sys.argv[1])))
+    print("RESULT " + json.dumps(Job(accelerator="cpu", strategy="ddp_fork", devices=2).run(sys.argv[1:])))
     """
 )
 
@@ -356,14 +360,21 @@ JOB_ROWS = [
 ]
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize(("case", "error", "fix"), JOB_ROWS, ids=[row[0] for row in JOB_ROWS])
-def test_mistake_inside_a_running_job(case, error, fix, run_script, output_of, one_sentence) -> None:
-    proc = run_script(command=[sys.executable, "-c", _IN_A_JOB, case], timeout=45)
+@pytest.fixture(scope="module")
+def job_results(run_script: Any, output_of: Any) -> tuple[dict[str, Any], str]:
+    """(case -> what rank 0 reported, the job's output): every row of JOB_ROWS in one job."""
+    proc = run_script(command=[sys.executable, "-c", _IN_A_JOB, *(row[0] for row in JOB_ROWS)], timeout=45)
     assert proc.returncode == 0, output_of(proc)
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line.removeprefix("RESULT "))
-    assert result["error"] == error, output_of(proc)
+    return json.loads(line.removeprefix("RESULT ")), output_of(proc)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("case", "error", "fix"), JOB_ROWS, ids=[row[0] for row in JOB_ROWS])
+def test_mistake_inside_a_running_job(case, error, fix, job_results, one_sentence) -> None:
+    results, output = job_results
+    result = results[case]
+    assert result["error"] == error, output
     one_sentence(result["message"])
     assert fix in result["message"]
     assert result["seconds"] < MAX_SECONDS
