@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / ".importlinter"
-PACKAGES = ("lite-core", "lite-cuda", "lite-xla", "lite-deepspeed")
+PACKAGES = ("lite-core", "lite-cuda", "lite-xla", "lite-deepspeed", "lite-torchft")
 _LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
 
