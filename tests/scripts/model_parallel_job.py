@@ -37,6 +37,7 @@ torch.set_num_threads(1)
 SAMPLES = 32
 GLOBAL_BATCH = 8
 LR = 0.05
+SPLIT_SEED = 7
 MAX_NORM = 0.5
 
 
@@ -100,6 +101,15 @@ def train(lite: LightningLite, clip: bool) -> dict:
         optimizer.step()
     return {"initial": initial, "final": full_weights(model), "norms": norms, "batches": batches,
             "params": {n: f"{type(p).__name__}{tuple(getattr(p, 'placements', ()))}" for n, p in model.named_parameters()}}
+
+
+def split_first_batch(lite: LightningLite) -> torch.Tensor:
+    """Every rank's part of the first batch of a shuffled loader set up with `split_batches=True`,
+    gathered by global rank (its `batch_size` is the global batch)."""
+    loader = DataLoader(TensorDataset(*make_data()), batch_size=GLOBAL_BATCH, shuffle=True,
+                        generator=torch.Generator().manual_seed(SPLIT_SEED))
+    xb, _ = next(iter(lite.setup_dataloaders(loader, split_batches=True)))
+    return lite.all_gather(xb)
 
 
 def tensor_parallel_collectives(lite: LightningLite) -> dict:
@@ -207,11 +217,12 @@ def bad_inputs() -> dict:
 def main(out: Path) -> None:
     results: dict = {}
     lite = model_parallel(2, 2)
-    results["train_2x2"] = {**train(lite, clip=True), **tensor_parallel_collectives(lite)}
+    results["train_2x2"] = {**train(lite, clip=True), **tensor_parallel_collectives(lite), "split": split_first_batch(lite)}
     results["empty_init"] = empty_init(lite)
     results["resume"] = save_on_2x2(lite, out)
     for dp, tp in ((1, 4), (4, 1)):
-        results[f"train_{dp}x{tp}"] = {**train(model_parallel(dp, tp), clip=True)}
+        layout = model_parallel(dp, tp)
+        results[f"train_{dp}x{tp}"] = {**train(layout, clip=True), "split": split_first_batch(layout)}
     for precision in ("bf16-mixed", "bf16-true"):
         results[f"precision_{precision}"] = train(model_parallel(2, 2, precision), clip=False)
     results["hsdp"] = train(started(FSDPStrategy(replicate_size=2)), clip=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from lite_core import LightningLite
 from lite_core.checkpoint import consolidate, is_sharded
@@ -87,6 +88,20 @@ def test_ranks_of_one_tensor_parallel_group_get_the_same_batches(job, layout, dp
     for rank in range(4):
         data_rank = rank // tp  # the mesh is (data_parallel, tensor_parallel), row-major
         torch.testing.assert_close(batches[rank], first_global[data_rank::dp], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("layout", "dp", "tp"), [("2x2", 2, 2), ("1x4", 1, 4), ("4x1", 4, 1)])
+def test_split_batches_gives_a_tensor_parallel_group_one_part_of_the_plain_batch(job, layout, dp, tp):
+    # setup_dataloaders(split_batches=True): the loader's batch is the global batch, cut into one
+    # contiguous part per data-parallel rank; the ranks of one tensor-parallel group share a part.
+    parts = job[f"train_{layout}"]["split"]  # every rank's part, by global rank
+    loader = DataLoader(TensorDataset(*job_module.make_data()), batch_size=job_module.GLOBAL_BATCH, shuffle=True,
+                        generator=torch.Generator().manual_seed(job_module.SPLIT_SEED))
+    plain_first = next(iter(loader))[0]
+    size = job_module.GLOBAL_BATCH // dp
+    for rank in range(4):
+        data_rank = rank // tp
+        torch.testing.assert_close(parts[rank], plain_first[data_rank * size:(data_rank + 1) * size], atol=0, rtol=0)
 
 
 def test_the_mesh_groups_can_be_passed_to_the_collectives(job):
