@@ -14,6 +14,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 from lite_core import LightningLite
 from lite_core._order import SplitBatches, rank_slice
 from lite_core._data import split_batches
+from lite_core.strategies import SingleDeviceStrategy
 from lite_core.errors import MisuseError
 
 
@@ -170,3 +171,18 @@ def test_split_batches_needs_lite_to_draw_the_batches() -> None:
     with pytest.raises(MisuseError, match="split_batches=True.*replace_sampler=False"):
         LightningLite(accelerator="cpu").setup_dataloaders(DataLoader(Counting(8), batch_size=4),
                                                            split_batches=True, replace_sampler=False)
+
+
+class _UnshardedDistributed(SingleDeviceStrategy):
+    """A distributed strategy that leaves loaders unsharded (as `ddp_ft`, which splits batches itself)."""
+
+    name = "unsharded_distributed"
+    is_distributed = True
+
+
+def test_split_batches_is_refused_where_the_strategy_does_not_shard_loaders() -> None:
+    # Before, the flag was dropped silently: every process took the whole batch.
+    lite = LightningLite(accelerator="cpu", strategy=_UnshardedDistributed())
+    lite.launch()
+    with pytest.raises(MisuseError, match="split_batches=True.*'unsharded_distributed'.*own option"):
+        lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4), split_batches=True)

@@ -351,6 +351,12 @@ class LightningLite:
             )
         self._claim(dataloader, "dataloader")
         shard = self._strategy.distributed_sampler_kwargs()
+        if split_batches and shard is None and self._strategy.is_distributed:
+            raise MisuseError(
+                f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {self._strategy.name!r},"
+                " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
+                " has one, or leave split_batches out."
+            )
         evaluation = None
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
