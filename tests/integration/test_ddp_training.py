@@ -120,7 +120,8 @@ def test_dataloader_subclass_made_in_run_gets_a_distributed_sampler(strategy, tr
     assert zero == [0, 2, 4, 6, 8] and one == [1, 3, 5, 7, 9]
     for rank in (0, 1):
         record = job.sampling[rank]["custom_loader"]
-        assert record["sampler"] == "DistributedSampler" and record["my_arg"] == "mine"
+        # Lite's sampler is a torch DistributedSampler (a subclass of it that resumes mid-epoch)
+        assert "DistributedSampler" in record["sampler"] and record["my_arg"] == "mine"
 
 
 # -- the code users write ---------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class Train(LightningLite):
             batches = [batch.tolist() for batch in loader]
             seen.append(batches)
         return {"batches": seen, "len": len(loader), "drop_last": loader.dataloader.drop_last,
-                "sampler": type(loader.dataloader.sampler).__name__}
+                "sampler": [cls.__name__ for cls in type(loader.dataloader.sampler).__mro__]}
 
     def check_sampling(self, out_dir: str) -> None:
         record = {}
