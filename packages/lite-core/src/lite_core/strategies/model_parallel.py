@@ -213,11 +213,18 @@ class ModelParallelStrategy(FSDPStrategy):
                 " strategy=ModelParallelStrategy(parallelize_fn=...) with your function"
                 " parallelize_fn(model, device_mesh)."
             )
+        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
+        parallelised = self._apply_parallelize_fn(module)
+        self._sharded_modules.append(parallelised)
+        return parallelised
+
+    def _apply_parallelize_fn(self, module: nn.Module) -> nn.Module:
+        """`parallelize_fn(module, device_mesh)` (`module` as it is without one), checked, and
+        materialised on the device when `module` was built on the meta device."""
         on_meta = _fsdp_init.has_meta_tensors(module)
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
-        self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
-        parallelised = self._parallelize_fn(module, self.device_mesh)
+        parallelised = module if self._parallelize_fn is None else self._parallelize_fn(module, self.device_mesh)
         if not isinstance(parallelised, nn.Module):
             raise MisuseError(
                 f"parallelize_fn returned {type(parallelised).__name__}, not a module: return the"
@@ -226,7 +233,6 @@ class ModelParallelStrategy(FSDPStrategy):
         _check_even_tensor_parallel_shards(parallelised)
         if on_meta:
             _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
-        self._sharded_modules.append(parallelised)
         return parallelised
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -260,18 +266,7 @@ class ModelParallelStrategy(FSDPStrategy):
     def _parallelize_part(self, part: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule
 
-        on_meta = _fsdp_init.has_meta_tensors(part)
-        if on_meta:
-            _fsdp_init.check_reinitialisable(part)
-        parallelised = part if self._parallelize_fn is None else self._parallelize_fn(part, self.device_mesh)
-        if not isinstance(parallelised, nn.Module):
-            raise MisuseError(
-                f"parallelize_fn returned {type(parallelised).__name__}, not a module: return the"
-                " parallelised model from parallelize_fn(model, device_mesh)."
-            )
-        _check_even_tensor_parallel_shards(parallelised)
-        if on_meta:
-            _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
+        parallelised = self._apply_parallelize_fn(part)
         for submodule in parallelised.modules():
             if isinstance(submodule, FSDPModule):  # one all-gather per step, not one per micro-batch
                 submodule.set_reshard_after_forward(False, recurse=False)
