@@ -1,14 +1,19 @@
 """Fixtures for lite-torchft's tests (run them with `hatch run test-torchft:all`).
 
 `lighthouse` starts torchft's lighthouse in the test process on a free loopback port, with short
-timeouts, so that a killed replica group is dropped within a couple of seconds.
+timeouts, so that a killed replica group is dropped within a couple of seconds. `plain_run`
+runs `scripts/ft_train.py`'s plain PyTorch loop in the test process.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import importlib.util
+from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
+
+FT_TRAIN = Path(__file__).parent / "scripts" / "ft_train.py"
 
 
 @pytest.fixture
@@ -20,3 +25,12 @@ def lighthouse() -> Iterator[str]:
     port = server.address().rsplit(":", 1)[1]
     yield f"http://127.0.0.1:{port}"
     server.shutdown()
+
+
+@pytest.fixture
+def plain_run() -> Callable[[Path], None]:
+    """`plain_run(out)`: ft_train.py's plain PyTorch loop, run here; writes `out/weights-plain.pt`."""
+    spec = importlib.util.spec_from_file_location("_ft_train", FT_TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.plain

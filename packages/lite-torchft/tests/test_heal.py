@@ -8,7 +8,6 @@ weights, and with `split_batches=True` equal to one plain PyTorch process over t
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -24,13 +23,6 @@ from conftest import free_port, script_env  # the repository's conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "ft_train.py"
 
-
-def _plain_run(out: Path) -> None:
-    """ft_train.py's plain PyTorch loop, run here; writes `out/weights-plain.pt`."""
-    spec = importlib.util.spec_from_file_location("_ft_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.plain(out)
 STEPS = 24  # ft_train.STEPS
 
 
@@ -89,7 +81,8 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["split", "split fsdp"], ids=["ddp_ft", "fsdp_ft-2-processes-per-group"])
-def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path, mode: str) -> None:
+def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path, mode: str,
+                                                            plain_run: Callable[[Path], None]) -> None:
     _kill_and_restart(lighthouse, tmp_path, mode)
     # group 0 was never restarted: one process wrote every committed step, in order, up to the last
     records = _records(tmp_path, 0)
@@ -97,7 +90,7 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert len({pid for _, pid, _ in records}) == 1
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
     assert all(torch.equal(first[name], second[name]) for name in first)
-    _plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
+    plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
     plain = _weights(tmp_path / "weights-plain.pt")
     assert sorted(plain) == sorted(first)
     for name in plain:

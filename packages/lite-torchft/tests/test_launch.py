@@ -6,13 +6,13 @@ again, and it heals from group 0, which goes on. Both end with the same weights 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -21,13 +21,6 @@ from conftest import script_env  # the repository's conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "ft_train.py"
 
-
-def _plain_run(out: Path) -> None:
-    """ft_train.py's plain PyTorch loop, run here; writes `out/weights-plain.pt`."""
-    spec = importlib.util.spec_from_file_location("_ft_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.plain(out)
 
 
 def _lines(path: Path) -> list[list[str]]:
@@ -43,7 +36,8 @@ def _wait(condition, launcher: subprocess.Popen[str], what: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_lite_run_starts_the_groups_and_starts_a_failed_group_again(tmp_path: Path) -> None:
+def test_lite_run_starts_the_groups_and_starts_a_failed_group_again(tmp_path: Path,
+                                                                   plain_run: Callable[[Path], None]) -> None:
     env = script_env(FT_STEP_SLEEP="0.1", LITE_COLLECTIVE_TIMEOUT="10")
     command = [sys.executable, "-m", "lite_core.cli", "run", "--replica-groups", "2", str(SCRIPT), str(tmp_path), "split"]
     launcher = subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -64,7 +58,7 @@ def test_lite_run_starts_the_groups_and_starts_a_failed_group_again(tmp_path: Pa
     assert len({pid for _, pid, *_ in _lines(tmp_path / "progress-0")}) == 1  # group 0 was never restarted
     first = torch.load(tmp_path / "weights-0.pt", weights_only=True)
     second = torch.load(tmp_path / "weights-1.pt", weights_only=True)
-    _plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
+    plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
     plain = torch.load(tmp_path / "weights-plain.pt", weights_only=True)
     for name in plain:
         assert torch.equal(first[name], second[name])
