@@ -8,7 +8,8 @@ from functools import cache
 import torch
 from torch import nn
 
-from scenario import GLOBAL_BATCH, SAVE_AT, SEED, STEPS, make_data, make_model, make_optimizer, mse_loss
+from scenario import (ACCUMULATE, ACCUMULATED_STEPS, GLOBAL_BATCH, SAVE_AT, SEED, STEPS, make_data, make_model,
+                      make_optimizer, mse_loss)
 
 
 #: The dtype each precision computes in.
@@ -29,6 +30,9 @@ def plain_run(precision: str = "32-true", processes: int = 1) -> dict[str, objec
     (rank r takes samples r, r+N, ... as a `DistributedSampler` gives them), each part's gradient
     is computed on its own and the gradients are averaged, as DDP does: the same arithmetic in the
     same precision, so low precisions compare with a tolerance far below their own error.
+
+    Then `scenario.py`'s gradient-accumulation loop goes on from the trained weights
+    (`accumulated_losses`, `accumulated_weights`).
     """
     torch.manual_seed(SEED)
     dtype = DTYPES[precision]
@@ -36,7 +40,7 @@ def plain_run(precision: str = "32-true", processes: int = 1) -> dict[str, objec
     model = make_model() if mixed else make_model().to(dtype)
     optimizer = make_optimizer(model)
     scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
-    x_all, y_all = make_data().tensors
+    data = make_data().tensors
     losses, at_save = [], {}
     for step in range(STEPS):
         if step == SAVE_AT:
@@ -44,21 +48,64 @@ def plain_run(precision: str = "32-true", processes: int = 1) -> dict[str, objec
         optimizer.zero_grad()
         step_losses = []
         for rank in range(processes):
-            rows = _rows(step, rank, processes)
-            with torch.autocast("cpu", dtype=dtype) if mixed else contextlib.nullcontext():
-                out = model(x_all[rows] if mixed else x_all[rows].to(dtype))
-            loss = mse_loss(out, y_all[rows])
+            loss = _loss(model, data, _rows(step, rank, processes), dtype, mixed)
             (loss if scaler is None else scaler.scale(loss)).backward()  # accumulates: the ranks' sum
             step_losses.append(loss.detach())
         for parameter in model.parameters():
             parameter.grad.div_(processes)  # the average, after each part's own backward (as DDP)
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
-        losses.append((sum(step_losses[1:], step_losses[0]) / processes).item())
-    return {"losses": losses, "at_save": at_save, "weights": _flat(model), "initial": _initial()}
+        _step(optimizer, scaler)
+        losses.append(_mean(step_losses))
+    trained = _flat(model)
+    accumulated_losses = _accumulate(model, optimizer, scaler, data, dtype, mixed, processes)
+    return {"losses": losses, "at_save": at_save, "weights": trained, "initial": _initial(),
+            "accumulated_losses": accumulated_losses, "accumulated_weights": _flat(model)}
+
+
+def _accumulate(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+                data: tuple[torch.Tensor, ...], dtype: torch.dtype, mixed: bool, processes: int) -> list[float]:
+    """`scenario.py`'s accumulation loop, going on from the trained model: micro-batch i is the
+    global batch i of a new epoch. Each rank adds its micro-batches' gradients up on its own (no
+    all-reduce inside `no_backward_sync`); the step's last micro-batch averages the ranks' sums, as
+    DDP does. Returns the per-micro-batch losses, averaged over the ranks."""
+    losses = []
+    for step in range(ACCUMULATED_STEPS):
+        micro_losses: list[list[torch.Tensor]] = [[] for _ in range(ACCUMULATE)]
+        sums = []
+        for rank in range(processes):
+            optimizer.zero_grad()
+            for micro in range(ACCUMULATE):
+                loss = _loss(model, data, _rows(step * ACCUMULATE + micro, rank, processes), dtype, mixed)
+                scaled = loss / ACCUMULATE
+                (scaled if scaler is None else scaler.scale(scaled)).backward()  # adds up in .grad
+                micro_losses[micro].append(loss.detach())
+            sums.append([parameter.grad.clone() for parameter in model.parameters()])
+        for parameter, *ranks in zip(model.parameters(), *sums):
+            parameter.grad = sum(ranks[1:], ranks[0]).div_(processes)
+        _step(optimizer, scaler)
+        optimizer.zero_grad()
+        losses.extend(_mean(micro) for micro in micro_losses)
+    return losses
+
+
+def _loss(model: nn.Module, data: tuple[torch.Tensor, ...], rows: list[int], dtype: torch.dtype,
+          mixed: bool) -> torch.Tensor:
+    x_all, y_all = data
+    with torch.autocast("cpu", dtype=dtype) if mixed else contextlib.nullcontext():
+        out = model(x_all[rows] if mixed else x_all[rows].to(dtype))
+    return mse_loss(out, y_all[rows])
+
+
+def _step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def _mean(losses: list[torch.Tensor]) -> float:
+    """The mean over the ranks, summed in rank order as the all-reduce does."""
+    return (sum(losses[1:], losses[0]) / len(losses)).item()
 
 
 def _rows(step: int, rank: int, processes: int) -> list[int]:

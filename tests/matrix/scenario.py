@@ -51,6 +51,9 @@ SAMPLES, FEATURES, GLOBAL_BATCH, LR = 48, 4, 8, 0.05
 STEPS = SAMPLES // GLOBAL_BATCH
 SAVE_AT = 3
 SEED = 0
+#: After training, the accumulation loop of docs/convert.md goes on from the trained weights:
+#: ACCUMULATED_STEPS optimizer steps of ACCUMULATE micro-batches (each a global batch) each.
+ACCUMULATE, ACCUMULATED_STEPS = 2, 2
 
 
 def make_model() -> nn.Module:
@@ -101,13 +104,40 @@ class Scenario(LightningLite):
             state["step"] = step + 1
             losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
         self.save({"model": model}, Path(out_dir, "final"))
-        result = {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses),
-                  "failed_save": self.failed_save(model, out_dir), **self.what_ran()}
+        result = {"losses": losses, "resumed_at": None if resume is None else STEPS - len(losses)}
+        if resume is None:  # in the same process: no start of its own
+            result["accumulated_losses"] = self.accumulate(model, optimizer, loader, out_dir)
+        result.update(failed_save=self.failed_save(model, out_dir), **self.what_ran())
         from evaluation import NOT_EVALUATED, evaluate_all  # its loops; test_evaluation.py checks them
 
         if resume is None and self.strategy.precision.name == "32-true" and self.strategy.name not in NOT_EVALUATED:
-            result["evaluation"] = evaluate_all(self, model)
+            result["evaluation"] = evaluate_all(self, model)  # of the accumulated weights
         return result
+
+    def accumulate(self, model: nn.Module, optimizer: Any, loader: Any, out_dir: str) -> list[float]:
+        """The gradient-accumulation loop a user copies from docs/convert.md, going on from the
+        trained model: one optimizer step per ACCUMULATE micro-batches, the gradients all-reduced
+        on the step's last micro-batch only. Saves the weights to `accumulated`; returns the
+        per-micro-batch losses (averaged over the ranks).
+
+        It runs before the evaluation passes: under DDP a forward pass with gradients enabled
+        that no backward follows (an evaluation in eval mode alone) leaves DDP expecting a
+        synchronising backward, and the next one inside `no_sync()` all-reduces all the same."""
+        optimizer.zero_grad()
+        losses = []
+        for i, (x, y) in enumerate(loader):
+            if i == ACCUMULATE * ACCUMULATED_STEPS:
+                break
+            last = (i + 1) % ACCUMULATE == 0
+            with self.no_backward_sync(model, enabled=not last):
+                loss = mse_loss(model(x), y)
+                self.backward(loss / ACCUMULATE)
+            if last:
+                optimizer.step()
+                optimizer.zero_grad()
+            losses.append(self.all_reduce(loss.detach(), reduce_op="mean").item())
+        self.save({"model": model}, Path(out_dir, "accumulated"))
+        return losses
 
     def failed_save(self, model: nn.Module, out_dir: str) -> dict[str, Any]:
         """What each rank raised from a save that cannot succeed (a function in the content), and
@@ -216,9 +246,14 @@ def main() -> None:
     if lite.global_rank != 0:
         return
     if "error" not in result:
-        weights = final_weights(out_dir / "final")
-        result["weights"] = {name: tensor.float().flatten().tolist() for name, tensor in weights.items()}
+        result["weights"] = _flat_weights(out_dir / "final")
+    if "accumulated_losses" in result:
+        result["accumulated_weights"] = _flat_weights(out_dir / "accumulated")
     (out_dir / "result.json").write_text(json.dumps(result))
+
+
+def _flat_weights(path: Path) -> dict[str, list[float]]:
+    return {name: tensor.float().flatten().tolist() for name, tensor in final_weights(path).items()}
 
 
 if __name__ == "__main__":

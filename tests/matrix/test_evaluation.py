@@ -61,7 +61,7 @@ def evaluation_of(scenario_run: Any, run_script: Callable[..., Any], output_of: 
     def get(cell: Cell) -> tuple[dict[str, Any], Any]:
         if cell.id in BY_ID and BY_ID[cell.id] == cell:  # a matrix cell: its training run evaluated too
             result, _ = scenario_run(cell)
-            return result, result["weights"]
+            return result, result["accumulated_weights"]  # it evaluates after the accumulation loop
         out_dir = tmp_path_factory.mktemp(f"evaluation-{cell.id}")
         script = SCENARIO.with_name("evaluation.py")
         return run_scenario(run_script, output_of, cell, out_dir, script=script), _initial()

@@ -12,7 +12,7 @@ import pytest
 from cells import CELLS, Cell, skip_reason
 from checks import assert_close, assert_ran_as, assert_weights_close
 from reference import plain_run
-from scenario import STEPS
+from scenario import ACCUMULATE, ACCUMULATED_STEPS, STEPS
 
 
 def _param(cell: Cell) -> Any:
@@ -38,6 +38,22 @@ def test_training_matches_plain_pytorch(cell: Cell, scenario_run: Any) -> None:
     moved = max(abs(a - b) for name in plain["weights"]
                 for a, b in zip(plain["weights"][name], plain["initial"][name]))
     assert moved > 10 * cell.tolerance, "training barely moved the weights: the comparison would prove nothing"
+
+
+@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
+def test_gradient_accumulation_matches_plain_pytorch(cell: Cell, scenario_run: Any) -> None:
+    # Same run as above: after training, docs/convert.md's accumulation loop (`no_backward_sync`
+    # on every micro-batch but the step's last) goes on from the trained weights. On one process
+    # no_backward_sync does nothing; on several, a step that skips the last all-reduce leaves the
+    # ranks apart, and one that all-reduces every micro-batch adds the gradients in another order.
+    result, _ = scenario_run(cell)
+    plain = plain_run(cell.precision, cell.devices)
+    assert len(result["accumulated_losses"]) == ACCUMULATE * ACCUMULATED_STEPS
+    assert_close(result["accumulated_losses"], plain["accumulated_losses"], cell.tolerance, "accumulated losses")
+    assert_weights_close(result["accumulated_weights"], plain["accumulated_weights"], cell.tolerance)
+    moved = max(abs(a - b) for name in plain["weights"]
+                for a, b in zip(plain["accumulated_weights"][name], plain["weights"][name]))
+    assert moved > 10 * cell.tolerance, "accumulation barely moved the weights: the comparison would prove nothing"
 
 
 @pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
