@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import sys
 import warnings
 import weakref
 from collections.abc import Generator
@@ -17,21 +15,15 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lite_core import _arguments, _data, _defaults, _seed
-from lite_core._changes import guard_new_parameters
-from lite_core._compile import CompileOptions, unwrap_compiled
+from lite_core import _arguments, _backward, _defaults, _loader_setup, _running, _seed, _setup
 from lite_core._connector import connect
 from lite_core._evaluation import EvaluationPasses, check_sharding
 from lite_core._gather import gather_for_metrics
-from lite_core._loader import LiteDataLoader
 from lite_core._move import collective_input
-from lite_core._set_up_model import STATE_KEY, LiteModule, set_up_in_place, state_of
+from lite_core._set_up_model import LiteModule, state_of
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import MisuseError
-from lite_core.launchers.supervision import record_failure
-from lite_core.launchers.launcher import Launcher
-from lite_core.strategies.strategy import Strategy
-from lite_core.wrappers import _LiteOptimizerBase, forward_ran_since_backward, wrap_optimizer
+from lite_core.wrappers import _LiteOptimizerBase
 
 if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ import annotations`)
     from lite_core.accelerators.accelerator import Accelerator
@@ -39,6 +31,7 @@ if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ im
     from lite_core.environments.environment import ClusterEnvironment
     from lite_core.loggers.logger import Logger
     from lite_core.precision.precision import Precision
+    from lite_core.strategies.strategy import Strategy
 
 T = TypeVar("T")
 
@@ -92,12 +85,12 @@ class LightningLite:
         self._profiler: Any = None
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
-        self._plain_backward = _is_plain_backward(self._strategy) and not self._strategy.is_distributed
+        self._plain_backward = _backward.is_plain_backward(self._strategy) and not self._strategy.is_distributed
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "run" in cls.__dict__:
-            cls.run = _wrap_run(cls.__dict__["run"])  # type: ignore[method-assign]
+            cls.run = _running.wrap_run(cls.__dict__["run"])  # type: ignore[method-assign]
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
@@ -162,17 +155,7 @@ class LightningLite:
         """
         if fn is not None:
             return cast(T, self._launch(functools.partial(self._execute, fn, self), args, kwargs))
-        launcher = self._strategy.launcher
-        if launcher is not None and launcher.needs_function:
-            raise MisuseError(
-                f"strategy={self._strategy.name!r} starts processes that need code to run: pass a"
-                " function, launch(train), or put your loop in run()."
-            )
-        if launcher is not None:
-            launcher.start()
-        self._strategy.setup_environment()
-        _fail_fast_on_uncaught_exception(self._strategy, launcher)
-        atexit.register(self._finalize_loggers)
+        _running.launch_without_function(self._strategy, self._finalize_loggers)
         return None
 
     def _launch(self, worker: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -188,23 +171,7 @@ class LightningLite:
         return type(self).run.__wrapped__(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     def _execute(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        self._strategy.setup_environment()
-        outer, self._inside_run = self._inside_run, True
-        try:
-            with self._strategy.run_context(), _data.recording_loader_arguments():
-                result = fn(*args, **kwargs)
-                self.wait_for_checkpoint()
-                return result
-        except BaseException as err:
-            self._background_saves.abandon()
-            self._strategy.mark_failed()
-            if not _is_clean_exit(err):
-                record_failure(self.local_rank)
-            raise
-        finally:
-            self._inside_run = outer
-            if not outer:
-                self._finalize_loggers()
+        return _running.execute(self, fn, args, kwargs)
 
     def _finalize_loggers(self) -> None:
         """Flush and close every logger that can be (they reopen if the user logs again)."""
@@ -230,68 +197,19 @@ class LightningLite:
         one (`model.generate(...)`) runs under the precision and through the strategy, as
         `model(x)` does.
         """
-        model, compile_options = unwrap_compiled(model)
-        _arguments.check_module(model, "setup")
-        if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
-            _arguments.check_optimizers(optimizers, "setup")
-            _arguments.check_optimizers_belong(model, optimizers)
-        self._require_environment("setup")
-        self._claim(model, "model")
-        for optimizer in optimizers:
-            self._claim(optimizer, "optimizer")
-        model = self._prepare_module(model, move_to_device)
-        forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = self._wrap_module(forward_module, model, compile_options, loss_fn)
-        if not optimizers:
-            return module
-        return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
+        return _setup.setup(self._strategy, self._set_up, self._models, model, optimizers, move_to_device, loss_fn)
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True,
                      loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy (a
         `torch.compile`d model as `setup` does: wrapped plain, then compiled again); `loss_fn`
         as for `setup`."""
-        model, compile_options = unwrap_compiled(model)
-        _arguments.check_module(model, "setup_module")
-        self._require_environment("setup_module")
-        self._claim(model, "model")
-        model = self._prepare_module(model, move_to_device)
-        return self._wrap_module(self._strategy.setup_module(model), model, compile_options, loss_fn)
-
-    def _prepare_module(self, model: nn.Module, move_to_device: bool) -> nn.Module:
-        model = self._strategy.precision.convert_module(model)
-        return self._strategy.module_to_device(model) if move_to_device else model
-
-    def _wrap_module(self, forward_module: nn.Module, model: nn.Module,
-                     compile_options: CompileOptions | None = None,
-                     loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
-        strategy = self._strategy
-        compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
-        compiled = strategy.forward_call(forward_module, compiled, loss_fn)
-        routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
-                  or strategy.is_distributed or type(strategy).call_module_method is not Strategy.call_module_method)
-        loads = type(strategy).load_module_state_dict is not Strategy.load_module_state_dict
-        module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes, loads=loads,
-                                 guards=not strategy.follows_conversions)
-        if not strategy.follows_new_parameters:
-            guard_new_parameters(module, strategy.name)
-        self._models.append(module)
-        return module  # type: ignore[return-value]
+        return _setup.setup_module(self._strategy, self._set_up, self._models, model, move_to_device, loss_fn)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so that `step()` goes through the strategy and precision."""
-        wrapped = self._wrap_optimizers(optimizers)
+        wrapped = _setup.setup_optimizers(self._strategy, self._set_up, optimizers)
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
-
-    def _wrap_optimizers(self, optimizers: tuple[Optimizer, ...]) -> list[Optimizer]:
-        if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
-            _arguments.check_optimizers(optimizers, "setup_optimizers")
-        self._require_environment("setup_optimizers")
-        wrapped = []
-        for optimizer in optimizers:
-            self._claim(optimizer, "optimizer")
-            wrapped.append(wrap_optimizer(self._strategy.setup_optimizer(optimizer), self._strategy))
-        return wrapped
 
     def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
                           move_to_device: bool = True, sharding: str = "auto", split_batches: bool = False) -> Any:
@@ -332,94 +250,17 @@ class LightningLite:
         strategy and number of processes (see the "Preemption and resuming" page).
         """
         check_sharding(sharding)
-        if split_batches and not replace_sampler:
-            raise MisuseError(
-                "setup_dataloaders(split_batches=True) cuts the batches Lite draws, but replace_sampler=False"
-                " keeps your own sampler: pass one of the two."
-            )
-        self._require_environment("setup_dataloaders")
-        wrapped = [self._setup_dataloader(d, replace_sampler, move_to_device, sharding, split_batches)
-                   for d in dataloaders]
+        _loader_setup.check_split_batches(split_batches, replace_sampler)
+        _setup.require_environment(self._strategy, "setup_dataloaders")
+        wrapped = [_loader_setup.setup_dataloader(self._strategy, self._set_up, self._evaluations, d, replace_sampler,
+                                                  move_to_device, sharding, split_batches) for d in dataloaders]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
-
-    def _setup_dataloader(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool,
-                          sharding: str, split_batches: bool) -> LiteDataLoader:
-        if not isinstance(dataloader, DataLoader):
-            raise MisuseError(
-                f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
-                " your data in a torch.utils.data.DataLoader."
-            )
-        self._claim(dataloader, "dataloader")
-        shard = self._strategy.distributed_sampler_kwargs()
-        if split_batches and shard is None and self._strategy.is_distributed:
-            raise MisuseError(
-                f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {self._strategy.name!r},"
-                " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
-                " has one, or leave split_batches out."
-            )
-        evaluation = None
-        if replace_sampler and shard is not None:
-            seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
-            evaluation = self._evaluations.shard(dataloader, shard, seed, sharding)
-            if sharding == "evaluation":
-                dataloader = dataloader if evaluation is None else evaluation.dataloader
-            elif split_batches:
-                dataloader = _data.split_batches(dataloader, self._strategy.split_batch_part, shard["num_replicas"])
-            else:
-                dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
-        elif replace_sampler:
-            dataloader = _data.in_order(dataloader)
-        dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
-        if evaluation is not None and evaluation.dataloader is not dataloader:
-            _data.with_worker_seeding(evaluation.dataloader, self.global_rank)
-        moves_plainly = self._strategy.moves_batches_plainly
-        return LiteDataLoader(dataloader, self._strategy if move_to_device else None, evaluation, moves_plainly)
-
-    def _claim(self, obj: Any, kind: str) -> None:
-        if isinstance(obj, (LiteModule, LiteDataLoader, _LiteOptimizerBase)) or obj in self._set_up:
-            raise MisuseError(f"This {kind} was already set up by Lite: set up each {kind} once and reuse the result.")
-        self._set_up.add(obj)
-
-    def _require_environment(self, method: str) -> None:
-        if self._strategy.environment_ready:
-            return
-        if self._strategy.is_distributed:
-            raise MisuseError(
-                f"{method}() was called before the processes were launched: call it inside run(), or"
-                " after launch()."
-            )
-        self._strategy.setup_environment()
 
     # -- training step ---------------------------------------------------------------------------------
     def backward(self, tensor: torch.Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
         """`tensor.backward()` through the strategy and precision (use it instead of `loss.backward()`)."""
-        if not self._models:
-            raise MisuseError("backward() was called before any model was set up: call setup(model, optimizer) first.")
-        if self._plain_backward:
-            tensor.backward(*args, **kwargs)
-            return
-        if model is None and len(self._models) > 1 and self._strategy.backward_needs_model:
-            raise MisuseError(
-                f"{len(self._models)} models are set up and strategy={self._strategy.name!r} runs backward"
-                " through the model the loss belongs to: call backward(loss, model=model)."
-            )
-        if self._strategy.is_distributed:
-            self._evaluations.check_not_evaluating()
-            self._check_loss_came_through_setup(args, kwargs)
-        module = model if model is not None else self._models[0]
-        forward_module = module.__dict__[STATE_KEY].forward_module if isinstance(module, LiteModule) else module
-        self._strategy.backward(tensor, forward_module, *args, **kwargs)
-
-    def _check_loss_came_through_setup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
-        if retain is None:
-            retain = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
-        if not forward_ran_since_backward(self._models, bool(retain)):
-            raise MisuseError(
-                "backward() got a loss that no set-up model computed since the last backward(), so"
-                f" strategy={self._strategy.name!r} would not synchronise its gradients: compute it by calling a"
-                " model passed to setup() (model(x), not model.forward(x))."
-            )
+        _backward.backward(self._strategy, self._models, self._evaluations, self._plain_backward, tensor, model,
+                           args, kwargs)
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,
@@ -691,40 +532,3 @@ class LightningLite:
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
         return _seed.seed_everything(seed, workers=workers)
-
-
-def _wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(run)
-    def wrapped(self: LightningLite, *args: Any, **kwargs: Any) -> Any:
-        if self._inside_run:
-            return run(self, *args, **kwargs)
-        return self._launch(functools.partial(self._execute, self._user_run), args, kwargs)
-
-    return wrapped
-
-
-def _is_plain_backward(strategy: Strategy) -> bool:
-    from lite_core.precision.precision import Precision
-
-    return (type(strategy).backward is Strategy.backward
-            and type(strategy.precision).backward is Precision.backward
-            and not strategy.backward_needs_model)
-
-
-def _fail_fast_on_uncaught_exception(strategy: Strategy, launcher: Launcher | None) -> None:
-    """After `launch()` without a function the user's code runs outside Lite: an exception that
-    ends this process must still skip the closing barrier and stop the ranks it started."""
-    previous = sys.excepthook
-
-    def hook(*exc_info: Any) -> None:
-        strategy.mark_failed()
-        record_failure(strategy.local_rank)
-        if launcher is not None:
-            launcher.stop()
-        previous(*exc_info)
-
-    sys.excepthook = hook
-
-
-def _is_clean_exit(err: BaseException) -> bool:
-    return isinstance(err, SystemExit) and err.code in (0, None)
