@@ -186,3 +186,28 @@ def test_split_batches_is_refused_where_the_strategy_does_not_shard_loaders() ->
     lite.launch()
     with pytest.raises(MisuseError, match="split_batches=True.*'unsharded_distributed'.*own option"):
         lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4), split_batches=True)
+
+
+class _SplittingUnshardedDistributed(_UnshardedDistributed):
+    """One that cuts global batches itself (as `ddp_ft` does per step): it takes over the flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.global_batch_loaders: list[DataLoader] = []
+
+    def take_global_batches(self, dataloader: DataLoader) -> bool:
+        self.global_batch_loaders.append(dataloader)
+        return True
+
+    def process_dataloader(self, dataloader: DataLoader) -> list[torch.Tensor]:
+        taken = any(loader is dataloader for loader in self.global_batch_loaders)
+        return [batch[:2] if taken else batch for batch in dataloader]  # this process's half
+
+
+def test_split_batches_reaches_a_strategy_that_cuts_global_batches_itself() -> None:
+    lite = LightningLite(accelerator="cpu", strategy=_SplittingUnshardedDistributed())
+    lite.launch()
+    split = lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4), split_batches=True)
+    whole = lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4))
+    assert [b.tolist() for b in split] == [[0, 1], [4, 5]]  # the loader handed over is the one iterated
+    assert [b.tolist() for b in whole] == [[0, 1, 2, 3], [4, 5, 6, 7]]

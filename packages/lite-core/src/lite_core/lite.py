@@ -351,12 +351,6 @@ class LightningLite:
             )
         self._claim(dataloader, "dataloader")
         shard = self._strategy.distributed_sampler_kwargs()
-        if split_batches and shard is None and self._strategy.is_distributed:
-            raise MisuseError(
-                f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {self._strategy.name!r},"
-                " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
-                " has one, or leave split_batches out."
-            )
         evaluation = None
         if replace_sampler and shard is not None:
             seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
@@ -369,6 +363,13 @@ class LightningLite:
                 dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
         elif replace_sampler:
             dataloader = _data.in_order(dataloader)
+        if split_batches and shard is None and self._strategy.is_distributed \
+                and not self._strategy.take_global_batches(dataloader):
+            raise MisuseError(
+                f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {self._strategy.name!r},"
+                " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
+                " has one, or leave split_batches out."
+            )
         dataloader = _data.with_worker_seeding(dataloader, self.global_rank)
         if evaluation is not None and evaluation.dataloader is not dataloader:
             _data.with_worker_seeding(evaluation.dataloader, self.global_rank)

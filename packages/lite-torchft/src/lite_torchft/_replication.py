@@ -14,6 +14,7 @@ set-up model, `backward`; it is decided at the first `optimizer.step()` after it
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
@@ -37,8 +38,9 @@ class FaultTolerantReplication:
     """The torchft part of `ddp_ft` and `fsdp_ft`, mixed into the group's own strategy class.
 
     Args:
-        split_batches: each loader batch is the step's global batch, split over every process
-            alive in the step (`False`: each process takes a whole loader batch of its own).
+        split_batches: deprecated, means `setup_dataloaders(loader, split_batches=True)` for every
+            set-up loader (each loader batch is the step's global batch, split over every process
+            alive in the step); pass the flag to `setup_dataloaders` instead.
         ft_timeout: seconds a cross-group all-reduce, commit vote or healing transfer may take
             before the step is given up (a dead peer is usually noticed at once, when its
             sockets close; this bounds the rest).
@@ -54,6 +56,12 @@ class FaultTolerantReplication:
                  quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
                  min_replica_size: int = 1, max_commit_failures: int = MAX_COMMIT_FAILURES, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if split_batches:
+            warnings.warn(
+                f"{type(self).__name__}(split_batches=True) is deprecated: pass"
+                " setup_dataloaders(loader, split_batches=True), which the strategy splits per step.",
+                FutureWarning, stacklevel=2,
+            )
         self.split_batches = split_batches
         self._ft_timeout = timedelta(seconds=ft_timeout)
         self._quorum_timeout = timedelta(seconds=quorum_timeout)
@@ -63,6 +71,7 @@ class FaultTolerantReplication:
         self._manager: Any = None
         self._healing = HealingState()
         self._wrapped: list[nn.Module] = []
+        self._global_batch_loaders: list[Iterable[Any]] = []  # set up with split_batches=True
         self._open = False  # a quorum was started for the step in progress
         self._decision: bool | None = None  # the step's commit vote, once taken
 
@@ -154,11 +163,18 @@ class FaultTolerantReplication:
         stream = self._stream_of(dataloader)
         return stream.batches(self._begin_step)
 
+    def take_global_batches(self, dataloader: Iterable[Any]) -> bool:
+        """`setup_dataloaders(dataloader, split_batches=True)`: each of its batches is a step's
+        global batch, which the stream splits over the processes alive in the step."""
+        self._global_batch_loaders.append(dataloader)
+        return True
+
     def _stream_of(self, dataloader: Iterable[Any]) -> LoaderStream:
         for stream in self._healing.streams:
             if stream.dataloader is dataloader:
                 return stream
-        stream = LoaderStream(dataloader, self.split_batches)
+        split = self.split_batches or any(loader is dataloader for loader in self._global_batch_loaders)
+        stream = LoaderStream(dataloader, split)
         self._healing.add_stream(stream)
         return stream
 

@@ -9,8 +9,8 @@ from lite_torchft._replication import FaultTolerantReplication
 class DDPFTStrategy(FaultTolerantReplication, DDPStrategy):
     """`strategy="ddp_ft"`: per-step fault tolerance across replica groups on torchft.
 
-    Takes `FaultTolerantReplication`'s arguments (`split_batches`, `ft_timeout`, `quorum_timeout`,
-    `connect_timeout`, `min_replica_size`, `max_commit_failures`) and `strategy="ddp"`'s
+    Takes `FaultTolerantReplication`'s arguments (`ft_timeout`, `quorum_timeout`,
+    `connect_timeout`, `min_replica_size`, `max_commit_failures`; `split_batches` is deprecated) and `strategy="ddp"`'s
     (`timeout`, `process_group_backend`, DDP's keyword arguments) for the group.
     """
 

@@ -61,7 +61,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
         def run(self) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-            loader = self.setup_dataloaders(data())
+            loader = self.setup_dataloaders(data(), split_batches=split)
             (out / f"ready-{group}-{os.getpid()}").touch()
             for x, y, index in loader:
                 optimizer.zero_grad()
@@ -83,9 +83,9 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
     from lite_torchft.fsdp import FSDPFTStrategy
 
     if fsdp:  # two processes per group, each holding half of every parameter
-        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5)).run()
     else:
-        Train(accelerator="cpu", strategy=DDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).run()
 
 
 if __name__ == "__main__":

@@ -360,6 +360,15 @@ class Strategy:
         shard = self.distributed_sampler_kwargs()
         return (0, 1) if shard is None else (shard["rank"], shard["num_replicas"])
 
+    def take_global_batches(self, dataloader: Iterable[Any]) -> bool:
+        """Take over `setup_dataloaders(dataloader, split_batches=True)` where this distributed
+        strategy leaves loaders unsharded (`distributed_sampler_kwargs()` is `None`): the strategy
+        then cuts each of `dataloader`'s batches (the global batch) itself, in
+        `process_dataloader`, which receives this same loader. Returns whether it does; called
+        once per set-up loader. The default, `False`, has `setup_dataloaders` refuse the flag.
+        """
+        return False
+
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other
