@@ -362,6 +362,10 @@ class LightningLite:
             else:
                 dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
         elif replace_sampler:
+            within = self._strategy.evaluation_sampler_kwargs()  # e.g. one replica group's processes
+            if within is not None:
+                evaluation = self._evaluations.shard(dataloader, within, int(os.environ.get("LITE_GLOBAL_SEED", 0)),
+                                                     sharding)
             dataloader = _data.in_order(dataloader)
         if split_batches and shard is None and self._strategy.is_distributed \
                 and not self._strategy.take_global_batches(dataloader):

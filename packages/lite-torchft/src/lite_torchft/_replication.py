@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import timedelta
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -159,9 +159,15 @@ class FaultTolerantReplication:
         self._healing.optimizers.append(optimizer)
         return optimizer
 
-    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterator[Any]:
-        stream = self._stream_of(dataloader)
-        return stream.batches(self._begin_step)
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        if not self._training_pass():
+            return dataloader  # an evaluation pass: this group alone, outside the quorum
+        return self._stream_of(dataloader).batches(self._begin_step)
+
+    def _training_pass(self) -> bool:
+        """Whether a pass starting now trains (takes part in the quorum): gradients enabled and a
+        set-up model in training mode, as for a forward pass that opens the step."""
+        return torch.is_grad_enabled() and (not self._wrapped or any(m.training for m in self._wrapped))
 
     def take_global_batches(self, dataloader: Iterable[Any]) -> bool:
         """`setup_dataloaders(dataloader, split_batches=True)`: each of its batches is a step's
@@ -180,6 +186,11 @@ class FaultTolerantReplication:
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         return None  # every process iterates the loader as one plain process does; the stream shares it
+
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        # each group evaluates the whole set, shared over its own processes (as under `ddp`), so
+        # `all_reduce` / `gather_for_metrics`, which run within the group, count every sample once
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         self._begin_step()

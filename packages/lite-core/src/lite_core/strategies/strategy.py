@@ -337,6 +337,14 @@ class Strategy:
         """`num_replicas` and `rank` for a `DistributedSampler`, or `None` on one process."""
         return None
 
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        """Where `distributed_sampler_kwargs()` is `None` (training passes unsharded), the
+        `num_replicas` and `rank` that evaluation passes shard over instead, so that summing
+        over those processes gives what one process computes (e.g. the processes of one replica
+        group, which holds a whole copy of the model). `None` (the default): evaluation passes
+        are unsharded too."""
+        return None
+
     @property
     def moves_batches_plainly(self) -> bool:
         """Whether `batch_to_device` is this base class's plain move (not overridden), so that a
