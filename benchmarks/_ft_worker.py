@@ -53,16 +53,23 @@ def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
     Bench(accelerator="cpu", strategy=strategy, devices=1 if strategy == "ddp_ft" else 2).run()
 
 
-def _count_calls(strategy) -> dict[str, int]:
-    """Count the Manager's per-step calls (quorum, all-reduce, commit vote)."""
-    calls = {"start_quorum": 0, "allreduce": 0, "should_commit": 0}
+def _count_calls(strategy) -> dict[str, float]:
+    """Count the Manager's per-step calls (quorum, all-reduce, commit vote) and the seconds spent in
+    them (`<name> s`; an all-reduce's until its result is waited for, in `wait`)."""
+    names = ("start_quorum", "allreduce", "should_commit")
+    calls: dict[str, float] = {key: 0 for name in names for key in (name, f"{name} s")}
     manager = strategy.manager
-    for name in calls:
+    for name in names:
         original = getattr(manager, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
             calls[_name] += 1
-            return _original(*args, **kwargs)
+            began = time.perf_counter()
+            result = _original(*args, **kwargs)
+            if _name == "allreduce":
+                result.wait()
+            calls[f"{_name} s"] += time.perf_counter() - began
+            return result
 
         setattr(manager, name, counted)
     return calls

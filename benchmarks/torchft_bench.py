@@ -6,7 +6,7 @@ Rows (written to benchmarks/results/torchft.md):
 
 - steady step: median seconds per step of 2 replica groups of 1 process under `ddp_ft` against
   2 processes under `ddp` (the same tiny model and batch per process), alternated, as a ratio;
-  with the Manager's calls per step (a quorum, one all-reduce, one commit vote);
+  with the Manager's calls per step (a quorum, one all-reduce, one commit vote) and the time in each;
 - drop: seconds from SIGKILL of group 1 to group 0's next committed step (lighthouse
   heartbeat timeout 1 s, as `lite run --replica-groups` sets it);
 - heal: seconds from the restarted group's process start to its first committed step (its
@@ -132,7 +132,8 @@ def main() -> None:
         f"| steady step, ddp_ft (2 groups x 1 process) | {statistics.median(ft_steps) * 1e3:.2f} ms |",
         f"| steady step, ddp (2 processes) | {statistics.median(ddp_steps) * 1e3:.2f} ms |",
         f"| ratio ddp_ft / ddp | {ratio:.2f} |",
-        f"| Manager calls per step | {', '.join(f'{k} {v:.2f}' for k, v in calls.items())} |",
+        f"| Manager calls per step | {', '.join(f'{k} {v:.2f}' for k, v in calls.items() if not k.endswith(' s'))} |",
+        f"| time per step in them | {', '.join(f'{k[:-2]} {v * 1e3:.2f} ms' for k, v in calls.items() if k.endswith(' s'))} |",
         f"| group 1 killed -> group 0's next committed step | {drop:.2f} s |",
         f"| restarted group: process start -> first committed step | {heal_total:.2f} s |",
         f"| restarted group: its first step (quorum + healing from a peer) | {heal_step:.2f} s |",

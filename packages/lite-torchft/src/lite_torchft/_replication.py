@@ -74,6 +74,7 @@ class FaultTolerantReplication:
         self._global_batch_loaders: list[Iterable[Any]] = []  # set up with split_batches=True
         self._open = False  # a quorum was started for the step in progress
         self._decision: bool | None = None  # the step's commit vote, once taken
+        self._share = (0, 1)  # this process's index among the step's processes, and their number
 
     # -- environment -------------------------------------------------------------------------------
     def connect(self, *args: Any, **kwargs: Any) -> None:
@@ -140,9 +141,10 @@ class FaultTolerantReplication:
                     f"The torchft lighthouse stopped answering ({err}): it is the job's single point of failure;"
                     " restart it and every replica group (their checkpoints hold the Manager's state)."
                 ) from err
-        replica_rank = self._manager.participating_rank() or 0
-        groups = max(self._manager.num_participants(), 1)
-        return replica_rank * self.world_size + self.global_rank, groups * self.world_size
+            replica_rank = self._manager.participating_rank() or 0
+            groups = max(self._manager.num_participants(), 1)
+            self._share = replica_rank * self.world_size + self.global_rank, groups * self.world_size
+        return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         wrapped = super().setup_module(module)
