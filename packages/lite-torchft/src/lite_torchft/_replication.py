@@ -147,11 +147,15 @@ class FaultTolerantReplication:
         return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        wrapped = super().setup_module(module)
+        wrapped = self._group_module(module)
         self._healing.modules.append(module)
         self._wrapped.append(wrapped)
         wrapped.register_forward_pre_hook(self._before_forward)
         return wrapped
+
+    def _group_module(self, module: nn.Module) -> nn.Module:
+        """The module as the group's own strategy sets it up (DDP, FSDP)."""
+        return super().setup_module(module)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if module.training and torch.is_grad_enabled():
