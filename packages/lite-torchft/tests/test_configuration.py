@@ -46,5 +46,5 @@ def test_names_resolve_through_the_entry_points(group_variables: pytest.MonkeyPa
 
 
 def test_the_strategy_wide_split_batches_is_deprecated_for_the_core_flag() -> None:
-    with pytest.warns(FutureWarning, match=r"DDPFTStrategy\(split_batches=True\) is deprecated: pass setup_dataloaders"):
+    with pytest.warns(FutureWarning, match=r"DDPFTStrategy\(split_batches=True\) is deprecated: pass setup_data"):
         DDPFTStrategy(split_batches=True)
