@@ -3,7 +3,8 @@
 The test starts the lighthouse (in this process) and both groups itself (tests/scripts/ft_train.py,
 one process each under `ddp_ft`, two under `fsdp_ft`; SIGKILL goes to the group's first process,
 whose launcher takes its second one down). Group 0 must finish without a restart; both groups must end with bit-identical
-weights, and with `split_batches=True` equal to one plain PyTorch process over the same loader; an
+weights, and with `setup_dataloaders(loader, split_batches=True)` (the user's own call, as under `ddp`)
+equal to one plain PyTorch process over the same loader; an
 evaluation pass afterwards, summed over a group's processes, equals the plain process's.
 """
 
