@@ -4,7 +4,7 @@
 
 Appends `<step> <committed> <time>` to `OUT/steps-<group>-<pid>` after every optimizer step (the
 committed step count of the job under ddp_ft, the step index under ddp), after `start <time>` (the process began) and `loop <time>` (set-up done).
-Under ddp_ft it writes the Manager's call counts per step to `OUT/calls-<group>-<pid>.json`.
+Under ddp_ft it writes the seconds of each of the Manager's calls to `OUT/calls-<group>-<pid>.json`.
 """
 
 from __future__ import annotations
@@ -53,18 +53,23 @@ def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
     Bench(accelerator="cpu", strategy=strategy, devices=1 if strategy == "ddp_ft" else 2).run()
 
 
-def _count_calls(strategy) -> dict[str, int]:
-    """Count the Manager's per-step calls (quorum, all-reduce, commit vote)."""
-    calls = {"start_quorum": 0, "allreduce": 0, "should_commit": 0}
+def _count_calls(strategy) -> dict[str, list[float]]:
+    """Time each of the Manager's per-step calls (quorum, all-reduce, commit vote): seconds per
+    call, an all-reduce's until its result is there."""
+    calls: dict[str, list[float]] = {"start_quorum": [], "allreduce": [], "should_commit": []}
     manager = strategy.manager
     for name in calls:
         original = getattr(manager, name)
 
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
+        def timed(*args, _name=name, _original=original, **kwargs):
+            began = time.perf_counter()
+            result = _original(*args, **kwargs)
+            if _name == "allreduce":
+                result.wait()
+            calls[_name].append(time.perf_counter() - began)
+            return result
 
-        setattr(manager, name, counted)
+        setattr(manager, name, timed)
     return calls
 
 

@@ -186,3 +186,53 @@ def test_split_batches_is_refused_where_the_strategy_does_not_shard_loaders() ->
     lite.launch()
     with pytest.raises(MisuseError, match="split_batches=True.*'unsharded_distributed'.*own option"):
         lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4), split_batches=True)
+
+
+class _SplittingUnshardedDistributed(_UnshardedDistributed):
+    """One that cuts global batches itself (as `ddp_ft` does per step): it takes over the flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.global_batch_loaders: list[DataLoader] = []
+
+    def take_global_batches(self, dataloader: DataLoader) -> bool:
+        self.global_batch_loaders.append(dataloader)
+        return True
+
+    def process_dataloader(self, dataloader: DataLoader) -> list[torch.Tensor]:
+        taken = any(loader is dataloader for loader in self.global_batch_loaders)
+        return [batch[:2] if taken else batch for batch in dataloader]  # this process's half
+
+
+def test_split_batches_reaches_a_strategy_that_cuts_global_batches_itself() -> None:
+    lite = LightningLite(accelerator="cpu", strategy=_SplittingUnshardedDistributed())
+    lite.launch()
+    split = lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4), split_batches=True)
+    whole = lite.setup_dataloaders(DataLoader(Counting(8), batch_size=4))
+    assert [b.tolist() for b in split] == [[0, 1], [4, 5]]  # the loader handed over is the one iterated
+    assert [b.tolist() for b in whole] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+class _GroupEvaluating(_UnshardedDistributed):
+    """One whose training passes are unsharded but whose evaluation passes shard over a group
+    (as `ddp_ft`: each replica group evaluates the whole set over its own processes)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.group_rank = rank
+
+    def evaluation_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": 2, "rank": self.group_rank}
+
+
+def test_evaluation_passes_shard_over_the_strategy_s_evaluation_group_where_training_is_unsharded() -> None:
+    loaders = []
+    for rank in (0, 1):
+        lite = LightningLite(accelerator="cpu", strategy=_GroupEvaluating(rank))
+        lite.launch()
+        loaders.append(lite.setup_dataloaders(DataLoader(Counting(10), batch_size=4)))
+    with torch.no_grad():
+        evaluated = [batches(loader) for loader in loaders]
+    assert len(evaluated[0]) == len(evaluated[1])  # as many batches on every rank
+    assert sorted(i for shard in evaluated for batch in shard for i in batch) == list(range(10))  # each sample once
+    assert batches(loaders[1]) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # a training pass: the whole loader

@@ -43,3 +43,8 @@ def test_no_lighthouse_at_the_address_names_the_command_that_starts_one(group_va
 def test_names_resolve_through_the_entry_points(group_variables: pytest.MonkeyPatch) -> None:
     assert type(LightningLite(accelerator="cpu", strategy="ddp_ft").strategy) is DDPFTStrategy
     assert type(LightningLite(accelerator="cpu", strategy="fsdp_ft").strategy) is FSDPFTStrategy
+
+
+def test_the_strategy_wide_split_batches_is_deprecated_for_the_core_flag() -> None:
+    with pytest.warns(FutureWarning, match=r"DDPFTStrategy\(split_batches=True\) is deprecated: pass setup_data"):
+        DDPFTStrategy(split_batches=True)

@@ -3,7 +3,9 @@
 The test starts the lighthouse (in this process) and both groups itself (tests/scripts/ft_train.py,
 one process each under `ddp_ft`, two under `fsdp_ft`; SIGKILL goes to the group's first process,
 whose launcher takes its second one down). Group 0 must finish without a restart; both groups must end with bit-identical
-weights, and with `split_batches=True` equal to one plain PyTorch process over the same loader.
+weights, and with `setup_dataloaders(loader, split_batches=True)` (the user's own call, as under `ddp`)
+equal to one plain PyTorch process over the same loader; an
+evaluation pass afterwards, summed over a group's processes, equals the plain process's.
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert sorted(plain) == sorted(first)
     for name in plain:
         torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)
+    # each group evaluated the whole set once, shared over its processes (none counted twice)
+    plain_eval = _weights(tmp_path / "eval-plain.pt")
+    for group in (0, 1):
+        evaluated = _weights(tmp_path / f"eval-{group}.pt")
+        assert evaluated[1].item() == plain_eval[1].item() == 10, f"group {group} counted {evaluated[1].item()} samples"
+        torch.testing.assert_close(evaluated, plain_eval, rtol=1e-6, atol=0)  # float32 sums in another order
 
 
 @pytest.mark.timeout(150)

@@ -41,12 +41,6 @@ def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluatio
         )
     claim(set_up, dataloader, "dataloader")
     shard = strategy.distributed_sampler_kwargs()
-    if split_batches and shard is None and strategy.is_distributed:
-        raise MisuseError(
-            f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {strategy.name!r},"
-            " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
-            " has one, or leave split_batches out."
-        )
     evaluation = None
     if replace_sampler and shard is not None:
         seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
@@ -58,7 +52,16 @@ def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluatio
         else:
             dataloader = _data.distribute(dataloader, shard["num_replicas"], shard["rank"], seed)
     elif replace_sampler:
+        within = strategy.evaluation_sampler_kwargs()  # e.g. one replica group's processes
+        if within is not None:
+            evaluation = evaluations.shard(dataloader, within, int(os.environ.get("LITE_GLOBAL_SEED", 0)), sharding)
         dataloader = _data.in_order(dataloader)
+    if split_batches and shard is None and strategy.is_distributed and not strategy.take_global_batches(dataloader):
+        raise MisuseError(
+            f"setup_dataloaders(split_batches=True) cannot cut batches under strategy {strategy.name!r},"
+            " which leaves its loaders unsharded: use that strategy's own option for a global batch if it"
+            " has one, or leave split_batches out."
+        )
     dataloader = _data.with_worker_seeding(dataloader, strategy.global_rank)
     if evaluation is not None and evaluation.dataloader is not dataloader:
         _data.with_worker_seeding(evaluation.dataloader, strategy.global_rank)

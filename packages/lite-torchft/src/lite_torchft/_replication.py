@@ -14,8 +14,9 @@ set-up model, `backward`; it is decided at the first `optimizer.step()` after it
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -37,8 +38,9 @@ class FaultTolerantReplication:
     """The torchft part of `ddp_ft` and `fsdp_ft`, mixed into the group's own strategy class.
 
     Args:
-        split_batches: each loader batch is the step's global batch, split over every process
-            alive in the step (`False`: each process takes a whole loader batch of its own).
+        split_batches: deprecated, means `setup_dataloaders(loader, split_batches=True)` for every
+            set-up loader (each loader batch is the step's global batch, split over every process
+            alive in the step); pass the flag to `setup_dataloaders` instead.
         ft_timeout: seconds a cross-group all-reduce, commit vote or healing transfer may take
             before the step is given up (a dead peer is usually noticed at once, when its
             sockets close; this bounds the rest).
@@ -54,6 +56,12 @@ class FaultTolerantReplication:
                  quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
                  min_replica_size: int = 1, max_commit_failures: int = MAX_COMMIT_FAILURES, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if split_batches:
+            warnings.warn(
+                f"{type(self).__name__}(split_batches=True) is deprecated: pass"
+                " setup_dataloaders(loader, split_batches=True), which the strategy splits per step.",
+                FutureWarning, stacklevel=2,
+            )
         self.split_batches = split_batches
         self._ft_timeout = timedelta(seconds=ft_timeout)
         self._quorum_timeout = timedelta(seconds=quorum_timeout)
@@ -63,8 +71,10 @@ class FaultTolerantReplication:
         self._manager: Any = None
         self._healing = HealingState()
         self._wrapped: list[nn.Module] = []
+        self._global_batch_loaders: list[Iterable[Any]] = []  # set up with split_batches=True
         self._open = False  # a quorum was started for the step in progress
         self._decision: bool | None = None  # the step's commit vote, once taken
+        self._share = (0, 1)  # this process's index among the step's processes, and their number
 
     # -- environment -------------------------------------------------------------------------------
     def connect(self, *args: Any, **kwargs: Any) -> None:
@@ -131,16 +141,21 @@ class FaultTolerantReplication:
                     f"The torchft lighthouse stopped answering ({err}): it is the job's single point of failure;"
                     " restart it and every replica group (their checkpoints hold the Manager's state)."
                 ) from err
-        replica_rank = self._manager.participating_rank() or 0
-        groups = max(self._manager.num_participants(), 1)
-        return replica_rank * self.world_size + self.global_rank, groups * self.world_size
+            replica_rank = self._manager.participating_rank() or 0
+            groups = max(self._manager.num_participants(), 1)
+            self._share = replica_rank * self.world_size + self.global_rank, groups * self.world_size
+        return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        wrapped = super().setup_module(module)
+        wrapped = self._group_module(module)
         self._healing.modules.append(module)
         self._wrapped.append(wrapped)
         wrapped.register_forward_pre_hook(self._before_forward)
         return wrapped
+
+    def _group_module(self, module: nn.Module) -> nn.Module:
+        """The module as the group's own strategy sets it up (DDP, FSDP)."""
+        return super().setup_module(module)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if module.training and torch.is_grad_enabled():
@@ -150,20 +165,38 @@ class FaultTolerantReplication:
         self._healing.optimizers.append(optimizer)
         return optimizer
 
-    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterator[Any]:
-        stream = self._stream_of(dataloader)
-        return stream.batches(self._begin_step)
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        if not self._training_pass():
+            return dataloader  # an evaluation pass: this group alone, outside the quorum
+        return self._stream_of(dataloader).batches(self._begin_step)
+
+    def _training_pass(self) -> bool:
+        """Whether a pass starting now trains (takes part in the quorum): gradients enabled and a
+        set-up model in training mode, as for a forward pass that opens the step."""
+        return torch.is_grad_enabled() and (not self._wrapped or any(m.training for m in self._wrapped))
+
+    def take_global_batches(self, dataloader: Iterable[Any]) -> bool:
+        """`setup_dataloaders(dataloader, split_batches=True)`: each of its batches is a step's
+        global batch, which the stream splits over the processes alive in the step."""
+        self._global_batch_loaders.append(dataloader)
+        return True
 
     def _stream_of(self, dataloader: Iterable[Any]) -> LoaderStream:
         for stream in self._healing.streams:
             if stream.dataloader is dataloader:
                 return stream
-        stream = LoaderStream(dataloader, self.split_batches)
+        split = self.split_batches or any(loader is dataloader for loader in self._global_batch_loaders)
+        stream = LoaderStream(dataloader, split)
         self._healing.add_stream(stream)
         return stream
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         return None  # every process iterates the loader as one plain process does; the stream shares it
+
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        # each group evaluates the whole set, shared over its own processes (as under `ddp`), so
+        # `all_reduce` / `gather_for_metrics`, which run within the group, count every sample once
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         self._begin_step()

@@ -5,8 +5,11 @@ Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp]
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
 `OUT_DIR/progress-<group>`; while `OUT_DIR/hold-<group>` exists the group waits between steps
-(the test holds the survivor until the restarted group is ready to join); at the end the weights go to `OUT_DIR/weights-<group>.pt`. With `plain`, the same loop runs in plain
-PyTorch (one process, no Lite) and writes `OUT_DIR/weights-plain.pt`.
+(the test holds the survivor until the restarted group is ready to join); at the end the weights go to
+`OUT_DIR/weights-<group>.pt`, and an evaluation pass over a second loader (under `torch.no_grad()`
+and `model.eval()`) writes its summed error and sample count to `OUT_DIR/eval-<group>.pt`. With
+`plain`, the same loop runs in plain PyTorch (one process, no Lite) and writes
+`OUT_DIR/weights-plain.pt` and `OUT_DIR/eval-plain.pt`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,22 @@ def data() -> DataLoader:
     return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=False)
 
 
+def eval_data() -> DataLoader:
+    """An evaluation set of 10 samples: 3 batches of 4, the last one short."""
+    x = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
+
+
+def evaluate(net: torch.nn.Module, loader: DataLoader) -> torch.Tensor:
+    """The summed squared error and the number of samples, over the loader."""
+    net.eval()
+    totals = torch.zeros(2)
+    with torch.no_grad():
+        for x, y in loader:
+            totals += torch.stack([torch.nn.functional.mse_loss(net(x), y, reduction="sum"), torch.tensor(len(x))])
+    return totals
+
+
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -50,6 +69,7 @@ def plain(out: Path) -> None:
         torch.nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
     torch.save(net.state_dict(), out / "weights-plain.pt")
+    torch.save(evaluate(net, eval_data()), out / "eval-plain.pt")
 
 
 def lite(out: Path, split: bool, fsdp: bool) -> None:
@@ -61,7 +81,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
         def run(self) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-            loader = self.setup_dataloaders(data())
+            loader, evaluation = self.setup_dataloaders(data(), eval_data(), split_batches=split)
             (out / f"ready-{group}-{os.getpid()}").touch()
             for x, y, index in loader:
                 optimizer.zero_grad()
@@ -76,16 +96,19 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
                 while (out / f"hold-{group}").exists():  # the test holds this group between steps
                     time.sleep(0.05)
             weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
+            # the group evaluates the whole set alone, shared over its processes: summed over them
+            totals = self.all_reduce(evaluate(net, evaluation), reduce_op="sum")
             if self.global_rank == 0:
                 torch.save(weights, out / f"weights-{group}.pt")
+                torch.save(totals, out / f"eval-{group}.pt")
 
     from lite_torchft import DDPFTStrategy
     from lite_torchft.fsdp import FSDPFTStrategy
 
     if fsdp:  # two processes per group, each holding half of every parameter
-        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5)).run()
     else:
-        Train(accelerator="cpu", strategy=DDPFTStrategy(split_batches=split, ft_timeout=5)).run()
+        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).run()
 
 
 if __name__ == "__main__":

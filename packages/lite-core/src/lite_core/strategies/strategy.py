@@ -337,6 +337,14 @@ class Strategy:
         """`num_replicas` and `rank` for a `DistributedSampler`, or `None` on one process."""
         return None
 
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        """Where `distributed_sampler_kwargs()` is `None` (training passes unsharded), the
+        `num_replicas` and `rank` that evaluation passes shard over instead, so that summing
+        over those processes gives what one process computes (e.g. the processes of one replica
+        group, which holds a whole copy of the model). `None` (the default): evaluation passes
+        are unsharded too."""
+        return None
+
     @property
     def moves_batches_plainly(self) -> bool:
         """Whether `batch_to_device` is this base class's plain move (not overridden), so that a
@@ -359,6 +367,15 @@ class Strategy:
         """
         shard = self.distributed_sampler_kwargs()
         return (0, 1) if shard is None else (shard["rank"], shard["num_replicas"])
+
+    def take_global_batches(self, dataloader: Iterable[Any]) -> bool:
+        """Take over `setup_dataloaders(dataloader, split_batches=True)` where this distributed
+        strategy leaves loaders unsharded (`distributed_sampler_kwargs()` is `None`): the strategy
+        then cuts each of `dataloader`'s batches (the global batch) itself, in
+        `process_dataloader`, which receives this same loader. Returns whether it does; called
+        once per set-up loader. The default, `False`, has `setup_dataloaders` refuse the flag.
+        """
+        return False
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
