@@ -38,6 +38,15 @@ _LAUNCHER_NAMES = frozenset({
 _LAUNCHER_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n N --dist loadgroup`) a worker takes whole groups: a test that no
+    conftest grouped (tests/matrix groups by the run its tests share) is grouped with its module,
+    so the module's module-scoped runs happen once. xdist hands out the groups largest first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def _set_by_a_launcher(name: str) -> bool:
     return name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_PREFIXES)
 

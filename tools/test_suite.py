@@ -8,9 +8,11 @@ everywhere): only cells that need hardware absent from this machine (CUDA) may, 
 lists those by name with the reason.
 
 While the first environment runs, the others are created in the background (low priority, one
-at a time): creating them waits mostly on downloads and the disk. An environment whose tests
-mostly wait rather than compute (`test-packaging`: wheel builds, pip installs into a fresh venv)
-runs beside the others, its output kept in a log that is printed when it ends. Two tables follow the run:
+at a time): creating them waits mostly on downloads and the disk. The environments whose tests
+mostly wait rather than compute (`test-packaging`: wheel builds and pip installs into a fresh
+venv; `test-cuda`: mostly skips on a CPU machine; `test-ray` and `test-torchft`: clusters,
+lighthouses and heartbeats) run one after another in a second lane beside the others, their
+output kept in logs that are printed when each ends. Two tables follow the run:
 one row per environment (exit code, seconds) and the whole run's time, then the matrix
 (`tests/matrix`): per cell and environment, passed, skipped (with the reason, as a numbered
 note), xfail or FAILED. Each environment's pytest writes a JUnit XML report into a temporary
@@ -44,9 +46,10 @@ def test_environments() -> list[str]:
     return [name for name in json.loads(shown.stdout) if name == "test" or name.startswith("test-")]
 
 
-#: Environments whose tests wait (on `hatch build`, pip and the disk) more than they compute: they
-#: run beside the others rather than after them (about 50 s of the fresh-clone run).
-BESIDE = ("test-packaging",)
+#: Environments whose tests wait (on `hatch build`, pip, a Ray cluster's start, a lighthouse's
+#: heartbeats) more than they compute: they run one after another in a lane beside the others,
+#: rather than after them (about 3 minutes of the fresh-clone run).
+BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-cuda")
 
 
 def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float]:
@@ -195,50 +198,55 @@ class EnvironmentBuilder:
                 self._done[env].set()
 
 
-class BesideRun:
-    """Runs one environment in a thread beside the serial ones, once the builder created it."""
+class BesideLane:
+    """Runs environments one after another in a thread beside the serial ones, each once the
+    builder created it."""
 
-    def __init__(self, env: str, builder: EnvironmentBuilder, report: Path, log: Path) -> None:
-        self.env = env
-        self._builder, self._report, self._log = builder, report, log
-        self._result: tuple[int, float] = (1, 0.0)
+    def __init__(self, envs: list[str], builder: EnvironmentBuilder, reports: dict[str, Path], folder: Path) -> None:
+        self.envs = envs
+        self._builder, self._reports, self._folder = builder, reports, folder
+        self._results: dict[str, tuple[int, float]] = {env: (1, 0.0) for env in envs}
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def _run(self) -> None:
-        self._builder.wait_for(self.env)
-        self._result = run_cell(self.env, self._report, self._log)
+    def _log(self, env: str) -> Path:
+        return self._folder / f"{env}.log"
 
-    def finish(self) -> tuple[int, float]:
-        """Wait for the run to end, print its output, and return its exit code and seconds."""
+    def _run(self) -> None:
+        for env in self.envs:
+            self._builder.wait_for(env)
+            self._results[env] = run_cell(env, self._reports[env], self._log(env))
+
+    def finish(self) -> dict[str, tuple[int, float]]:
+        """Wait for the lane to end, print each environment's output, and return their exit codes
+        and seconds."""
         self._thread.join()
-        print(f"\n===== {self.env} (ran beside the others) =====", flush=True)
-        if self._log.is_file():
-            print(self._log.read_text(errors="replace"), end="", flush=True)
-        return self._result
+        for env in self.envs:
+            print(f"\n===== {env} (ran beside the others) =====", flush=True)
+            if self._log(env).is_file():
+                print(self._log(env).read_text(errors="replace"), end="", flush=True)
+        return self._results
 
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
     envs = argv or test_environments()
-    beside = [env for env in envs if env in BESIDE and len(envs) > 1]
+    beside = [env for env in BESIDE if env in envs and len(envs) > 1]  # the lane in BESIDE's order
     serial = [env for env in envs if env not in beside]
     with tempfile.TemporaryDirectory(prefix="lite-suite-") as folder:
         reports = {env: Path(folder, f"{env}.xml") for env in envs}
         # The environments that run beside are created first, so that they start at once.
         builder = EnvironmentBuilder(beside + serial[1:], Path(folder, "environments.log"))
         builder.start()
-        side = [BesideRun(env, builder, reports[env], Path(folder, f"{env}.log")) for env in beside]
-        for run in side:
-            run.start()
+        lane = BesideLane(beside, builder, reports, Path(folder))
+        lane.start()
         finished = {}
         for env in serial:
             builder.wait_for(env)
             finished[env] = run_cell(env, reports[env])
-        for run in side:
-            finished[run.env] = run.finish()
+        finished.update(lane.finish())
         results = {env: finished[env] for env in envs}  # the table keeps hatch.toml's order
         outcomes = {env: matrix_outcomes(reports[env]) for env in envs}
         matrix_time = {env: matrix_seconds(reports[env]) for env in envs}

@@ -22,11 +22,29 @@ from cells import Cell  # noqa: E402
 from checks import run_scenario  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every matrix test `matrix`, so environments can select the matrix with `-m`."""
+    """Mark every matrix test `matrix`, so environments can select the matrix with `-m`, and put
+    it in the pytest-xdist group of the run it reads (`-n N --dist loadgroup`): the tests that
+    share a cell's training run (its parity, failed save, evaluation and the checkpoint moves
+    saved from it) go to one worker, so the run happens once."""
     for item in items:
         if HERE in Path(item.path).parents:
             item.add_marker(pytest.mark.matrix)
+            item.add_marker(pytest.mark.xdist_group(_run_group(item)))
+
+
+def _run_group(item: pytest.Item) -> str:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    module = Path(item.path).stem
+    if "resume" in params:
+        return f"matrix:{params['resume'].saved_by.id}"
+    cell = params.get("cell")
+    if cell is None:
+        return f"matrix:{module}"
+    if module in ("test_matrix", "test_evaluation"):  # an evaluation cell not in the matrix gets a run of its own
+        return f"matrix:{cell.id}"
+    return f"matrix:{module}:{cell.id}"
 
 
 @pytest.fixture(autouse=True)

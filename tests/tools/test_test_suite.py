@@ -83,7 +83,7 @@ def test_every_declared_matrix_test_is_known_with_its_hardware_need() -> None:
     assert cuda and all(declared[name] is not has_gpu for name in cuda)  # excused only without a GPU
 
 
-def test_an_environment_that_mostly_waits_runs_beside_the_others(monkeypatch, capsys) -> None:
+def test_environments_that_mostly_wait_run_in_a_lane_beside_the_others(monkeypatch, capsys) -> None:
     # `hatch run ENV:all` is replaced by a job that takes 0.3 s; `hatch env create` by nothing.
     import subprocess
     import threading
@@ -99,17 +99,20 @@ def test_an_environment_that_mostly_waits_runs_beside_the_others(monkeypatch, ca
             with lock:
                 spans[command[2].removesuffix(":all")] = (started, time.monotonic())
             if kwargs.get("stdout") is not None:
-                kwargs["stdout"].write("packaging output\n")
+                kwargs["stdout"].write(f"{command[2]} output\n")
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(suite.subprocess, "run", fake_run)
-    assert suite.main(["test", "test-cuda", "test-packaging"]) == 0
-    assert set(spans) == {"test", "test-cuda", "test-packaging"}
-    (test_start, test_end), (cuda_start, _) = spans["test"], spans["test-cuda"]
-    packaging_start, packaging_end = spans["test-packaging"]
-    assert cuda_start >= test_end  # the others still one after the other
-    assert packaging_start < test_end and test_start < packaging_end  # beside them
+    asked = ["test", "test-cuda", "test-xla", "test-packaging"]
+    assert suite.main(asked) == 0
+    assert set(spans) == set(asked)
+    (test_start, test_end), (xla_start, _) = spans["test"], spans["test-xla"]
+    (packaging_start, packaging_end), (cuda_start, _) = spans["test-packaging"], spans["test-cuda"]
+    assert xla_start >= test_end  # the others one after the other
+    assert packaging_start < test_end and test_start < packaging_end  # the lane beside them
+    assert cuda_start >= packaging_end  # one after another in the lane
     out = capsys.readouterr().out
-    assert "===== test-packaging (ran beside the others) =====\npackaging output" in out
+    assert "===== test-packaging (ran beside the others) =====\ntest-packaging:all output" in out
+    assert "===== test-cuda (ran beside the others) =====\ntest-cuda:all output" in out
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| test")]
-    assert rows == ["| test", "| test-cuda", "| test-packaging"]  # the table in the order asked
+    assert rows == ["| test", "| test-cuda", "| test-xla", "| test-packaging"]  # the table in the order asked
