@@ -9,6 +9,7 @@ Rows (written to benchmarks/results/torchft.md):
   `Manager`, `DistributedDataParallel` and `Optimizer`, no Lite; the same lighthouse), the same
   tiny model and batch per process, alternated, as ratios; with the Manager's calls per step (a
   quorum, one all-reduce, one commit vote) and the median time of each, for ddp_ft and torchft;
+  and ddp_ft against torchft with one group alone (no peer to wait for);
 - drop: seconds from SIGKILL of group 1 to group 0's next committed step (lighthouse
   heartbeat timeout 1 s, as `lite run --replica-groups` sets it);
 - heal: seconds from the restarted group's process start to its first committed step (its
@@ -70,11 +71,12 @@ def _median_step(path: Path) -> float:
     return statistics.median(b - a for a, b in zip(times[10:], times[11:]))
 
 
-def _replica_groups(lighthouse: str, steps: int, strategy: str) -> tuple[float, dict[str, tuple[float, float]]]:
-    """Group 0's median step of 2 groups under `strategy` (ddp_ft or torchft), and its calls."""
+def _replica_groups(lighthouse: str, steps: int, strategy: str,
+                    groups: int = 2) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Group 0's median step of `groups` groups under `strategy` (ddp_ft or torchft), and its calls."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        groups = [_group(out, g, lighthouse, steps, 0.0, strategy) for g in (0, 1)]
+        groups = [_group(out, g, lighthouse, steps, 0.0, strategy) for g in range(groups)]
         for proc in groups:
             proc.wait(timeout=300)
         step = _median_step(_record_of(out, "0"))
@@ -94,6 +96,12 @@ def steady(lighthouse: str, steps: int) -> tuple[float, float, float, dict, dict
         plain_ddp = min(_median_step(path) for path in out.glob("steps-ddp-*"))
     plain_ft, plain_calls = _replica_groups(lighthouse, steps, "torchft")
     return ft, plain_ddp, plain_ft, calls, plain_calls
+
+
+def alone(lighthouse: str, steps: int) -> tuple[float, float]:
+    """One group alone (no peer to wait for at the quorum and all-reduce): ddp_ft's step and
+    plain torchft's, which isolates what Lite adds in the process from the groups' rendezvous."""
+    return _replica_groups(lighthouse, steps, "ddp_ft", 1)[0], _replica_groups(lighthouse, steps, "torchft", 1)[0]
 
 
 def failure(lighthouse: str) -> tuple[float, float, float]:
@@ -130,12 +138,14 @@ def main() -> None:
 
     server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
     lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
-    ft_steps, ddp_steps, torchft_steps, calls, plain_calls = [], [], [], {}, {}
+    ft_steps, ddp_steps, torchft_steps, calls, plain_calls, alone_ratios = [], [], [], {}, {}, []
     for _ in range(options.repeats):
         ft, plain_ddp, plain_ft, calls, plain_calls = steady(lighthouse, options.steps)
         ft_steps.append(ft)
         ddp_steps.append(plain_ddp)
         torchft_steps.append(plain_ft)
+        ft_alone, torchft_alone = alone(lighthouse, options.steps)
+        alone_ratios.append(ft_alone / torchft_alone)
     drop, heal_total, heal_step = failure(lighthouse)
     server.shutdown()
     ft, ddp, torchft = (statistics.median(steps) for steps in (ft_steps, ddp_steps, torchft_steps))
@@ -153,6 +163,8 @@ def main() -> None:
         f"| steady step, plain torchft (2 groups x 1 process, no Lite) | {torchft * 1e3:.2f} ms |",
         f"| steady step, ddp (2 processes) | {ddp * 1e3:.2f} ms |",
         f"| ratio ddp_ft / torchft | {ft / torchft:.2f} |",
+        f"| ratio ddp_ft / torchft, each repeat | {', '.join(f'{a / b:.2f}' for a, b in zip(ft_steps, torchft_steps))} |",
+        f"| ratio ddp_ft / torchft, one group alone, each repeat | {', '.join(f'{r:.2f}' for r in alone_ratios)} |",
         f"| ratio ddp_ft / ddp | {ft / ddp:.2f} |",
         f"| ratio torchft / ddp | {torchft / ddp:.2f} |",
         f"| Manager calls per step, ddp_ft | {per_step(calls)} |",
