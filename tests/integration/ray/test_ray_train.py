@@ -4,7 +4,8 @@ to the one-process run; Ray's own restart (`FailureConfig(max_failures=1)`) resu
 user's checkpoint. One cluster serves the module (starting Ray costs seconds).
 
 A `strategy="ddp_ft"` script runs unchanged under Ray's `TorchftConfig` (lite-torchft takes its
-replica group from Ray, and the ranks from the process group Ray created for the group)."""
+replica group from Ray, and the ranks from the process group Ray created for the group), and a
+worker that dies is replaced by Ray alone and heals from the survivor."""
 
 from __future__ import annotations
 
@@ -68,19 +69,34 @@ def test_rays_restart_resumes_from_the_users_checkpoint(local_cluster, tmp_path)
     assert_equal_to_the_one_process_run(tmp_path)
 
 
-def test_a_ddp_ft_script_runs_unchanged_under_rays_torchft_config(local_cluster, tmp_path):
-    """Two workers, each its own replica group of one process (Ray 2.60), with Ray's lighthouse:
-    with `split_batches=True` both groups end with the weights of one plain PyTorch process."""
+def fit_ddp_ft(out_dir: Path, die: bool = False) -> None:
     from ray.train.v2.torch.torchft_config import TorchftConfig
 
-    lighthouse = {"min_replicas": 2, "join_timeout_ms": 1000}
-    trainer = TorchTrainer(ray_ft_job.train, train_loop_config={"out_dir": str(tmp_path)},
+    lighthouse = {"min_replicas": 1, "join_timeout_ms": 1000, "heartbeat_timeout_ms": 1000}
+    trainer = TorchTrainer(ray_ft_job.train, train_loop_config={"out_dir": str(out_dir), "die": die},
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                            torch_config=TorchftConfig(lighthouse_kwargs=lighthouse, backend="gloo"),
-                           run_config=RunConfig(storage_path=str(tmp_path / "ray"), name="lite_ft"))
+                           run_config=RunConfig(storage_path=str(out_dir / "ray"), name="lite_ft",
+                                                failure_config=FailureConfig(max_failures=int(die))))
     trainer.fit()
+
+
+def test_a_ddp_ft_script_survives_a_replaced_worker_under_rays_torchft_config(local_cluster, tmp_path):
+    """Two workers, each its own replica group of one process (Ray 2.60), with Ray's lighthouse.
+    Worker 1 dies after its second step; Ray replaces that group alone; the replacement heals
+    from the survivor, which never restarted; with `split_batches=True` both end with the weights
+    of one plain PyTorch process."""
+    fit_ddp_ft(tmp_path, die=True)
+    assert (tmp_path / "died").exists()
+    steps: dict[int, list[int]] = {}
+    for pid, step in (map(int, line.split()) for line in (tmp_path / "steps").read_text().splitlines()):
+        steps.setdefault(pid, []).append(step)
+    survivor = [pid for pid, done in steps.items() if done == list(range(1, ray_ft_job.STEPS + 1))]
+    assert len(survivor) == 1  # one process took every step, with no restart
+    (replacement,) = [int(path.name.split("-")[1]) for path in tmp_path.glob("back-*")]
+    assert steps[replacement][0] > 1  # it joined in the middle, healed from the survivor
     written = sorted(tmp_path.glob("weights-*.pt"))
-    assert len(written) == 2  # one per replica group
+    assert {int(path.stem.split("-")[1]) for path in written} == {survivor[0], replacement}
     expected = ray_ft_job.plain()
     for path in written:
         got = torch.load(path)
