@@ -5,6 +5,8 @@
 Appends `<step> <committed> <time>` to `OUT/steps-<group>-<pid>` after every optimizer step (the
 committed step count of the job under ddp_ft, the step index under ddp), after `start <time>` (the process began) and `loop <time>` (set-up done).
 Under ddp_ft it writes the seconds of each of the Manager's calls to `OUT/calls-<group>-<pid>.json`.
+STRATEGY `torchft` is the same loop without Lite: torchft's own `Manager`, `DistributedDataParallel`
+and `Optimizer` wrapper, written by hand as torchft's examples do (its calls timed the same way).
 """
 
 from __future__ import annotations
@@ -21,19 +23,29 @@ from torch.utils.data import DataLoader, TensorDataset
 START = time.time()
 
 
+def _loader(steps: int) -> DataLoader:
+    x = torch.randn(steps * 8, 32, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
 def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
+    if strategy == "torchft":
+        return plain_torchft(out, steps)
     from lite_core import LightningLite
 
     group = os.environ.get("REPLICA_GROUP_ID", "ddp")
-    x = torch.randn(steps * 8, 32, generator=torch.Generator().manual_seed(0))
-    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    loader = _loader(steps)
 
     class Bench(LightningLite):
         def run(self) -> None:
-            torch.manual_seed(0)
-            net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+            net = _model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))
-            calls = _count_calls(self.strategy) if strategy == "ddp_ft" else {}
+            calls = _count_calls(self.strategy.manager) if strategy == "ddp_ft" else {}
             record = out / f"steps-{group}-{os.getpid()}"
             lines = [f"start {START}", f"loop {time.time()}"]  # the first batch opens the first quorum
             for index, (inputs, target) in enumerate(self.setup_dataloaders(loader)):
@@ -53,11 +65,43 @@ def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
     Bench(accelerator="cpu", strategy=strategy, devices=1 if strategy == "ddp_ft" else 2).run()
 
 
-def _count_calls(strategy) -> dict[str, list[float]]:
+def plain_torchft(out: Path, steps: int) -> None:
+    """The loop on torchft alone: one replica group of one process, the Manager set up as
+    ddp_ft sets it up (synchronous quorum, gloo across groups, the same timeouts)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    group = os.environ["REPLICA_GROUP_ID"]
+    # the group's store, where the Manager publishes its address (torchrun's agent would hold it)
+    store = TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False)
+    net = _model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+                      load_state_dict=lambda state: (net.load_state_dict(state["model"]),
+                                                     optimizer.load_state_dict(state["optim"])),
+                      state_dict=lambda: {"model": net.state_dict(), "optim": optimizer.state_dict()},
+                      use_async_quorum=False, timeout=timedelta(seconds=10), rank=0, world_size=1,
+                      replica_id=f"plain_torchft_{group}")
+    calls = _count_calls(manager)
+    model, ft_optimizer = DistributedDataParallel(manager, net), Optimizer(manager, optimizer)
+    lines = [f"start {START}", f"loop {time.time()}"]
+    for index, (inputs, target) in enumerate(_loader(steps)):
+        ft_optimizer.zero_grad()  # starts the step's quorum
+        torch.nn.functional.mse_loss(model(inputs), target).backward()  # the all-reduce across groups
+        ft_optimizer.step()  # the commit vote, then the step
+        lines.append(f"{index + 1} {manager.current_step()} {time.time()}")
+    (out / f"steps-{group}-{os.getpid()}").write_text("\n".join(lines) + "\n")
+    (out / f"calls-{group}-{os.getpid()}.json").write_text(json.dumps(calls))
+    manager.shutdown(wait=False)
+    del store
+
+
+def _count_calls(manager) -> dict[str, list[float]]:
     """Time each of the Manager's per-step calls (quorum, all-reduce, commit vote): seconds per
     call, an all-reduce's until its result is there."""
     calls: dict[str, list[float]] = {"start_quorum": [], "allreduce": [], "should_commit": []}
-    manager = strategy.manager
     for name in calls:
         original = getattr(manager, name)
 

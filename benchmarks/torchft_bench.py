@@ -5,8 +5,11 @@
 Rows (written to benchmarks/results/torchft.md):
 
 - steady step: median seconds per step of 2 replica groups of 1 process under `ddp_ft` against
-  2 processes under `ddp` (the same tiny model and batch per process), alternated, as a ratio;
-  with the Manager's calls per step (a quorum, one all-reduce, one commit vote) and the median time of each;
+  2 processes under `ddp` and against 2 groups of plain torchft (a hand-written loop on torchft's
+  `Manager`, `DistributedDataParallel` and `Optimizer`, no Lite; the same lighthouse), the same
+  tiny model and batch per process, alternated, as ratios; with the Manager's calls per step (a
+  quorum, one all-reduce, one commit vote) and the median time of each, for ddp_ft and torchft;
+  and ddp_ft against torchft with one group alone (no peer to wait for);
 - drop: seconds from SIGKILL of group 1 to group 0's next committed step (lighthouse
   heartbeat timeout 1 s, as `lite run --replica-groups` sets it);
 - heal: seconds from the restarted group's process start to its first committed step (its
@@ -43,10 +46,11 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _group(out: Path, group: int, lighthouse: str, steps: int, sleep: float) -> subprocess.Popen[bytes]:
+def _group(out: Path, group: int, lighthouse: str, steps: int, sleep: float,
+           strategy: str = "ddp_ft") -> subprocess.Popen[bytes]:
     env = _env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    return subprocess.Popen([sys.executable, str(WORKER), str(out), "ddp_ft", str(steps), str(sleep)], env=env,
+    return subprocess.Popen([sys.executable, str(WORKER), str(out), strategy, str(steps), str(sleep)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -67,24 +71,37 @@ def _median_step(path: Path) -> float:
     return statistics.median(b - a for a, b in zip(times[10:], times[11:]))
 
 
-def steady(lighthouse: str, steps: int) -> tuple[float, float, dict[str, int]]:
+def _replica_groups(lighthouse: str, steps: int, strategy: str,
+                    groups: int = 2) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Group 0's median step of `groups` groups under `strategy` (ddp_ft or torchft), and its calls."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        groups = [_group(out, g, lighthouse, steps, 0.0) for g in (0, 1)]
+        groups = [_group(out, g, lighthouse, steps, 0.0, strategy) for g in range(groups)]
         for proc in groups:
             proc.wait(timeout=300)
-        ft = _median_step(_record_of(out, "0"))
+        step = _median_step(_record_of(out, "0"))
         calls = json.loads(next(out.glob("calls-0-*.json")).read_text())
         committed = _records(_record_of(out, "0"))[1][-1][1]
+    # calls per committed step, and the median call (the first quorum, which waits for the other
+    # group to start, left out)
+    return step, {name: (len(times) / committed, statistics.median(times[1:])) for name, times in calls.items()}
+
+
+def steady(lighthouse: str, steps: int) -> tuple[float, float, float, dict, dict]:
+    ft, calls = _replica_groups(lighthouse, steps, "ddp_ft")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         subprocess.run([sys.executable, str(WORKER), str(out), "ddp", str(steps), "0"], env=_env(), check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
         plain_ddp = min(_median_step(path) for path in out.glob("steps-ddp-*"))
-    # calls per committed step, and the median call (the first quorum, which waits for the other
-    # group to start, left out)
-    return ft, plain_ddp, {name: (len(times) / committed, statistics.median(times[1:]))
-                           for name, times in calls.items()}
+    plain_ft, plain_calls = _replica_groups(lighthouse, steps, "torchft")
+    return ft, plain_ddp, plain_ft, calls, plain_calls
+
+
+def alone(lighthouse: str, steps: int) -> tuple[float, float]:
+    """One group alone (no peer to wait for at the quorum and all-reduce): ddp_ft's step and
+    plain torchft's, which isolates what Lite adds in the process from the groups' rendezvous."""
+    return _replica_groups(lighthouse, steps, "ddp_ft", 1)[0], _replica_groups(lighthouse, steps, "torchft", 1)[0]
 
 
 def failure(lighthouse: str) -> tuple[float, float, float]:
@@ -121,22 +138,39 @@ def main() -> None:
 
     server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
     lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
-    ft_steps, ddp_steps, calls = [], [], {}
+    ft_steps, ddp_steps, torchft_steps, calls, plain_calls, alone_ratios = [], [], [], {}, {}, []
     for _ in range(options.repeats):
-        ft, plain_ddp, calls = steady(lighthouse, options.steps)
+        ft, plain_ddp, plain_ft, calls, plain_calls = steady(lighthouse, options.steps)
         ft_steps.append(ft)
         ddp_steps.append(plain_ddp)
+        torchft_steps.append(plain_ft)
+        ft_alone, torchft_alone = alone(lighthouse, options.steps)
+        alone_ratios.append(ft_alone / torchft_alone)
     drop, heal_total, heal_step = failure(lighthouse)
     server.shutdown()
-    ratio = statistics.median(ft_steps) / statistics.median(ddp_steps)
+    ft, ddp, torchft = (statistics.median(steps) for steps in (ft_steps, ddp_steps, torchft_steps))
+
+    def per_step(found: dict) -> str:
+        return ", ".join(f"{k} {n:.2f}" for k, (n, _) in found.items())
+
+    def median_call(found: dict) -> str:
+        return ", ".join(f"{k} {t * 1e3:.2f} ms" for k, (_, t) in found.items())
+
     rows = [
         "| measurement | value |",
         "| --- | --- |",
-        f"| steady step, ddp_ft (2 groups x 1 process) | {statistics.median(ft_steps) * 1e3:.2f} ms |",
-        f"| steady step, ddp (2 processes) | {statistics.median(ddp_steps) * 1e3:.2f} ms |",
-        f"| ratio ddp_ft / ddp | {ratio:.2f} |",
-        f"| Manager calls per step | {', '.join(f'{k} {n:.2f}' for k, (n, _) in calls.items())} |",
-        f"| median call (of the last repeat) | {', '.join(f'{k} {t * 1e3:.2f} ms' for k, (_, t) in calls.items())} |",
+        f"| steady step, ddp_ft (2 groups x 1 process) | {ft * 1e3:.2f} ms |",
+        f"| steady step, plain torchft (2 groups x 1 process, no Lite) | {torchft * 1e3:.2f} ms |",
+        f"| steady step, ddp (2 processes) | {ddp * 1e3:.2f} ms |",
+        f"| ratio ddp_ft / torchft | {ft / torchft:.2f} |",
+        f"| ratio ddp_ft / torchft, each repeat | {', '.join(f'{a / b:.2f}' for a, b in zip(ft_steps, torchft_steps))} |",
+        f"| ratio ddp_ft / torchft, one group alone, each repeat | {', '.join(f'{r:.2f}' for r in alone_ratios)} |",
+        f"| ratio ddp_ft / ddp | {ft / ddp:.2f} |",
+        f"| ratio torchft / ddp | {torchft / ddp:.2f} |",
+        f"| Manager calls per step, ddp_ft | {per_step(calls)} |",
+        f"| Manager calls per step, torchft | {per_step(plain_calls)} |",
+        f"| median call, ddp_ft (of the last repeat) | {median_call(calls)} |",
+        f"| median call, torchft (of the last repeat) | {median_call(plain_calls)} |",
         f"| group 1 killed -> group 0's next committed step | {drop:.2f} s |",
         f"| restarted group: process start -> first committed step | {heal_total:.2f} s |",
         f"| restarted group: its first step (quorum + healing from a peer) | {heal_step:.2f} s |",

@@ -1,7 +1,11 @@
 """A Lite script's `run()` inside a Ray Train `TorchTrainer` on a local Ray cluster of 2 CPUs: Lite
 launches nothing, takes Ray's process counts, reuses the process group Ray created, and ends equal
 to the one-process run; Ray's own restart (`FailureConfig(max_failures=1)`) resumes from the
-user's checkpoint. One cluster serves the module (starting Ray costs seconds)."""
+user's checkpoint. One cluster serves the module (starting Ray costs seconds).
+
+A `strategy="ddp_ft"` script runs unchanged under Ray's `TorchftConfig` (lite-torchft takes its
+replica group from Ray, and the ranks from the process group Ray created for the group), and a
+worker that dies is replaced by Ray alone and heals from the survivor."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(300
 
 SCRIPTS = Path(__file__).parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+import ray_ft_job  # noqa: E402
 import ray_job  # noqa: E402
 from elastic_job import reference_weights  # noqa: E402
 
@@ -62,3 +67,38 @@ def test_rays_restart_resumes_from_the_users_checkpoint(local_cluster, tmp_path)
     fit(tmp_path, "die-once", max_failures=1)
     assert (tmp_path / "died").exists()  # worker 1 did die once
     assert_equal_to_the_one_process_run(tmp_path)
+
+
+def fit_ddp_ft(out_dir: Path, die: bool = False) -> None:
+    from ray.train.v2.torch.torchft_config import TorchftConfig
+
+    lighthouse = {"min_replicas": 1, "join_timeout_ms": 1000, "heartbeat_timeout_ms": 1000}
+    trainer = TorchTrainer(ray_ft_job.train, train_loop_config={"out_dir": str(out_dir), "die": die},
+                           scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                           torch_config=TorchftConfig(lighthouse_kwargs=lighthouse, backend="gloo"),
+                           run_config=RunConfig(storage_path=str(out_dir / "ray"), name="lite_ft",
+                                                failure_config=FailureConfig(max_failures=int(die))))
+    trainer.fit()
+
+
+def test_a_ddp_ft_script_survives_a_replaced_worker_under_rays_torchft_config(local_cluster, tmp_path):
+    """Two workers, each its own replica group of one process (Ray 2.60), with Ray's lighthouse.
+    Worker 1 dies after its second step; Ray replaces that group alone; the replacement heals
+    from the survivor, which never restarted; with `split_batches=True` both end with the weights
+    of one plain PyTorch process."""
+    fit_ddp_ft(tmp_path, die=True)
+    assert (tmp_path / "died").exists()
+    steps: dict[int, list[int]] = {}
+    for pid, step in (map(int, line.split()) for line in (tmp_path / "steps").read_text().splitlines()):
+        steps.setdefault(pid, []).append(step)
+    survivor = [pid for pid, done in steps.items() if done == list(range(1, ray_ft_job.STEPS + 1))]
+    assert len(survivor) == 1  # one process took every step, with no restart
+    (replacement,) = [int(path.name.split("-")[1]) for path in tmp_path.glob("back-*")]
+    assert steps[replacement][0] > 1  # it joined in the middle, healed from the survivor
+    written = sorted(tmp_path.glob("weights-*.pt"))
+    assert {int(path.stem.split("-")[1]) for path in written} == {survivor[0], replacement}
+    expected = ray_ft_job.plain()
+    for path in written:
+        got = torch.load(path)
+        for name, want in expected.items():
+            torch.testing.assert_close(got[name], want, rtol=0, atol=1e-5)

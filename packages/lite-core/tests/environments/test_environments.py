@@ -105,6 +105,22 @@ def test_ray_train_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (env.main_address, env.main_port, env.process_counts()) == ("10.0.0.1", 29400, (4, 2))
 
 
+def test_ray_train_ranks_are_those_of_the_process_group_ray_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a Ray backend with replica groups (`TorchftConfig`), `RANK`/`WORLD_SIZE` count the
+    whole job while the process group Ray created, which Lite reuses, holds one worker."""
+    import torch.distributed as dist
+
+    set_env(monkeypatch, RANK=1, WORLD_SIZE=2, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, NODE_RANK=0, MASTER_PORT=29400)
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        env = RayTrainEnvironment()
+        assert (env.global_rank(), env.world_size(), env.process_counts()) == (0, 1, (1, 1))
+        env.validate_settings(num_devices=1, num_nodes=1)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize(("environment", "launcher"), [(TorchElasticEnvironment, "torchrun"),
                                                        (RayTrainEnvironment, "Ray Train")])
 def test_a_missing_variable_names_its_launcher(environment: type[ClusterEnvironment], launcher: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -22,7 +23,15 @@ class ReplicaGroupVariables:
 
 
 def read_variables() -> ReplicaGroupVariables:
-    """Read `REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS` and `TORCHFT_LIGHTHOUSE`, or raise."""
+    """Read `REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS` and `TORCHFT_LIGHTHOUSE`, or raise.
+
+    Under Ray Train's `TorchftConfig`, which sets only `TORCHFT_LIGHTHOUSE`, the group's id and
+    count come from Ray (see `_ray_train_groups`).
+    """
+    if not (os.environ.get("REPLICA_GROUP_ID") or os.environ.get("NUM_REPLICA_GROUPS")):
+        groups = _ray_train_groups()
+        if groups is not None and os.environ.get("TORCHFT_LIGHTHOUSE"):
+            return ReplicaGroupVariables(*groups, os.environ["TORCHFT_LIGHTHOUSE"])
     missing = [name for name in _NAMES if not os.environ.get(name)]
     if missing:
         raise ConfigurationError(
@@ -37,6 +46,29 @@ def read_variables() -> ReplicaGroupVariables:
             " give each group a distinct id below NUM_REPLICA_GROUPS."
         )
     return ReplicaGroupVariables(group_id, num_groups, os.environ["TORCHFT_LIGHTHOUSE"])
+
+
+def _ray_train_groups() -> tuple[int, int] | None:
+    """The replica group id and count of a Ray Train worker whose process group holds it alone.
+
+    Ray 2.60's `TorchftConfig` makes each worker its own replica group, with a process group of
+    world size 1, and exports no group variables: the group is the worker's rank in the job and
+    the groups are the job's workers (as Ray's own torchft example takes them). `None` outside a
+    Ray Train worker, or where Ray's process group holds more than this worker.
+    """
+    if "ray" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != 1:
+        return None
+    import ray.train
+
+    try:
+        context = ray.train.get_context()
+    except RuntimeError:  # ray imported, but this is no Ray Train worker
+        return None
+    return context.get_world_rank(), context.get_world_size()
 
 
 def _integer(name: str) -> int:

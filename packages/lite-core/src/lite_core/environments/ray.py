@@ -20,6 +20,11 @@ class RayTrainEnvironment(TorchVariablesEnvironment):
     and creates the process group before the train function runs; Lite reuses that group. The
     worker has Ray imported, which tells it apart from a process that merely has those variables
     (the scheduler's variables around Ray, SLURM's or Kubernetes', describe Ray's own processes).
+
+    The rank and world size are those of the process group Ray created, once it exists: Lite works
+    in that group. They equal `RANK` and `WORLD_SIZE` under Ray's `TorchConfig`; under a backend
+    with replica groups (`TorchftConfig`), `RANK` and `WORLD_SIZE` count the whole job while the
+    group holds one replica group.
     """
 
     name = "ray"
@@ -32,6 +37,14 @@ class RayTrainEnvironment(TorchVariablesEnvironment):
     @staticmethod
     def detect() -> bool:
         return "ray" in sys.modules and all(name in os.environ for name in _VARIABLES)
+
+    def world_size(self) -> int:
+        group = _rays_process_group()
+        return group[1] if group is not None else super().world_size()
+
+    def global_rank(self) -> int:
+        group = _rays_process_group()
+        return group[0] if group is not None else super().global_rank()
 
     def node_rank(self) -> int:
         return env_int("NODE_RANK", self._launcher)
@@ -53,3 +66,12 @@ class RayTrainEnvironment(TorchVariablesEnvironment):
                 f" {num_devices * num_nodes}: leave devices and num_nodes out of LightningLite(...) to take"
                 " Ray's counts, or change ScalingConfig(num_workers=...)."
             )
+
+
+def _rays_process_group() -> tuple[int, int] | None:
+    """This worker's rank and the world size of the process group Ray created, if it exists."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size()
