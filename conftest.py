@@ -47,6 +47,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
+@pytest.fixture(autouse=True)
+def _main_module_as_under_python_m_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest-xdist worker's `__main__` is execnet's bootstrap (no file, no module), where the
+    serial run's is `python -m pytest`'s, a module Lite could run again; give the worker pytest's
+    spec so that Lite decides what it decides in the serial run (e.g. `strategy="auto"` picks the
+    script-rerunning `ddp`, not `ddp_fork`). A test of the REPL or notebook case patches `__main__`
+    itself."""
+    main = sys.modules["__main__"]
+    if getattr(main, "__spec__", None) is None and not getattr(main, "__file__", None):
+        import importlib.util
+
+        monkeypatch.setattr(main, "__spec__", importlib.util.find_spec("pytest.__main__"), raising=False)
+
+
 def _set_by_a_launcher(name: str) -> bool:
     return name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_PREFIXES)
 
