@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
         results = {env: finished[env] for env in envs}  # the table keeps hatch.toml's order
         outcomes = {env: matrix_outcomes(reports[env]) for env in envs}
         matrix_time = {env: matrix_seconds(reports[env]) for env in envs}
-    print("\n| environment | result | seconds | of which matrix |\n| --- | --- | ---: | ---: |")
+    print("\n| environment | result | seconds | matrix tests (s, summed over workers) |\n| --- | --- | ---: | ---: |")
     for env, (code, seconds) in results.items():
         result = "passed" if code == 0 else f"FAILED (exit {code})"
         print(f"| {env} | {result} | {seconds:.0f} | {matrix_time[env]:.0f} |")
