@@ -159,7 +159,8 @@ def unrun_tests(outcomes: dict[str, dict[str, tuple[str, str]]], declared: dict[
 
 #: The matrix tests run once per training cell, and their short names in the table.
 _PER_CELL = {"test_training_matches_plain_pytorch": "train",
-             "test_a_failed_save_raises_on_every_rank": "failed save"}
+             "test_a_failed_save_raises_on_every_rank": "failed save",
+             "test_gradient_accumulation_matches_plain_pytorch": "accumulation"}
 
 
 def _short(test: str) -> str:
