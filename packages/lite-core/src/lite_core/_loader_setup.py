@@ -42,8 +42,8 @@ def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluatio
     claim(set_up, dataloader, "dataloader")
     shard = strategy.distributed_sampler_kwargs()
     evaluation = None
+    seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
     if replace_sampler and shard is not None:
-        seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
         evaluation = evaluations.shard(dataloader, shard, seed, sharding)
         if sharding == "evaluation":
             dataloader = dataloader if evaluation is None else evaluation.dataloader
@@ -54,7 +54,7 @@ def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluatio
     elif replace_sampler:
         within = strategy.evaluation_sampler_kwargs()  # e.g. one replica group's processes
         if within is not None:
-            evaluation = evaluations.shard(dataloader, within, int(os.environ.get("LITE_GLOBAL_SEED", 0)), sharding)
+            evaluation = evaluations.shard(dataloader, within, seed, sharding)
         dataloader = _data.in_order(dataloader)
     if split_batches and shard is None and strategy.is_distributed and not strategy.take_global_batches(dataloader):
         raise MisuseError(
