@@ -38,10 +38,17 @@ _LAUNCHER_NAMES = frozenset({
 _LAUNCHER_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n N --dist loadgroup`) a worker takes whole groups: a test that no
     conftest grouped (tests/matrix groups by the run its tests share) is grouped with its module,
-    so the module's module-scoped runs happen once. xdist hands out the groups largest first."""
+    so the module's module-scoped runs happen once. xdist hands out the groups largest first.
+
+    `tryfirst`: xdist turns the groups into node ids in its own hook, which pluggy calls before
+    this file's (an initial conftest, registered before the worker's plugin) unless this one
+    asks to go first; without it every module's tests were spread over both workers, and a
+    module-scoped job (a ZeRO-3 run of 40 s) ran on each. tests/matrix/conftest.py's hook, also
+    `tryfirst` and registered later, still runs before this one."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
