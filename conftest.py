@@ -68,6 +68,17 @@ def _main_module_as_under_python_m_pytest(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setattr(main, "__spec__", importlib.util.find_spec("pytest.__main__"), raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _process_group_ends_with_its_test() -> Any:
+    """A one-process `ddp` or `fsdp` run inside the pytest process keeps its process group until
+    the process exits (Lite tears down at exit), where a later test of the same worker would find
+    it: the Ray environment, for one, reads its ranks from an existing group. Each test leaves none."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _set_by_a_launcher(name: str) -> bool:
     return name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_PREFIXES)
 
