@@ -81,7 +81,14 @@ def _matrix_cases(report: Path) -> list[ElementTree.Element]:
 
 def matrix_outcomes(report: Path) -> dict[str, tuple[str, str]]:
     """`{test id: (outcome, reason)}` of the matrix tests in one JUnit report (empty if none)."""
-    return {case.get("name", ""): _outcome(case) for case in _matrix_cases(report)}
+    return {_without_group(case.get("name", "")): _outcome(case) for case in _matrix_cases(report)}
+
+
+def _without_group(name: str) -> str:
+    """A test's name without the `@group` that pytest-xdist's `--dist loadgroup` appends to it
+    (`test_x[cell]@matrix:cell` -> `test_x[cell]`), so that every environment names a test alike."""
+    at = name.rfind("@")
+    return name[:at] if at > name.rfind("]") else name
 
 
 def matrix_seconds(report: Path) -> float:

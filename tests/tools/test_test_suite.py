@@ -13,7 +13,7 @@ suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(suite)
 
 _REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[ddp-2-32-true]" time="9"/>
+<testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[ddp-2-32-true]@matrix:ddp-2-32-true" time="9"/>
 <testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[deepspeed_stage_3-2-32-true]" time="0">
   <skipped type="pytest.skip" message="needs lite-deepspeed, not installed in this environment">skip</skipped></testcase>
 <testcase classname="tests.matrix.test_matrix" name="test_training_matches_plain_pytorch[tpu-xla_fsdp-2-32-true]" time="5">
@@ -25,6 +25,7 @@ _REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="
 
 
 def test_outcomes_of_matrix_tests_only(tmp_path: Path) -> None:
+    # The first case ran on a pytest-xdist worker under --dist loadgroup, which appends its group.
     report = tmp_path / "test.xml"
     report.write_text(_REPORT)
     outcomes = suite.matrix_outcomes(report)
