@@ -1,9 +1,9 @@
 """The suite's two pytest-xdist workers take whole groups (`--dist loadgroup`): a module's tests
 run on one worker, so its module-scoped job runs once, and the matrix tests that read one cell's
 training run (its parity and accumulation tests, the checkpoint moves saved from it) run on one
-worker, so that run happens once. When grouping silently stops working, every test still passes
-and only the time grows (twice, each: the root conftest's hook once ran after xdist's, and pytest
-9.2 keeps node ids where xdist 3.8 no longer sets them), so it is checked here."""
+worker, so that run happens once. When grouping stops working every test still passes and only
+the time grows, so it is checked here. It has stopped twice: the root conftest's hook ran after
+xdist's, and pytest 9.2 keeps node ids where xdist 3.8 no longer writes the group."""
 
 from __future__ import annotations
 
