@@ -19,7 +19,7 @@ import venv as venv_module
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -163,15 +163,18 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
-    """A new venv (no system site-packages) holding only pip and the pinned torch; deleted afterwards."""
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Venv:
+    """A new venv (no system site-packages) holding only pip and the pinned torch; deleted when pytest ends."""
     root = tmp_path_factory.mktemp("venv")
+    # About 1 GB, and pytest keeps its last three temp dirs. Deleted at pytest's exit, not in this
+    # fixture's teardown: a session fixture's teardown runs inside the session's last test and counts
+    # against that test's timeout (test_releases allows 30 s; the deletion took longer under CI's load).
+    pytestconfig.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
     venv_module.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(root)
     env = Venv(root)
     # Lite's own non-Lite requirements come from the index; every Lite package comes from dist.
     env.pip("install", TORCH, "packaging>=23", "setuptools", "wheel")
-    yield env
-    shutil.rmtree(root, ignore_errors=True)  # about 1 GB, and pytest keeps its last three temp dirs
+    return env
 
 
 @pytest.fixture(scope="session")
