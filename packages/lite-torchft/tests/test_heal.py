@@ -52,15 +52,26 @@ def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], log: P
         time.sleep(0.05)
 
 
+def _hold(out: Path, group: int, at_step: int) -> None:
+    """Group `group` waits between steps once it has committed `at_step`, until `hold-<group>` is removed."""
+    part = out / f"hold-{group}.part"
+    part.write_text(str(at_step))
+    part.replace(out / f"hold-{group}")  # the group never reads a half-written file
+
+
 def _kill_and_restart(lighthouse: str, out: Path, mode: str) -> None:
     logs = [out / "group-0.log", out / "group-1.log"]
     group0, group1 = (_start(g, lighthouse, out, mode, logs[g]) for g in (0, 1))
     try:
         _wait_for_step(out, 1, 5, group1, logs[1])
+        # group 0 goes on alone for three steps, then waits until group 1 is back (its start-up is slow
+        # on a busy machine). The hold is set before the kill: set after watching group 0 reach a step,
+        # a test process starved of CPU for two seconds let group 0 run to the end first.
+        held_at = _committed(out, 0) + 3
+        _hold(out, 0, held_at)
         os.kill(group1.pid, signal.SIGKILL)
         group1.wait()
-        _wait_for_step(out, 0, 8, group0, logs[0])  # group 0 goes on alone
-        (out / "hold-0").touch()  # then waits between steps until group 1 is back (its start-up is slow on a busy machine)
+        _wait_for_step(out, 0, held_at, group0, logs[0])
         time.sleep(1)
         group1 = _start(1, lighthouse, out, mode, logs[1])
         _wait_for(lambda: any(out.glob(f"ready-1-{group1.pid}")), group1, logs[1])
@@ -73,7 +84,7 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str) -> None:
                 proc.kill()
     # the restarted group healed from group 0 and went on from group 0's step, not from 1
     second_life = [step for step, pid, _ in _records(out, 1) if pid == group1.pid]
-    assert second_life and second_life[0] > 8, f"group 1 did not resume at its peer's step: {second_life}"
+    assert second_life and second_life[0] > held_at, f"group 1 did not resume at its peer's step: {second_life}"
     assert second_life[-1] == _records(out, 0)[-1][0]
 
 

@@ -4,8 +4,9 @@ Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
-`OUT_DIR/progress-<group>`; while `OUT_DIR/hold-<group>` exists the group waits between steps
-(the test holds the survivor until the restarted group is ready to join); at the end the weights go to
+`OUT_DIR/progress-<group>`; while `OUT_DIR/hold-<group>` exists the group waits between steps, at
+once if the file is empty, else once it has committed the step the file names (the test holds the
+survivor until the restarted group is ready to join); at the end the weights go to
 `OUT_DIR/weights-<group>.pt`, and an evaluation pass over a second loader (under `torch.no_grad()`
 and `model.eval()`) writes its summed error and sample count to `OUT_DIR/eval-<group>.pt`. With
 `plain`, the same loop runs in plain PyTorch (one process, no Lite) and writes
@@ -72,6 +73,15 @@ def plain(out: Path) -> None:
     torch.save(evaluate(net, eval_data()), out / "eval-plain.pt")
 
 
+def _held(out: Path, group: str, step: int) -> bool:
+    """Whether `OUT_DIR/hold-<group>` exists and is empty or names a step no later than `step`."""
+    try:
+        text = (out / f"hold-{group}").read_text().strip()
+    except FileNotFoundError:
+        return False
+    return not text or step >= int(text)
+
+
 def lite(out: Path, split: bool, fsdp: bool) -> None:
     from lite_core import LightningLite
 
@@ -93,7 +103,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
                     with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
                         f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
-                while (out / f"hold-{group}").exists():  # the test holds this group between steps
+                while _held(out, group, self.strategy.step):  # the test holds this group between steps
                     time.sleep(0.05)
             weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
             # the group evaluates the whole set alone, shared over its processes: summed over them
