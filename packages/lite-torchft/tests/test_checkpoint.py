@@ -38,7 +38,13 @@ def test_a_checkpoint_resumes_the_step_and_the_loader_position(lighthouse: str, 
         resumed_step = lite.strategy.step
         return seen, resumed_step, [int(next(iter(loader))[0]) for _ in range(1)]
 
-    seen, resumed_step, after = LightningLite(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).launch(train)
+    strategy = DDPFTStrategy(ft_timeout=5)
+    try:
+        seen, resumed_step, after = LightningLite(accelerator="cpu", strategy=strategy).launch(train)
+    finally:
+        # In one process Lite keeps the environment until exit (a second run() reuses it); here the
+        # Manager would go on heartbeating to this test's lighthouse, gone, in every later test's log.
+        strategy.teardown()
     assert seen == [0, 1, 2]
     assert resumed_step == 2  # the Manager's step as saved, not 3
     assert after == [2]  # the loader resumes at the first sample after the saved step
