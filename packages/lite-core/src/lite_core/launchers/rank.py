@@ -5,18 +5,25 @@ additions:
 - it dies with the launcher that started it (Linux parent-death signal), so a launcher killed
   even by SIGKILL leaves no rank behind;
 - its body is wrapped in torch's `record`, so that an exception goes into the error file the
-  elastic agent reads for its summary of the failure;
+  elastic agent reads for its summary of the failure; the file is written whole or not at all
+  (a temporary file, then renamed), since the agent may stop this rank in the middle of writing
+  it and then read what is there;
 - it exports `LITE_RESTART_COUNT`, the agent's attempt number (`TORCHELASTIC_RESTART_COUNT`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
+from typing import TYPE_CHECKING
 
 from lite_core._environ import LAUNCHER_PID_VARIABLE
 from lite_core.launchers.supervision import die_with_parent
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 #: Exported to every rank: 0 on the first attempt, then 1, 2, ... after each restart.
 RESTART_VARIABLE = "LITE_RESTART_COUNT"
@@ -35,7 +42,38 @@ def main(argv: list[str]) -> None:
     os.environ[RESTART_VARIABLE] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     module = argv[:1] == ["-m"]
     target, *args = argv[1:] if module else argv
-    record(_run)(target, args, module)
+    record(_run, error_handler=atomic_error_handler())(target, args, module)
+
+
+def atomic_error_handler() -> ErrorHandler:
+    """Torch's `ErrorHandler`, but it writes the error file to a temporary name and renames it.
+
+    The agent reads every rank's error file once it has stopped the ranks; a rank stopped between
+    torch's `open(..., "w")` and its write left an empty file there, which failed the agent itself
+    (`JSONDecodeError`) instead of reporting the rank that failed first."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    class AtomicErrorHandler(ErrorHandler):
+        _writing_to: str | None = None
+
+        def _get_error_file_path(self) -> str | None:
+            return self._writing_to or super()._get_error_file_path()
+
+        def record_exception(self, e: BaseException) -> None:
+            final = super()._get_error_file_path()
+            if not final:
+                super().record_exception(e)
+                return
+            self._writing_to = f"{final}.{os.getpid()}.partial"
+            try:
+                super().record_exception(e)
+                os.replace(self._writing_to, final)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._writing_to)
+                self._writing_to = None
+
+    return AtomicErrorHandler()
 
 
 def _die_with_launcher() -> None:
