@@ -72,3 +72,42 @@ def test_a_group_that_exists_is_reused_and_left_to_its_owner(run_script, output_
     proc = run_script(command=[sys.executable, "-c", REUSE])
     assert proc.returncode == 0, output_of(proc)
     assert proc.stdout.splitlines() == ["3.0", "alive after Lite's teardown: True"]
+
+
+# One rank of a 2-process group with a 1 s collective timeout; rank 1 starts 4 s late, as a new
+# process importing torch on a busy machine may. Once both are in, rank 1 skips a second
+# all_reduce: rank 0's must still time out after about 1 s.
+LATE_RANK = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from lite_core.strategies.process_group import init_attempt_process_group
+
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    if rank == 1:
+        time.sleep(4.0)
+    init_attempt_process_group("gloo", "127.0.0.1", port, rank, 2, timedelta(seconds=1))
+    dist.all_reduce(torch.ones(1))
+    print("joined", flush=True)
+    if rank == 1:
+        time.sleep(8.0)  # absent from the next collective, but alive
+    else:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1))
+        except RuntimeError:
+            print(f"timed out after {time.monotonic() - start:.1f} s", flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_starts_later_than_the_collective_timeout_still_joins(free_tcp_port):
+    port = str(free_tcp_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", LATE_RANK, str(rank), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=45) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    (joined, timed_out), (joined_too,) = (out.split("\n")[:-1] for out, _ in outputs)
+    assert joined == joined_too == "joined"
+    # Forming the group waited for the late rank; a collective still waits only the 1 s asked.
+    assert float(timed_out.split()[3]) < process_group.MIN_JOIN_SECONDS / 10, timed_out

@@ -40,6 +40,16 @@ import torch.distributed as dist
 #: How often rank 0 looks for ranks waiting for the attempt's token.
 _POLL_SECONDS = 0.01
 
+#: The least time forming the process group waits for every rank, whatever the collective
+#: timeout: a rank is a new process that imports torch first, which on a busy machine can take
+#: longer than a short collective timeout (seconds).
+MIN_JOIN_SECONDS = 60.0
+
+
+def join_timeout(timeout: timedelta) -> timedelta:
+    """How long forming the group waits for the ranks: `timeout`, but at least `MIN_JOIN_SECONDS`."""
+    return max(timeout, timedelta(seconds=MIN_JOIN_SECONDS))
+
 
 def attempt_prefix(world_size: int, token: str = "") -> str:
     """The key prefix that keeps this attempt's process group apart from earlier attempts'.
@@ -77,13 +87,15 @@ def attempt_store(address: str, port: int, rank: int, world_size: int, timeout: 
         port: its port (`MASTER_PORT`).
         rank: this process's global rank.
         world_size: the number of processes in the group.
-        timeout: how long to wait for the store and for keys in it.
+        timeout: how long to wait for the store and for keys in it; at least `MIN_JOIN_SECONDS`
+            (`join_timeout`), so a short collective timeout does not cut the ranks' start short.
 
     Returns:
         The store to pass to `torch.distributed.init_process_group(store=...)`.
     """
     shared = uses_agent_store()
     hosts = rank == 0 and not shared
+    timeout = join_timeout(timeout)
     store = dist.TCPStore(address, port, world_size, is_master=hosts, timeout=timeout, multi_tenant=hosts)
     token = _agree_on_token(store, rank, world_size, timeout) if shared else ""
     return dist.PrefixStore(attempt_prefix(world_size, token), store)
@@ -133,7 +145,7 @@ def init_attempt_process_group(backend: str, address: str, port: int, rank: int,
         port: its port (`MASTER_PORT`).
         rank: this process's global rank.
         world_size: the number of processes in the group.
-        timeout: how long collectives and the store wait.
+        timeout: how long a collective waits; the store waits `join_timeout(timeout)`.
     """
     store = attempt_store(address, port, rank, world_size, timeout)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
