@@ -1,5 +1,6 @@
-"""`ModelParallelStrategy` and `FSDPStrategy(replicate_size=...)` at construction: the mesh's sizes,
-and bad input refused in one sentence (what needs processes is in tests/integration/sharded)."""
+"""`ModelParallelStrategy` (with a pipeline dimension too) and `FSDPStrategy(replicate_size=...)` at
+construction: the mesh's sizes, and bad input refused in one sentence (what needs processes is in
+tests/integration/sharded)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,42 @@ def test_hsdp_replicate_size_must_divide_the_processes(clean_env) -> None:
     assert str(info.value).startswith("replicate_size=3 does not divide the 4 processes") and _one_sentence(str(info.value))
     with pytest.raises(ConfigurationError, match="replicate_size=0 is not valid"):
         FSDPStrategy(replicate_size=0)
+
+
+# Pipeline parallelism (`pipeline_parallel_size`): the splitter itself is in test_pipeline_parallel.py.
+
+def test_the_mesh_gains_a_pipeline_dimension_and_two_d_users_change_nothing(clean_env) -> None:
+    assert _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2), devices=4).mesh_shape == (2, 2, 1)
+    assert _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2, tensor_parallel_size=2),
+                        devices=8).mesh_shape == (2, 2, 2)
+    assert _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=2), devices=4).mesh_shape == (2, 2)
+
+
+@pytest.mark.parametrize(("kwargs", "start"), [
+    ({"pipeline_schedule": "ZigZag"}, "pipeline_schedule='ZigZag' is not a schedule Lite runs: choose one of"),
+    ({"pipeline_parallel_size": 0}, "pipeline_parallel_size=0 is not valid"),
+    ({"microbatches": 0}, "microbatches=0 is not valid"),
+    ({"pipeline_schedule": "GPipe", "stages_per_rank": 2}, "pipeline_schedule='GPipe' runs one stage per process"),
+    ({"save_distributed_checkpoint": False}, "save_distributed_checkpoint=False cannot gather a pipeline's stages"),
+    ({"loss_fn": "mse"}, "loss_fn='mse' is not callable"),
+])
+def test_bad_pipeline_arguments_are_refused_in_one_sentence(kwargs, start) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ModelParallelStrategy(_identity, **{"pipeline_parallel_size": 2, **kwargs})
+    assert str(info.value).startswith(start) and _one_sentence(str(info.value))
+
+
+def test_pipeline_sizes_that_do_not_make_the_world_size_are_refused(clean_env) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2, data_parallel_size=3), devices=4)
+    message = str(info.value)
+    assert message.startswith("pipeline_parallel_size=2 x data_parallel_size=3 x tensor_parallel_size='auto'"
+                              " does not make the world size 4")
+    assert _one_sentence(message)
+
+
+def test_a_precision_the_pipeline_schedule_cannot_hold_is_refused(clean_env) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2), devices=2, precision="16-mixed")
+    assert str(info.value).startswith("precision='16-mixed' scales the loss before backward")
+    assert _one_sentence(str(info.value))

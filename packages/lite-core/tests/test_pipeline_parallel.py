@@ -1,5 +1,6 @@
-"""`ModelParallelStrategy(pipeline_parallel_size=...)` at construction, and the splitter that cuts a
-model into stages by module names (what needs processes is in tests/integration/sharded)."""
+"""The splitter that cuts a model into pipeline stages by module names (`ModelParallelStrategy(
+pipeline_parallel_size=...)` at construction is in test_model_parallel.py; what needs processes
+is in tests/integration/sharded)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from lite_core import LightningLite
-from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import ModelParallelStrategy
+from lite_core.errors import MisuseError
 from lite_core.strategies import _split
-
-
-def _identity(model: nn.Module, device_mesh: object) -> nn.Module:
-    return model
-
-
-def _strategy_of(strategy: object, **kwargs: object) -> ModelParallelStrategy:
-    return LightningLite(accelerator="cpu", strategy=strategy, **kwargs)._strategy  # type: ignore[return-value]
 
 
 def _one_sentence(message: str) -> bool:
@@ -37,43 +28,6 @@ class Net(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x) if self.head is not None else x
-
-
-def test_the_mesh_gains_a_pipeline_dimension_and_two_d_users_change_nothing(clean_env) -> None:
-    assert _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2), devices=4).mesh_shape == (2, 2, 1)
-    assert _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2, tensor_parallel_size=2),
-                        devices=8).mesh_shape == (2, 2, 2)
-    assert _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=2), devices=4).mesh_shape == (2, 2)
-
-
-@pytest.mark.parametrize(("kwargs", "start"), [
-    ({"pipeline_schedule": "ZigZag"}, "pipeline_schedule='ZigZag' is not a schedule Lite runs: choose one of"),
-    ({"pipeline_parallel_size": 0}, "pipeline_parallel_size=0 is not valid"),
-    ({"microbatches": 0}, "microbatches=0 is not valid"),
-    ({"pipeline_schedule": "GPipe", "stages_per_rank": 2}, "pipeline_schedule='GPipe' runs one stage per process"),
-    ({"save_distributed_checkpoint": False}, "save_distributed_checkpoint=False cannot gather a pipeline's stages"),
-    ({"loss_fn": "mse"}, "loss_fn='mse' is not callable"),
-])
-def test_bad_pipeline_arguments_are_refused_in_one_sentence(kwargs, start) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        ModelParallelStrategy(_identity, **{"pipeline_parallel_size": 2, **kwargs})
-    assert str(info.value).startswith(start) and _one_sentence(str(info.value))
-
-
-def test_sizes_that_do_not_make_the_world_size_are_refused(clean_env) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2, data_parallel_size=3), devices=4)
-    message = str(info.value)
-    assert message.startswith("pipeline_parallel_size=2 x data_parallel_size=3 x tensor_parallel_size='auto'"
-                              " does not make the world size 4")
-    assert _one_sentence(message)
-
-
-def test_a_precision_the_schedule_cannot_hold_is_refused(clean_env) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2), devices=2, precision="16-mixed")
-    assert str(info.value).startswith("precision='16-mixed' scales the loss before backward")
-    assert _one_sentence(str(info.value))
 
 
 def test_a_part_holds_its_units_under_the_unsplit_models_names() -> None:
