@@ -254,6 +254,46 @@ def test_a_change_the_strategy_cannot_follow_is_refused_before_it_happens() -> N
     assert [name for name, _ in model.named_parameters()] == ["layer.weight", "layer.bias"]
 
 
+class _ShardHolder(nn.Module):
+    """A strategy's wrapper that, like torch-xla's FSDP, takes the module's parameters out of it
+    and holds a copy of each itself (under names of its own)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        for name, param in list(module.layer.named_parameters()):
+            self.register_parameter(f"shard_of_layer_{name}", nn.Parameter(param.detach().clone()))
+            del module.layer._parameters[name]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.shard_of_layer_weight, self.shard_of_layer_bias)
+
+
+class _ShardingStrategy(SingleDeviceStrategy):
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        return _ShardHolder(module)
+
+    def module_named_parameters(self, module: nn.Module, forward_module: nn.Module, prefix: str = "",
+                                recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        for name, param in forward_module.named_parameters(recurse=False):
+            yield prefix + name.replace("shard_of_layer_", "layer."), param
+
+
+def test_parameters_are_the_ones_that_train_where_the_strategy_moved_them() -> None:
+    model = LightningLite(accelerator="cpu", strategy=_ShardingStrategy()).setup(_net())
+    holder = forward_module(model)
+    assert [(name, param) for name, param in model.named_parameters()] == [
+        ("layer.weight", holder.shard_of_layer_weight), ("layer.bias", holder.shard_of_layer_bias)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # as a user makes it after setup()
+    before = holder.shard_of_layer_weight.detach().clone()
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(holder.shard_of_layer_weight, before)
+    # A strategy that leaves the parameters where they are adds nothing to the model's class.
+    plain = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(_net())
+    assert type(plain).named_parameters is nn.Module.named_parameters
+
+
 def test_a_one_process_model_takes_every_change_as_plain_pytorch_does() -> None:
     model = LightningLite(accelerator="cpu", devices=1).setup(_net())
     model.double()

@@ -243,6 +243,34 @@ def test_xla_fsdp_points_the_optimizer_at_the_sharded_parameters() -> None:
     LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
 
 
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_xla_fsdp_trains_with_an_optimizer_made_from_the_set_up_models_parameters(optimizer_name: str) -> None:
+    """The order the refusal above asks for: `setup_module`, then an optimizer on its `parameters()`
+    (the shards), then `setup_optimizers`; it trains as plain PyTorch does."""
+    expected_losses, _ = _plain_pytorch(optimizer_name, epochs=2)
+
+    def body(lite: LightningLite) -> tuple[list[float], bool, list[str]]:
+        model = lite.setup_module(_model())
+        optimizer = lite.setup_optimizers(_OPTIMIZERS[optimizer_name](model.parameters()))
+        sharded = {id(p) for p in forward_module(model).parameters()} == {id(p) for p in model.parameters()}
+        names = [name for name, _ in model.named_parameters()]
+        loader = lite.setup_dataloaders(_data())
+        losses = []
+        for _ in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                lite.backward(loss)
+                optimizer.step()
+                losses.append(loss.item())
+        return losses, sharded, names
+
+    losses, sharded, names = LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
+    assert sharded  # what parameters() yields after set-up are the shards on torch-xla's wrapper
+    assert names == [name for name, _ in _model().named_parameters()]  # under the model's own names
+    assert losses == pytest.approx(expected_losses, abs=1e-5)
+
+
 def _groups_state_and_scheduler(model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
     """Two groups with their own lr, momentum already held (one CPU step), a StepLR on top."""
     optimizer = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.02}],

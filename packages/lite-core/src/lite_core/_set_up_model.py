@@ -11,7 +11,8 @@ once per class (as torch's `fully_shard` does with `FSDP<Class>`), which adds wh
 - A method of the user's class called with a tensor (`model.training_step(x, y)`,
   `model.generate(ids)`) runs the same way, as one forward pass of the strategy (`_methods.py`).
 - `load_state_dict` goes through the strategy where it has its own (sharded strategies take full
-  weights).
+  weights), and so does `named_parameters()` (so `parameters()`) where the parameters that train
+  are not the module's own (torch-xla's FSDP moves them onto its wrapper).
 - Under a strategy that cannot follow a dtype or device change (DDP's gradient buckets), such a
   change (`model.double()`) is refused before anything moves (`_changes.py`, which also refuses
   new parameters there).
@@ -109,6 +110,17 @@ class _LoadsThroughStrategy:
             state.busy = False
 
 
+class _ParametersThroughStrategy:
+    """`named_parameters()` (and so `parameters()`) as the strategy says, where the parameters
+    that train are not the module's own (torch-xla's FSDP moves them onto its wrapper)."""
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        state = self.__dict__[STATE_KEY]
+        if state.busy:  # the strategy's own code, on the module it holds
+            return super().named_parameters(prefix, recurse, remove_duplicate)  # type: ignore[misc]
+        return state.strategy.module_named_parameters(self, state.forward_module, prefix, recurse, remove_duplicate)
+
+
 class _GuardsChanges:
     """Refuses a dtype or device change that the strategy cannot follow, before it happens."""
 
@@ -171,7 +183,8 @@ def user_methods(user_class: type[nn.Module]) -> dict[str, Callable[..., Any]]:
 
 
 @cache
-def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads: bool, guards: bool) -> type:
+def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads: bool, guards: bool,
+                 parameters: bool = False) -> type:
     """The subclass of `user_class` a set-up model gets; only the parts asked for are added, so a
     plain one-process model's step runs nothing of Lite's."""
     mixins: list[type] = [LiteModule]
@@ -179,6 +192,8 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads:
         mixins.append(_Calls)
     if loads:
         mixins.append(_LoadsThroughStrategy)
+    if parameters:
+        mixins.append(_ParametersThroughStrategy)
     if guards:
         mixins.append(_GuardsChanges)
     body: dict[str, Any] = {"__module__": user_class.__module__, "__qualname__": user_class.__qualname__}
@@ -188,7 +203,7 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads:
 
 
 def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, compiled: nn.Module | None,
-                    *, routes: bool, loads: bool, guards: bool) -> nn.Module:
+                    *, routes: bool, loads: bool, guards: bool, parameters: bool = False) -> nn.Module:
     """Make `module` the set-up model: the same object, its class a subclass of its own.
 
     Args:
@@ -200,6 +215,7 @@ def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any,
             a compiled module, a precision that changes the forward, a strategy's own method call).
         loads: whether `load_state_dict` goes through the strategy's.
         guards: whether dtype and device changes are refused (the strategy cannot follow them).
+        parameters: whether `named_parameters()` goes through the strategy's (they live on its wrapper).
     """
     user_class = type(module)
     if compiled is not None:
@@ -209,7 +225,7 @@ def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any,
     else:
         forward_call = forward_module
     module.__dict__[STATE_KEY] = _SetUp(strategy, forward_module, forward_call, user_class)
-    module.__class__ = set_up_class(user_class, routes, routes, loads, guards)
+    module.__class__ = set_up_class(user_class, routes, routes, loads, guards, parameters)
     return module
 
 

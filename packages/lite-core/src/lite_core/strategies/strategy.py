@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
@@ -265,6 +265,13 @@ class Strategy:
                                assign: bool = False) -> Any:
         """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""
         return module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def module_named_parameters(self, module: nn.Module, forward_module: nn.Module, prefix: str = "",
+                                recurse: bool = True, remove_duplicate: bool = True) -> Iterator[tuple[str, nn.Parameter]]:
+        """What `named_parameters()`, and so `parameters()`, of the set-up model yields: the parameters
+        an optimizer must hold to train it. These are the module's own; a strategy that moves them
+        onto the wrapper it built (`forward_module`) overrides this to yield those instead."""
+        return nn.Module.named_parameters(module, prefix, recurse, remove_duplicate)
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare `optimizer` for this strategy."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ class XLAFSDPStrategy(XLAStrategy):
         sharded = XlaFullyShardedDataParallel(module, **kwargs)
         self._sharded.update(id(p) for p in sharded.parameters())
         return sharded
+
+    def module_named_parameters(self, module: nn.Module, forward_module: nn.Module, prefix: str = "",
+                                recurse: bool = True, remove_duplicate: bool = True
+                                ) -> Iterator[tuple[str, nn.Parameter]]:
+        """The shards that train, under the names the module gives their parameters: torch-xla's
+        FSDP takes the module's own parameters out of it and registers a flat shard of each on its
+        wrapper, so an optimizer made from `model.parameters()` after `setup_module()` holds them."""
+        for name, shard in forward_module.named_parameters(remove_duplicate=remove_duplicate):
+            name = _user_name(name)
+            if recurse or "." not in name:
+                yield (f"{prefix}.{name}" if prefix else name), shard
 
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
                                     ) -> tuple[nn.Module, list[Optimizer]]:
@@ -127,6 +139,16 @@ class XLAFSDPStrategy(XLAStrategy):
         restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)
         state.update(rest)
         return content
+
+
+#: The parts of a shard's name on torch-xla's FSDP wrapper that are the wrapper's, not the module's.
+_WRAPPER_PARTS = frozenset({"_fsdp_shard", "_fsdp_wrapped_module", "_fpw_module"})
+
+
+def _user_name(name: str) -> str:
+    """`_fsdp_wrapped_module._fpw_module.0._fsdp_shard_FSDP_SHARD_SEPARATOR_..._weight` -> `0.weight`."""
+    parts = name.replace("_FSDP_SHARD_SEPARATOR_", ".").split(".")
+    return ".".join(part for part in parts if part not in _WRAPPER_PARTS)
 
 
 def _point_at_shards(optimizer: Optimizer, sharded: nn.Module, on_device: Any) -> None:
