@@ -33,17 +33,24 @@ _OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 }
 
 
+def _train_epochs(model: nn.Module, optimizer: Any, loader: Any, backward: Callable[[torch.Tensor], None],
+                  epochs: int) -> list[float]:
+    """The user's loop; `backward` is `loss.backward` in plain PyTorch, `lite.backward` under Lite."""
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            backward(loss)
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
 def _plain_pytorch(optimizer_name: str, epochs: int) -> tuple[list[float], list[torch.Tensor]]:
     model = _model()
     optimizer = _OPTIMIZERS[optimizer_name](model.parameters())
-    losses = []
-    for _ in range(epochs):
-        for x, y in _data():
-            optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+    losses = _train_epochs(model, optimizer, _data(), lambda loss: loss.backward(), epochs)
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
@@ -52,15 +59,7 @@ class _Train(LightningLite):
         model = _model()
         optimizer = _OPTIMIZERS[optimizer_name](model.parameters())  # made before setup()
         model, optimizer = self.setup(model, optimizer)
-        loader = self.setup_dataloaders(_data())
-        losses = []
-        for _ in range(epochs):
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.mse_loss(model(x), y)
-                self.backward(loss)
-                optimizer.step()
-                losses.append(loss.item())
+        losses = _train_epochs(model, optimizer, self.setup_dataloaders(_data()), self.backward, epochs)
         return losses, [p.detach().cpu() for p in model.parameters()]
 
 
@@ -254,16 +253,7 @@ def test_xla_fsdp_trains_with_an_optimizer_made_from_the_set_up_models_parameter
         optimizer = lite.setup_optimizers(_OPTIMIZERS[optimizer_name](model.parameters()))
         sharded = {id(p) for p in forward_module(model).parameters()} == {id(p) for p in model.parameters()}
         names = [name for name, _ in model.named_parameters()]
-        loader = lite.setup_dataloaders(_data())
-        losses = []
-        for _ in range(2):
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.mse_loss(model(x), y)
-                lite.backward(loss)
-                optimizer.step()
-                losses.append(loss.item())
-        return losses, sharded, names
+        return _train_epochs(model, optimizer, lite.setup_dataloaders(_data()), lite.backward, 2), sharded, names
 
     losses, sharded, names = LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
     assert sharded  # what parameters() yields after set-up are the shards on torch-xla's wrapper
