@@ -42,10 +42,10 @@ def main(argv: list[str]) -> None:
     os.environ[RESTART_VARIABLE] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     module = argv[:1] == ["-m"]
     target, *args = argv[1:] if module else argv
-    record(_run, error_handler=atomic_error_handler())(target, args, module)
+    record(_run, error_handler=_atomic_error_handler())(target, args, module)
 
 
-def atomic_error_handler() -> ErrorHandler:
+def _atomic_error_handler() -> ErrorHandler:
     """Torch's `ErrorHandler`, but it writes the error file to a temporary name and renames it.
 
     The agent reads every rank's error file once it has stopped the ranks; a rank stopped between
