@@ -34,8 +34,9 @@ _OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 
 
 def _train_epochs(model: nn.Module, optimizer: Any, loader: Any, backward: Callable[[torch.Tensor], None],
-                  epochs: int) -> list[float]:
-    """The user's loop; `backward` is `loss.backward` in plain PyTorch, `lite.backward` under Lite."""
+                  epochs: int, scheduler: Any = None) -> list[float]:
+    """The user's loop; `backward` is `loss.backward` in plain PyTorch, `lite.backward` under Lite;
+    a `scheduler` steps after every optimizer step."""
     losses = []
     for _ in range(epochs):
         for x, y in loader:
@@ -43,6 +44,8 @@ def _train_epochs(model: nn.Module, optimizer: Any, loader: Any, backward: Calla
             loss = nn.functional.mse_loss(model(x), y)
             backward(loss)
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             losses.append(loss.item())
     return losses
 
@@ -272,29 +275,17 @@ def _groups_state_and_scheduler(model: nn.Module) -> tuple[torch.optim.Optimizer
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
 
 
-def _train_with_scheduler(model: nn.Module, optimizer: Any, scheduler: Any, loader: Any, backward: Any) -> list[float]:
-    losses = []
-    for x, y in loader:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        backward(loss)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses
-
-
 def test_xla_fsdp_keeps_the_users_optimizer_with_its_groups_state_and_scheduler() -> None:
     model = _model()
     optimizer, scheduler = _groups_state_and_scheduler(model)
-    expected = _train_with_scheduler(model, optimizer, scheduler, _data(), lambda loss: loss.backward())
+    expected = _train_epochs(model, optimizer, _data(), lambda loss: loss.backward(), 1, scheduler)
 
     def body(lite: LightningLite) -> tuple[list[float], bool]:
         model = _model()
         optimizer, scheduler = _groups_state_and_scheduler(model)
         model, wrapped = lite.setup(model, optimizer)
         same = wrapped.optimizer is optimizer and scheduler.optimizer is optimizer
-        return _train_with_scheduler(model, wrapped, scheduler, lite.setup_dataloaders(_data()), lite.backward), same
+        return _train_epochs(model, wrapped, lite.setup_dataloaders(_data()), lite.backward, 1, scheduler), same
 
     losses, same_object = LightningLite(accelerator="tpu", strategy="xla_fsdp", devices=1).launch(body)
     assert same_object

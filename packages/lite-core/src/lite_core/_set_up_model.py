@@ -184,7 +184,7 @@ def user_methods(user_class: type[nn.Module]) -> dict[str, Callable[..., Any]]:
 
 @cache
 def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads: bool, guards: bool,
-                 parameters: bool = False) -> type:
+                 parameters: bool) -> type:
     """The subclass of `user_class` a set-up model gets; only the parts asked for are added, so a
     plain one-process model's step runs nothing of Lite's."""
     mixins: list[type] = [LiteModule]
@@ -203,7 +203,7 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads:
 
 
 def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, compiled: nn.Module | None,
-                    *, routes: bool, loads: bool, guards: bool, parameters: bool = False) -> nn.Module:
+                    *, routes: bool, loads: bool, guards: bool, parameters: bool) -> nn.Module:
     """Make `module` the set-up model: the same object, its class a subclass of its own.
 
     Args:
