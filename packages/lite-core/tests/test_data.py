@@ -17,8 +17,8 @@ from torch.utils.data import (
 )
 
 from lite_core import LightningLite, seed_everything
-from lite_core._data import distribute, recording_loader_arguments
-from lite_core._order import ShardedSampler
+from lite_core.data._sharding import distribute, recording_loader_arguments
+from lite_core.data._order import ShardedSampler
 from lite_core.errors import MisuseError
 
 DATA = list(range(10))
@@ -110,7 +110,7 @@ def test_an_explicit_batch_sampler_keeps_its_batches_and_shuffle(drop_last: bool
 
 
 def test_a_set_up_loader_with_a_batch_sampler_shuffles_differently_each_epoch() -> None:
-    from lite_core._loader import LiteDataLoader
+    from lite_core.data._lite_loader import LiteDataLoader
 
     data = list(range(40))
     shard = distribute(DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 4, False)), 2, 0, 1)

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from lite_core._defaults import VARIABLES
+from lite_core.connector._defaults import VARIABLES
 from lite_core.environments.local import LocalEnvironment
 from lite_core.errors import ConfigurationError
 from lite_core.lite import LightningLite

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lite_core import LightningLite
-from lite_core._data import EvaluationSampler, EvenBatches, distribute_for_evaluation, emptied
+from lite_core.data._sharding import EvaluationSampler, EvenBatches, distribute_for_evaluation, emptied
 from lite_core.errors import MisuseError
 
 
@@ -179,7 +179,7 @@ class _NamedLoader(DataLoader):
 
 
 def test_a_dataloader_subclass_created_inside_run_is_rebuilt_for_evaluation() -> None:
-    from lite_core._data import recording_loader_arguments
+    from lite_core.data._sharding import recording_loader_arguments
 
     with recording_loader_arguments():  # what run() does around the user's code
         loader = _NamedLoader(list(range(9)), "mine", batch_size=4)

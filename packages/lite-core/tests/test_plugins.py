@@ -73,7 +73,7 @@ def test_backends_import_only_public_names_of_the_core() -> None:
 
 def test_the_import_check_sees_private_names(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("from lite_core._checkpoint import to_state\nfrom lite_core.wrappers import _LiteOptimizerBase\n"
+    sample.write_text("from lite_core._checkpoint import to_state\nfrom lite_core.model.optimizer import _LiteOptimizerBase\n"
                       "import lite_core.launchers._processes\nimport lite_core\nlite_core._registry.clear_cache()\n")
     hits = [hit.split(": ", 1)[1] for hit in _private_imports(sample, root=tmp_path)]
     assert hits == ["lite_core._checkpoint", "_LiteOptimizerBase", "lite_core.launchers._processes", "_registry"]

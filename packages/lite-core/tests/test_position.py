@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
 
 from lite_core import LightningLite
-from lite_core._order import SplitBatches, rank_slice
-from lite_core._data import split_batches
+from lite_core.data._order import SplitBatches, rank_slice
+from lite_core.data._sharding import split_batches
 from lite_core.strategies import SingleDeviceStrategy
 from lite_core.errors import MisuseError
 
@@ -139,8 +139,8 @@ def test_split_batches_refuses_a_batch_the_processes_do_not_divide() -> None:
 
 def test_a_stateful_dataloader_sharded_over_ranks_resumes_at_the_next_sample_on_another_world_size() -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    from lite_core._data import distribute
-    from lite_core._loader import LiteDataLoader
+    from lite_core.data._sharding import distribute
+    from lite_core.data._lite_loader import LiteDataLoader
 
     def shards(world: int) -> list[LiteDataLoader]:  # every rank's loader, as each rank would build it
         loaders = []

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from lite_core import _set_up_model
+from lite_core.model import _module as _set_up_model
 
 
 def _prefixed(self, prefix="", recurse=True, remove_duplicate=True):

@@ -1,6 +1,6 @@
 """Mutant: attribute writes on the set-up model stop at a wrapper: forward never sees them."""
 
-from lite_core import _set_up_model
+from lite_core.model import _module as _set_up_model
 
 
 def _kept_aside(self, name, value):

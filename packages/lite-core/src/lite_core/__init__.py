@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lite_core.__about__ import __version__
 
 if TYPE_CHECKING:
-    from lite_core._seed import seed_everything
+    from lite_core.seed import seed_everything
     from lite_core.lite import LightningLite
     from lite_core.loggers import CSVLogger, Logger, TensorBoardLogger
     from lite_core.monitor import ThroughputMonitor, measure_flops
@@ -21,7 +21,7 @@ __all__ = ["CSVLogger", "LightningLite", "Logger", "TensorBoardLogger", "Through
 
 _LAZY = {
     "LightningLite": "lite_core.lite",
-    "seed_everything": "lite_core._seed",
+    "seed_everything": "lite_core.seed",
     "CSVLogger": "lite_core.loggers",
     "Logger": "lite_core.loggers",
     "TensorBoardLogger": "lite_core.loggers",

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
-import weakref
 from collections.abc import Generator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import torch
@@ -15,21 +13,24 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lite_core import _arguments, _backward, _defaults, _loader_setup, _running, _seed, _setup
-from lite_core._connector import connect
-from lite_core._evaluation import EvaluationPasses, check_sharding
-from lite_core._gather import gather_for_metrics
-from lite_core._move import collective_input
-from lite_core._set_up_model import LiteModule, state_of
-from lite_core.checkpoint._background import BackgroundSaves
-from lite_core.errors import MisuseError
-from lite_core.wrappers import _LiteOptimizerBase
+from lite_core.connector import _defaults
+from lite_core.connector._arguments import as_list, checked_loggers, legacy_devices
+from lite_core.connector._connect import connect
+from lite_core.data._evaluation import EvaluationPasses
+from lite_core.data._loaders import Loaders
+from lite_core.running._callbacks import Callbacks, Loggers
+from lite_core.running._checkpoints import Checkpoints
+from lite_core.running._collectives import Collectives
+from lite_core.running._execution import Running, wrap_run
+from lite_core.seed import seed_everything
+from lite_core.training._models import Claims, Models
 
 if TYPE_CHECKING:  # for the annotations only (read as text: `from __future__ import annotations`)
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.checkpoint import CheckpointIO
     from lite_core.environments.environment import ClusterEnvironment
     from lite_core.loggers.logger import Logger
+    from lite_core.model._module import LiteModule
     from lite_core.precision.precision import Precision
     from lite_core.strategies.strategy import Strategy
 
@@ -72,36 +73,37 @@ class LightningLite:
                  | list[Precision | ClusterEnvironment | CheckpointIO] | None = None,
                  loggers: Logger | list[Logger] | None = None, callbacks: object | list[object] | None = None, *,
                  gpus: int | str | list[int] | None = None, tpu_cores: int | list[int] | None = None) -> None:
-        accelerator, devices = _arguments.legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
+        accelerator, devices = legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
         self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins,
                                            left_to_launcher=getattr(self, "_left_to_launcher", frozenset()))
-        self._loggers = _arguments.checked_loggers(_arguments.as_list(loggers))
-        self._callbacks = _arguments.as_list(callbacks)
-        self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._models: list[LiteModule] = []
-        self._evaluations = EvaluationPasses(self._models)
-        self._inside_run = False
-        self._background_saves = BackgroundSaves()
-        self._profiler: Any = None
-        # Neither the strategy nor the precision changes backward, and with one process there is
-        # no gradient synchronisation that a loss from the original model would skip: call it directly.
-        self._plain_backward = _backward.is_plain_backward(self._strategy) and not self._strategy.is_distributed
+        self._loggers = Loggers(checked_loggers(as_list(loggers)), self._strategy)
+        self._callbacks = Callbacks(as_list(callbacks))
+        self._checkpoints = Checkpoints(self._strategy)
+        self._collectives = Collectives(self._strategy)
+        self._running = Running(self._strategy, self._checkpoints, self._loggers)
+        self._start_set_up()
+
+    def _start_set_up(self) -> None:
+        """No model, optimizer or loader set up yet (also in a spawned process's copy)."""
+        claims, models = Claims(), []
+        evaluations = EvaluationPasses(models)
+        self._models = Models(self._strategy, claims, models, evaluations)
+        self._loaders = Loaders(self._strategy, claims, evaluations)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "run" in cls.__dict__:
-            cls.run = _running.wrap_run(cls.__dict__["run"])  # type: ignore[method-assign]
+            cls.run = wrap_run(cls.__dict__["run"])  # type: ignore[method-assign]
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned process gets a copy without the parent's set-up objects.
         state = self.__dict__.copy()
-        state.update(_set_up=None, _models=[], _evaluations=None, _profiler=None)
+        state.update(_models=None, _loaders=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._set_up = weakref.WeakSet()
-        self._evaluations = EvaluationPasses(self._models)
+        self._start_set_up()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -154,31 +156,16 @@ class LightningLite:
         started and set up, and the code after `launch()` runs in every one of them.
         """
         if fn is not None:
-            return cast(T, self._launch(functools.partial(self._execute, fn, self), args, kwargs))
-        _running.launch_without_function(self._strategy, self._finalize_loggers)
+            return cast(T, self._running.launch(functools.partial(self._execute, fn, self), args, kwargs))
+        self._running.launch_without_function()
         return None
-
-    def _launch(self, worker: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        """`worker(*args, **kwargs)` here, or in every process the launcher starts. The user's
-        arguments travel apart from `worker` so that a launcher can give each rank its own copy."""
-        launcher = self._strategy.launcher
-        if self._inside_run or launcher is None:
-            return worker(*args, **kwargs)
-        return cast(T, launcher.launch(worker, *args, **kwargs))
 
     def _user_run(self, *args: Any, **kwargs: Any) -> Any:
         # Looked up by name (not captured) so a pickled copy in a spawned process finds it too.
         return type(self).run.__wrapped__(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     def _execute(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        return _running.execute(self, fn, args, kwargs)
-
-    def _finalize_loggers(self) -> None:
-        """Flush and close every logger that can be (they reopen if the user logs again)."""
-        for logger in self._loggers:
-            finalize = getattr(logger, "finalize", None)
-            if callable(finalize):
-                finalize()
+        return self._running.execute(fn, *args, **kwargs)
 
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True,
@@ -197,19 +184,18 @@ class LightningLite:
         one (`model.generate(...)`) runs under the precision and through the strategy, as
         `model(x)` does.
         """
-        return _setup.setup(self._strategy, self._set_up, self._models, model, optimizers, move_to_device, loss_fn)
+        return self._models.setup(model, optimizers, move_to_device, loss_fn)
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True,
                      loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy (a
         `torch.compile`d model as `setup` does: wrapped plain, then compiled again); `loss_fn`
         as for `setup`."""
-        return _setup.setup_module(self._strategy, self._set_up, self._models, model, move_to_device, loss_fn)
+        return self._models.setup_module(model, move_to_device, loss_fn)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so that `step()` goes through the strategy and precision."""
-        wrapped = _setup.setup_optimizers(self._strategy, self._set_up, optimizers)
-        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+        return self._models.setup_optimizers(optimizers)
 
     def setup_dataloaders(self, *dataloaders: DataLoader, replace_sampler: bool = True,
                           move_to_device: bool = True, sharding: str = "auto", split_batches: bool = False) -> Any:
@@ -249,38 +235,22 @@ class LightningLite:
         the epoch's order, samples consumed): `load` resumes it at the next sample under any
         strategy and number of processes (see the "Preemption and resuming" page).
         """
-        check_sharding(sharding)
-        _loader_setup.check_split_batches(split_batches, replace_sampler)
-        _setup.require_environment(self._strategy, "setup_dataloaders")
-        wrapped = [_loader_setup.setup_dataloader(self._strategy, self._set_up, self._evaluations, d, replace_sampler,
-                                                  move_to_device, sharding, split_batches) for d in dataloaders]
-        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+        return self._loaders.setup(dataloaders, replace_sampler, move_to_device, sharding, split_batches)
 
     # -- training step ---------------------------------------------------------------------------------
     def backward(self, tensor: torch.Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
         """`tensor.backward()` through the strategy and precision (use it instead of `loss.backward()`)."""
-        _backward.backward(self._strategy, self._models, self._evaluations, self._plain_backward, tensor, model,
-                           args, kwargs)
+        self._models.backward(tensor, model, args, kwargs)
 
     def clip_gradients(self, model: nn.Module, optimizer: Optimizer, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,
                        error_if_nonfinite: bool = True) -> torch.Tensor | None:
         """Clip gradients by value (`clip_val`) or total norm (`max_norm`, returns the norm)."""
-        if (clip_val is None) == (max_norm is None):
-            raise MisuseError("clip_gradients() needs exactly one of clip_val and max_norm: pass one of them.")
-        inner = optimizer.optimizer if isinstance(optimizer, _LiteOptimizerBase) else optimizer
-        if max_norm is not None:
-            return self._strategy.clip_gradients_norm(model, inner, max_norm, norm_type, error_if_nonfinite)
-        self._strategy.clip_gradients_value(model, inner, cast(float, clip_val))
-        return None
+        return self._models.clip_gradients(model, optimizer, clip_val, max_norm, norm_type, error_if_nonfinite)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
-        if not isinstance(model, LiteModule):
-            raise MisuseError("no_backward_sync() needs the model returned by setup(): pass that one.")
-        if not enabled:
-            return nullcontext()
-        return self._strategy.no_backward_sync(state_of(model).forward_module)
+        return self._models.no_backward_sync(model, enabled)
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's forward context, for code that runs outside the wrapped model."""
@@ -315,8 +285,7 @@ class LightningLite:
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process arrives."""
-        self._require_collectives("barrier")
-        self._strategy.barrier(name)
+        self._collectives.barrier(name)
 
     def broadcast(self, obj: T, src: int = 0) -> T:
         """Rank `src`'s `obj` on every process.
@@ -327,10 +296,7 @@ class LightningLite:
                 was sent.
             src: the global rank whose `obj` every process receives.
         """
-        self._require_collectives("broadcast")
-        move = self._strategy.batch_to_device
-        received = self._strategy.broadcast(collective_input(obj, self.device, numbers=False, move=move), src)
-        return cast(T, collective_input(received, self.device, numbers=False, move=move))
+        return self._collectives.broadcast(obj, src)
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Each tensor in `data` stacked from every process along a new first dimension.
@@ -345,9 +311,7 @@ class LightningLite:
             `data`'s structure with each leaf a tensor on `self.device` of shape
             `(world_size, *shape)`.
         """
-        self._require_collectives("all_gather")
-        data = collective_input(data, self.device, move=self._strategy.batch_to_device)
-        return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
+        return self._collectives.all_gather(data, group, sync_grads)
 
     def all_reduce(self, data: Any, group: Any = None, reduce_op: str = "mean") -> Any:
         """Each tensor in `data` reduced over every process.
@@ -361,9 +325,7 @@ class LightningLite:
         Returns:
             `data`'s structure with each leaf a tensor on `self.device`; the input is not modified.
         """
-        self._require_collectives("all_reduce")
-        data = collective_input(data, self.device, move=self._strategy.batch_to_device)
-        return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
+        return self._collectives.all_reduce(data, group, reduce_op)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Each tensor in `data` concatenated over the processes along its first dimension.
@@ -383,12 +345,7 @@ class LightningLite:
         Returns:
             `data`'s structure with each leaf a tensor on `self.device` holding every process's rows.
         """
-        self._require_collectives("gather_for_metrics")
-        return gather_for_metrics(data, self._strategy)
-
-    def _require_collectives(self, method: str) -> None:
-        if self._strategy.is_distributed and not self._strategy.environment_ready:
-            raise MisuseError(f"{method}() needs the processes to be running: call it inside run() or after launch().")
+        return self._collectives.gather_for_metrics(data)
 
     @contextmanager
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
@@ -421,17 +378,7 @@ class LightningLite:
                 `CheckpointError` on every rank if the write failed. A strategy that cannot write
                 in the background saves in the foreground with a warning that says why.
         """
-        self._require_collectives("save")
-        self.wait_for_checkpoint()
-        path = os.fspath(filepath)
-        reason = None if blocking else self._strategy.why_no_background_save()
-        if blocking or reason is not None:
-            if reason is not None:
-                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
-                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=2)
-            self._strategy.save_checkpoint(path, content)
-            return
-        self._background_saves.start(path, self._strategy.stage_checkpoint(path, content))
+        self._checkpoints.save(content, filepath, blocking)
 
     def wait_for_checkpoint(self) -> None:
         """Wait until the checkpoint that `save(..., blocking=False)` is writing is complete.
@@ -439,7 +386,7 @@ class LightningLite:
         Raises a `CheckpointError` on every rank if its write failed on any rank. Every rank must
         call it; it returns at once when no save is in flight.
         """
-        self._background_saves.wait(self._strategy)
+        self._checkpoints.wait()
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True, missing_ok: bool = False) -> dict[str, Any]:
@@ -461,13 +408,7 @@ class LightningLite:
         moving the old one aside and moving the new one in), `load` reads the previous
         checkpoint from where that save had moved it, with a warning.
         """
-        from lite_core.checkpoint._io import existing_or_previous
-
-        self.wait_for_checkpoint()
-        path = existing_or_previous(os.fspath(filepath))
-        if missing_ok and not os.path.exists(path):
-            return {}
-        return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        return self._checkpoints.load(filepath, state, strict, weights_only, missing_ok)
 
     @contextmanager
     def profile(self, folder: str | os.PathLike[str], ranks: list[int] | None = None, wait: int = 1,
@@ -498,16 +439,7 @@ class LightningLite:
         from lite_core.profiler import profile
 
         with profile(self.global_rank, folder, ranks, wait, warmup, active, repeat, **profiler_kwargs) as prof:
-            outer, self._profiler = self._profiler, prof
-            try:
-                yield prof
-            finally:
-                self._profiler = outer
-
-    def _profiler_step(self) -> None:
-        """Mark a step of the profiler that `profile()` runs (called by `ThroughputMonitor.step`)."""
-        if self._profiler is not None:
-            self._profiler.step()
+            yield prof
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one value to every logger (rank 0 only)."""
@@ -515,20 +447,13 @@ class LightningLite:
 
     def log_dict(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Log several values to every logger (rank 0 only)."""
-        if not self.is_global_zero:
-            return
-        metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
-        for logger in self._loggers:
-            logger.log_metrics(metrics, step=step)
+        self._loggers.log_dict(metrics, step)
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call `hook_name(*args, **kwargs)` on every callback that defines it."""
-        for callback in self._callbacks:
-            method = getattr(callback, hook_name, None)
-            if callable(method):
-                method(*args, **kwargs)
+        self._callbacks.call(hook_name, args, kwargs)
 
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
-        return _seed.seed_everything(seed, workers=workers)
+        return seed_everything(seed, workers=workers)

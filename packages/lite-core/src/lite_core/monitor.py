@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.profiler import active_profiles
 
 if TYPE_CHECKING:
     from lite_core.lite import LightningLite
@@ -54,7 +55,7 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lite_core.wrappers import original_module
+    from lite_core.model.parts import original_module
 
     module = original_module(model)
     if on_meta:
@@ -173,8 +174,8 @@ class ThroughputMonitor:
         self._steps.append((_clock(), batch_size, items, self._waited))  # items None: the samples
         self._waited = 0.0
         self.step_count += 1
-        if self._lite._profiler is not None:
-            self._lite._profiler.step()
+        if active_profiles:
+            active_profiles[-1].step()
         if self.step_count == self._next_log:
             self._next_log += self._log_every
             metrics = self.compute()

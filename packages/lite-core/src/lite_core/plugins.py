@@ -47,8 +47,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lite_core._compile import CompileOptions
-    from lite_core._move import move_to_device
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.accelerators.cpu import CPUAccelerator
     from lite_core.checkpoint import (
@@ -63,6 +61,7 @@ if TYPE_CHECKING:
         stage_to_host,
         to_state,
     )
+    from lite_core.environ import export_environ, restore_environ
     from lite_core.environments.environment import ClusterEnvironment
     from lite_core.errors import (
         BackendImportError,
@@ -88,41 +87,31 @@ if TYPE_CHECKING:
         start_rank,
         write_result,
     )
+    from lite_core.model.compile import CompileOptions
+    from lite_core.model.optimizer import unwrap_optimizer
+    from lite_core.model.parts import forward_module, is_set_up, original_module
+    from lite_core.move import move_to_device
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
     from lite_core.strategies.fsdp import FSDPStrategy
     from lite_core.strategies.process_group import attempt_prefix, attempt_store, init_attempt_process_group
     from lite_core.strategies.single_device import SingleDeviceStrategy
     from lite_core.strategies.strategy import REDUCE_OPS, Strategy, check_reduce_op, reduce_on_one_process
-    from lite_core.wrappers import forward_module, is_set_up, original_module, unwrap_optimizer
 
-#: Each public name and the module that defines it.
-_HOMES: dict[str, str] = {
-    **dict.fromkeys(["Accelerator"], "lite_core.accelerators.accelerator"),
-    **dict.fromkeys(["CPUAccelerator"], "lite_core.accelerators.cpu"),
-    **dict.fromkeys(["Strategy", "REDUCE_OPS", "check_reduce_op", "reduce_on_one_process"],
-                   "lite_core.strategies.strategy"),
-    **dict.fromkeys(["SingleDeviceStrategy"], "lite_core.strategies.single_device"),
-    **dict.fromkeys(["DDPStrategy"], "lite_core.strategies.ddp"),
-    **dict.fromkeys(["FSDPStrategy"], "lite_core.strategies.fsdp"),
-    **dict.fromkeys(["attempt_prefix", "attempt_store", "init_attempt_process_group"],
-                   "lite_core.strategies.process_group"),
-    **dict.fromkeys(["Launcher"], "lite_core.launchers.launcher"),
-    **dict.fromkeys(["Precision", "MixedPrecision", "TruePrecision"], "lite_core.precision.precision"),
-    **dict.fromkeys(["ClusterEnvironment"], "lite_core.environments.environment"),
-    **dict.fromkeys(["CheckpointIO", "TorchCheckpointIO", "PRECISION_KEY", "READER_FILE", "read_checkpoint", "restore",
-                     "to_state", "on_rank_zero", "on_writing_ranks", "stage_to_host"], "lite_core.checkpoint"),
-    **dict.fromkeys(["LiteError", "ConfigurationError", "UnknownNameError", "BackendNotInstalledError",
-                     "IncompatibleBackendError", "BackendImportError", "MisuseError", "CollectiveTimeoutError",
-                     "CheckpointError", "MissingDependencyError"], "lite_core.errors"),
-    **dict.fromkeys(["start_rank", "run_rank", "read_result", "write_result", "die_with_parent", "on_interrupt",
-                     "RankProcesses", "describe_exit", "own_copy"], "lite_core.launchers.supervision"),
-    **dict.fromkeys(["move_to_device"], "lite_core._move"),
-    **dict.fromkeys(["export_environ", "restore_environ"], "lite_core._environ"),
-    **dict.fromkeys(["CompileOptions"], "lite_core._compile"),
-    **dict.fromkeys(["is_set_up", "original_module", "forward_module", "unwrap_optimizer"], "lite_core.wrappers"),
-}
 
+def _homes() -> dict[str, str]:
+    """Each public name and the module that defines it, read from the imports above: they are the
+    one list of the interface (type checkers and import-linter read them as imports)."""
+    import ast
+
+    with open(__file__, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names}
+
+
+_HOMES: dict[str, str] = _homes()
 __all__ = sorted(_HOMES)
 
 

@@ -10,6 +10,11 @@ from typing import Any
 from lite_core.errors import ConfigurationError
 
 
+#: The profilers that `profile()` runs in this process, innermost last: a `ThroughputMonitor`'s
+#: `step()` marks a step of the innermost one.
+active_profiles: list[Any] = []
+
+
 class _NoProfiler:
     """What `profile()` gives a rank that is not profiled: `step()` does nothing."""
 
@@ -25,7 +30,7 @@ def profile(rank: int, folder: str | os.PathLike[str], ranks: Iterable[int] | No
         if not isinstance(value, int) or value < least:
             raise ConfigurationError(f"profile() got {name}={value!r}: pass an int of at least {least}.")
     if ranks is not None and rank not in set(ranks):
-        yield _NoProfiler()
+        yield from _active(_NoProfiler())
         return
     import torch.profiler
 
@@ -40,4 +45,13 @@ def profile(rank: int, folder: str | os.PathLike[str], ranks: Iterable[int] | No
 
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
     with torch.profiler.profile(schedule=schedule, on_trace_ready=write_trace, **profiler_kwargs) as prof:
+        yield from _active(prof)
+
+
+def _active(prof: Any) -> Iterator[Any]:
+    """Yield `prof`, registered in `active_profiles` while the block runs."""
+    active_profiles.append(prof)
+    try:
         yield prof
+    finally:
+        active_profiles.remove(prof)

@@ -26,7 +26,8 @@ from lite_core.checkpoint._state import (
     state_of,
 )
 from lite_core.errors import CheckpointError
-from lite_core.wrappers import forward_module, unwrap_optimizer
+from lite_core.model.optimizer import unwrap_optimizer
+from lite_core.model.parts import forward_module
 
 if TYPE_CHECKING:
     from lite_core._roles import ShardsCheckpoints

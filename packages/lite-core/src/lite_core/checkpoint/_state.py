@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core._stateful import is_stateful
+from lite_core.checkpoint._stateful import is_stateful
 from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from lite_core._defaults import VARIABLES
+from lite_core.connector._defaults import VARIABLES
 from lite_core.errors import ConfigurationError
 
 _DESCRIPTION = """\
@@ -198,7 +198,7 @@ def launch_config(options: argparse.Namespace) -> tuple[Any, Any, list[str]]:
 
 def _choices(options: argparse.Namespace) -> dict[str, Any]:
     """The options given, else the `LITE_*` variables already exported, as LightningLite reads them."""
-    from lite_core._defaults import parse as parse_variable
+    from lite_core.connector._defaults import parse as parse_variable
 
     low, high = options.nodes
     given = {"accelerator": options.accelerator, "strategy": options.strategy, "precision": options.precision,
@@ -217,7 +217,7 @@ def _processes_per_node(options: argparse.Namespace, choices: dict[str, Any]) ->
     """How many ranks each node starts: torchrun's `--nproc-per-node` (a number, cpu, gpu, auto),
     else the devices as LightningLite would resolve them. Either way the choices are resolved as
     LightningLite would, so that a bad one fails here, before any process starts."""
-    from lite_core._connector import connect
+    from lite_core.connector._connect import connect
 
     count = None
     if options.nproc_per_node is not None:

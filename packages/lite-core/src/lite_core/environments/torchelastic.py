@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from lite_core._environ import LAUNCHER_PID_VARIABLE
+from lite_core.environ import LAUNCHER_PID_VARIABLE
 from lite_core.environments._envvars import counts_of, env_int, int_or_none
 from lite_core.environments._torch_variables import TorchVariablesEnvironment
 from lite_core.errors import ConfigurationError

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from lite_core._environ import export_environ, restore_environ
+from lite_core.environ import export_environ, restore_environ
 from lite_core.errors import ConfigurationError
 from lite_core.launchers.rank import LAUNCHER_PID_VARIABLE
 from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, exit_code, rank_to_blame

@@ -19,7 +19,7 @@ import runpy
 import sys
 from typing import TYPE_CHECKING
 
-from lite_core._environ import LAUNCHER_PID_VARIABLE
+from lite_core.environ import LAUNCHER_PID_VARIABLE
 from lite_core.launchers.supervision import die_with_parent
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map_only
 
-from lite_core._environ import restore_environ
+from lite_core.environ import restore_environ
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress

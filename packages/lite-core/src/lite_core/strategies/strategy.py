@@ -12,8 +12,8 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core._methods import call_through
-from lite_core._move import move_to_device
+from lite_core.model._methods import call_through
+from lite_core.move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._rank_zero import on_rank_zero
@@ -21,7 +21,7 @@ from lite_core.precision.names import PRECISIONS
 from lite_core.precision.precision import Precision, build_precision
 
 if TYPE_CHECKING:
-    from lite_core._compile import CompileOptions
+    from lite_core.model.compile import CompileOptions
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
     from lite_core.launchers.launcher import Launcher
@@ -194,7 +194,7 @@ class Strategy:
         stack.enter_context(self.root_device)
         stack.enter_context(self.precision.module_init_context())
         if empty_init:
-            from lite_core._empty_init import SkipInitialisation
+            from lite_core.model._empty_init import SkipInitialisation
 
             stack.enter_context(SkipInitialisation())
         return stack

@@ -1,10 +1,6 @@
-"""Wrappers around the user's optimizers (the dataloader's is in `lite_core._loader`), and the
-functions that find the parts of a set-up model (which is the user's own module, see
-`_set_up_model.py`).
-
-Each wrapper behaves like the object it wraps (attribute access, `state_dict`, iteration, `len`)
-and keeps the original reachable, while routing the optimizer step and batches through the
-strategy and precision.
+"""The set-up optimizer: an instance of the user's optimizer class whose `step()` goes through the
+strategy and precision, holding no state of its own (`param_groups`, `state` and hooks are the
+user's optimizer's), and `unwrap_optimizer`, which finds the optimizer behind it.
 """
 
 from __future__ import annotations
@@ -13,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
 
-from lite_core._set_up_model import STATE_KEY, LiteModule, is_set_up_model, state_of
 
 if TYPE_CHECKING:
     from lite_core._roles import StrategyLike as Strategy
@@ -75,35 +70,6 @@ def wrap_optimizer(optimizer: Optimizer, strategy: Strategy) -> Optimizer:
     object.__setattr__(wrapper, "_strategy", strategy)
     wrapper._bind_fast_paths()
     return wrapper  # type: ignore[return-value]
-
-
-def is_set_up(obj: Any) -> bool:
-    """Whether `obj` is a module or optimizer returned by `LightningLite.setup` (or its parts)."""
-    return isinstance(obj, (LiteModule, _LiteOptimizerBase))
-
-
-def original_module(obj: Any) -> Any:
-    """The user's own module behind a set-up module: since the set-up model is the user's module,
-    `obj` itself (kept for backends written against the wrapper of Lite 1.5)."""
-    return obj
-
-
-def forward_module(obj: Any) -> Any:
-    """What the strategy built around a set-up module (e.g. `DistributedDataParallel`, a DeepSpeed
-    engine; the module itself under FSDP, whose `fully_shard` works in place); any other object as it is."""
-    return state_of(obj).forward_module if is_set_up_model(obj) else obj
-
-
-def forward_ran_since_backward(modules: list[Any], retain: bool) -> bool:
-    """Whether any of the set-up `modules` ran a forward pass since the last call; forgets it unless
-    `retain` (a backward with `retain_graph=True` may be followed by another through the same graph)."""
-    ran = False
-    for module in modules:  # once per backward: no helper calls
-        state = module.__dict__[STATE_KEY]
-        ran = ran or state.forward_ran
-        if not retain:
-            state.forward_ran = False
-    return ran
 
 
 def unwrap_optimizer(obj: Any) -> Any:

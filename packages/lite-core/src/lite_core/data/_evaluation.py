@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import DataLoader
 
-from lite_core import _data
+from lite_core.data import _sharding as _data
 from lite_core.errors import MisuseError
 
 if TYPE_CHECKING:
-    from lite_core._set_up_model import LiteModule
+    from lite_core.model._module import LiteModule
 
 #: What `setup_dataloaders(sharding=...)` accepts.
 SHARDINGS = ("auto", "training", "evaluation")

@@ -19,7 +19,7 @@ import os
 import warnings
 from typing import Any, Callable, TypeVar
 
-from lite_core._environ import LAUNCHER_PID_VARIABLE
+from lite_core.environ import LAUNCHER_PID_VARIABLE
 from lite_core.errors import ConfigurationError
 
 #: Constructor argument -> the environment variable that supplies its default.

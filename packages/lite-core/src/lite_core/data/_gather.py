@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from lite_core._move import collective_input
+from lite_core.move import collective_input
 from lite_core.errors import MisuseError
 
 if TYPE_CHECKING:

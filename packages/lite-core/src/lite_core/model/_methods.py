@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from lite_core._move import holds_tensor
+from lite_core.move import holds_tensor
 from lite_core.errors import MisuseError
 
 _MISSING = object()

@@ -1,24 +1,49 @@
-"""Setting up dataloaders: what `LightningLite.setup_dataloaders` does to each loader (shard it
-for training or evaluation, cut its global batch with `split_batches`, seed its workers, wrap it
-to move batches to the device).
+"""The dataloaders one `LightningLite` set up: what `setup_dataloaders` does to each loader (shard
+it for training or evaluation, cut its global batch with `split_batches`, seed its workers, wrap
+it to move batches to the device).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from lite_core import _data
-from lite_core._loader import LiteDataLoader
-from lite_core._setup import claim
+from lite_core.data import _sharding as _data
+from lite_core.data._evaluation import EvaluationPasses, check_sharding
+from lite_core.data._lite_loader import LiteDataLoader
 from lite_core.errors import MisuseError
+from lite_core.training._models import Claims, require_environment
 
 if TYPE_CHECKING:
-    from lite_core._evaluation import EvaluationPasses
     from lite_core.strategies.strategy import Strategy
+
+
+class Loaders:
+    """`LightningLite`'s set-up dataloaders: each claimed once, sharded for its strategy."""
+
+    def __init__(self, strategy: Strategy, claims: Claims, evaluations: EvaluationPasses) -> None:
+        self._strategy = strategy
+        self._claims = claims
+        self._evaluations = evaluations
+
+    def setup(self, dataloaders: tuple[DataLoader, ...], replace_sampler: bool, move_to_device: bool,
+              sharding: str, split_batches: bool) -> Any:
+        """`LightningLite.setup_dataloaders`: each loader set up (one alone, several as a tuple)."""
+        check_sharding(sharding)
+        check_split_batches(split_batches, replace_sampler)
+        require_environment(self._strategy, "setup_dataloaders")
+        wrapped = [self._setup_one(d, replace_sampler, move_to_device, sharding, split_batches) for d in dataloaders]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _setup_one(self, dataloader: DataLoader, replace_sampler: bool, move_to_device: bool, sharding: str,
+                   split_batches: bool) -> LiteDataLoader:
+        if isinstance(dataloader, LiteDataLoader):
+            raise MisuseError("This dataloader was already set up by Lite: set up each dataloader once and reuse"
+                              " the result.")
+        return setup_dataloader(self._strategy, self._claims, self._evaluations, dataloader, replace_sampler,
+                                move_to_device, sharding, split_batches)
 
 
 def check_split_batches(split_batches: bool, replace_sampler: bool) -> None:
@@ -30,7 +55,7 @@ def check_split_batches(split_batches: bool, replace_sampler: bool) -> None:
         )
 
 
-def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluations: EvaluationPasses,
+def setup_dataloader(strategy: Strategy, claims: Claims, evaluations: EvaluationPasses,
                      dataloader: DataLoader, replace_sampler: bool, move_to_device: bool,
                      sharding: str, split_batches: bool) -> LiteDataLoader:
     """One loader of `LightningLite.setup_dataloaders`, set up under `strategy`."""
@@ -39,7 +64,7 @@ def setup_dataloader(strategy: Strategy, set_up: weakref.WeakSet[Any], evaluatio
             f"setup_dataloaders() takes torch DataLoaders but got {type(dataloader).__name__}: wrap"
             " your data in a torch.utils.data.DataLoader."
         )
-    claim(set_up, dataloader, "dataloader")
+    claims.claim(dataloader, "dataloader")
     shard = strategy.distributed_sampler_kwargs()
     evaluation = None
     seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))

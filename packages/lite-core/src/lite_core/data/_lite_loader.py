@@ -1,5 +1,5 @@
 """The set-up dataloader: the user's loader (or Lite's copy of it), its batches moved to the device,
-and its place in the job's global sample order (`lite_core._position`)."""
+and its place in the job's global sample order (`lite_core.data._position`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lite_core._data import EvaluationPass, EvenBatches
-from lite_core._move import already_on, move_to_device
-from lite_core._position import LoaderPosition
+from lite_core.data._sharding import EvaluationPass, EvenBatches
+from lite_core.move import already_on, move_to_device
+from lite_core.data._position import LoaderPosition
 
 _OWN = ("_dataloader", "_strategy", "_moves_plainly", "_position", "_evaluation", "_evaluation_position")
 
@@ -57,7 +57,7 @@ class LiteDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's global position: the epoch, what reproduces its order, and how many of its
-        samples were consumed (see `lite_core._position`)."""
+        samples were consumed (see `lite_core.data._position`)."""
         return self._position.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -23,9 +23,9 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from lite_core._move import rebuild_mapping
-from lite_core._order import BatchPart, EpochOrder, ResumableDistributedSampler, ShardedSampler, SplitBatches
-from lite_core._seed import seed_worker, worker_seeding_enabled
+from lite_core.move import rebuild_mapping
+from lite_core.data._order import BatchPart, EpochOrder, ResumableDistributedSampler, ShardedSampler, SplitBatches
+from lite_core.seed import seed_worker, worker_seeding_enabled
 from lite_core.errors import MisuseError
 
 # DataLoader arguments that describe how it loads (everything but what picks the samples).

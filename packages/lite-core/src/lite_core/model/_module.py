@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from lite_core._changes import refuse_conversion
-from lite_core._methods import computes_on_input
+from lite_core.model._changes import refuse_conversion
+from lite_core.model._methods import computes_on_input
 
 #: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
 #: and `_buffers`, so it is in no name, state dict or `modules()`).
@@ -237,3 +237,15 @@ def is_set_up_model(obj: Any) -> bool:
 def state_of(model: nn.Module) -> _SetUp:
     """Lite's record on a set-up model."""
     return model.__dict__[STATE_KEY]
+
+
+def forward_ran_since_backward(modules: list[Any], retain: bool) -> bool:
+    """Whether any of the set-up `modules` ran a forward pass since the last call; forgets it unless
+    `retain` (a backward with `retain_graph=True` may be followed by another through the same graph)."""
+    ran = False
+    for module in modules:  # once per backward: no helper calls
+        state = module.__dict__[STATE_KEY]
+        ran = ran or state.forward_ran
+        if not retain:
+            state.forward_ran = False
+    return ran

@@ -6,7 +6,7 @@ the user called `set_epoch` themselves since: then the user's epoch wins and cou
 it.
 
 The position saved with the loader is global, never per rank: the epoch, what reproduces that
-epoch's order (its seed, or the generator's state at its start; see `lite_core._order`), and how
+epoch's order (its seed, or the generator's state at its start; see `lite_core.data._order`), and how
 many samples of that order were consumed, counted from the batches handed to the user (not those
 that workers prefetched). Loading it under any strategy and number of processes makes the next
 batch the one that the uninterrupted run would have drawn next: the sampler skips the consumed
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.utils.data import RandomSampler
 
-from lite_core._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
-from lite_core._stateful import is_stateful
+from lite_core.data._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
+from lite_core.checkpoint._stateful import is_stateful
 
 
 class LoaderPosition:

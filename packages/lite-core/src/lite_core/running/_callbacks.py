@@ -1,0 +1,45 @@
+"""The user's callbacks and loggers as one `LightningLite` calls them: callbacks on every rank,
+loggers on global rank 0 only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lite_core.strategies.strategy import Strategy
+
+
+class Callbacks:
+    """Objects whose methods `call(hook_name, ...)` invokes, where they define it."""
+
+    def __init__(self, callbacks: list[Any]) -> None:
+        self._callbacks = callbacks
+
+    def call(self, hook_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if callable(method):
+                method(*args, **kwargs)
+
+
+class Loggers:
+    """The job's loggers: metrics logged from global rank 0 (tensors as numbers), closed at the end."""
+
+    def __init__(self, loggers: list[Any], strategy: Strategy) -> None:
+        self._loggers = loggers
+        self._strategy = strategy
+
+    def log_dict(self, metrics: dict[str, Any], step: int | None) -> None:
+        if self._strategy.global_rank != 0:
+            return
+        metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+        for logger in self._loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def finalize(self) -> None:
+        """Flush and close every logger that can be (they reopen if the user logs again)."""
+        for logger in self._loggers:
+            finalize = getattr(logger, "finalize", None)
+            if callable(finalize):
+                finalize()

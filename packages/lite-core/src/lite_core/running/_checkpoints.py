@@ -1,0 +1,51 @@
+"""Checkpoints as `LightningLite` saves and loads them: in the foreground or in the background
+(one save in flight at a time, its failure raised on every rank at the next call), and the
+previous checkpoint read where a sharded save was interrupted while replacing it."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from lite_core.checkpoint._background import BackgroundSaves
+from lite_core.running._collectives import require_processes
+from lite_core.strategies.strategy import Strategy
+
+
+class Checkpoints:
+    """`save`, `load` and `wait_for_checkpoint` through one strategy."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+        self._background = BackgroundSaves()
+
+    def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool) -> None:
+        require_processes(self._strategy, "save")
+        self.wait()
+        path = os.fspath(filepath)
+        reason = None if blocking else self._strategy.why_no_background_save()
+        if blocking or reason is not None:
+            if reason is not None:
+                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
+                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=3)
+            self._strategy.save_checkpoint(path, content)
+            return
+        self._background.start(path, self._strategy.stage_checkpoint(path, content))
+
+    def wait(self) -> None:
+        self._background.wait(self._strategy)
+
+    def abandon(self) -> None:
+        """Forget the save in flight (the run failed): its thread finishes on its own."""
+        self._background.abandon()
+
+    def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None, strict: bool,
+             weights_only: bool, missing_ok: bool) -> dict[str, Any]:
+        from lite_core.checkpoint._io import existing_or_previous
+
+        self.wait()
+        path = existing_or_previous(os.fspath(filepath))
+        if missing_ok and not os.path.exists(path):
+            return {}
+        return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
