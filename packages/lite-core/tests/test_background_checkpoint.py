@@ -136,6 +136,7 @@ def test_process_exit_waits_for_the_background_write(tmp_path: Path) -> None:
 
 class OwnFormatStrategy(SingleDeviceStrategy):
     name = "own_format"
+    stages_checkpoints = False
 
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         super().save_checkpoint(path, content)

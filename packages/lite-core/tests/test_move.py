@@ -108,6 +108,8 @@ def test_a_batch_already_on_the_device_is_returned_untouched() -> None:
 class DoublingStrategy(SingleDeviceStrategy):
     """Moves batches its own way (as XLA's strategy does): the loader must ask it every time."""
 
+    moves_batches_plainly = False
+
     def batch_to_device(self, batch: Any) -> Any:
         return 2 * batch
 

@@ -270,6 +270,8 @@ class _ShardHolder(nn.Module):
 
 
 class _ShardingStrategy(SingleDeviceStrategy):
+    routes_named_parameters = True
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         return _ShardHolder(module)
 

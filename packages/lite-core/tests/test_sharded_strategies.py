@@ -256,6 +256,8 @@ def test_wrapped_model_load_state_dict_goes_through_the_strategy() -> None:
     calls = []
 
     class Recording(SingleDeviceStrategy):
+        routes_load_state_dict = True
+
         def load_module_state_dict(self, module, state_dict, strict=True, assign=False):
             calls.append((module, strict))
             return super().load_module_state_dict(module, state_dict, strict=strict, assign=assign)

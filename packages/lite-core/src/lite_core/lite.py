@@ -74,8 +74,8 @@ class LightningLite:
                  loggers: Logger | list[Logger] | None = None, callbacks: object | list[object] | None = None, *,
                  gpus: int | str | list[int] | None = None, tpu_cores: int | list[int] | None = None) -> None:
         accelerator, devices = legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
-        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins,
-                                           left_to_launcher=getattr(self, "_left_to_launcher", frozenset()))
+        # A count left out (`devices`, `num_nodes`) arrives as a `_defaults.LeftToLauncher` value.
+        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._loggers = Loggers(checked_loggers(as_list(loggers)), self._strategy)
         self._callbacks = Callbacks(as_list(callbacks))
         self._checkpoints = Checkpoints(self._strategy)

@@ -61,6 +61,9 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset(_DS_ACCELERATORS)
     supported_precisions: ClassVar[frozenset[str]] = frozenset(_config.PRECISION_SECTIONS)
     backward_needs_model = True
+    changes_backward: ClassVar[bool] = True  # the engine runs the backward pass
+    steps_optimizers_plainly: ClassVar[bool] = False  # the engine steps
+    stages_checkpoints: ClassVar[bool] = False  # the engine writes its own checkpoint (see why_no_background_save)
 
     def __init__(self, stage: int | None = None, offload_optimizer: bool | None = None,
                  offload_parameters: bool | None = None, *, allgather_bucket_size: int | None = None,

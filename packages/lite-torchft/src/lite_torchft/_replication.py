@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
@@ -51,6 +51,11 @@ class FaultTolerantReplication:
             with an error.
         **kwargs: the group strategy's own arguments.
     """
+
+    # The group strategy's declarations (`lite_core.plugins.Strategy`) for the methods this overrides.
+    changes_backward: ClassVar[bool] = True  # `backward` opens the step's quorum
+    steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` averages across groups and votes
+    stages_checkpoints: ClassVar[bool] = True  # `stage_checkpoint` stages what `save_checkpoint` writes
 
     def __init__(self, split_batches: bool = False, ft_timeout: float = FT_TIMEOUT_SECONDS,
                  quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,

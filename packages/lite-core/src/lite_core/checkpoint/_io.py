@@ -9,13 +9,13 @@ import shutil
 import socket
 import tempfile
 import time
-import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
+from lite_core._user_frame import warn_user
 from lite_core.errors import CheckpointError
 
 
@@ -174,10 +174,9 @@ def existing_or_previous(path: str) -> str:
     previous = previous_checkpoint(Path(path))
     if previous is None:
         return path
-    warnings.warn(
+    warn_user(
         f"No checkpoint at '{path}': a save that was replacing it was interrupted, so the previous"
-        f" checkpoint is loaded from '{previous}' (the next successful save of the path removes it).",
-        stacklevel=3,
+        f" checkpoint is loaded from '{previous}' (the next successful save of the path removes it)."
     )
     return str(previous)
 

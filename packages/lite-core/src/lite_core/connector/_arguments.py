@@ -5,10 +5,10 @@ Each raises one sentence that names what was wrong and the fix.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from lite_core._user_frame import warn_user
 from lite_core.errors import ConfigurationError
 from lite_core.loggers.logger import share_run_folders
 
@@ -22,8 +22,7 @@ def legacy_devices(accelerator: Any, devices: Any, *, gpus: Any, tpu_cores: Any)
                 f"{flag}={value!r} cannot be combined with accelerator/devices: pass only"
                 f" accelerator={name!r}, devices={value!r}."
             )
-        warnings.warn(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.",
-                      DeprecationWarning, stacklevel=4)  # _legacy_devices, __init__, the environment wrapper, the caller
+        warn_user(f"{flag}= is deprecated: pass accelerator={name!r}, devices={value!r} instead.", DeprecationWarning)
         return name, value
     return accelerator, devices
 

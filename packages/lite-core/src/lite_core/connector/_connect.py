@@ -10,10 +10,11 @@ Every decision reads what the classes declare (`Accelerator.priority`, `.support
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
+from lite_core.connector._defaults import LeftToLauncher
 from lite_core._registry import ACCELERATORS, STRATEGIES, check_instance
+from lite_core._user_frame import warn_user
 from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
@@ -26,17 +27,17 @@ _PLUGIN_KINDS = (Precision, ClusterEnvironment, CheckpointIO)
 
 
 def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any,
-            plugins: Any, left_to_launcher: frozenset[str] = frozenset()) -> Strategy:
+            plugins: Any) -> Strategy:
     """Resolve every choice and return the strategy with accelerator, environment and precision.
 
-    Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`). `left_to_launcher`
-    names the arguments among `devices` and `num_nodes` that the caller left at their defaults:
-    those take the counts of the launcher that started the processes, if one did.
+    Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`). A `devices` or
+    `num_nodes` that the caller left out is a `LeftToLauncher` value: it takes the count of the
+    launcher that started the processes, if one did, else its default.
     """
     accelerator, strategy = _lowercase(accelerator), _lowercase(strategy)
     given = _sort_plugins(precision, plugins)
     environment = given.get(ClusterEnvironment) or detect_environment()
-    devices, num_nodes = _launcher_counts(environment, devices, num_nodes, left_to_launcher)
+    devices, num_nodes = _launcher_counts(environment, devices, num_nodes)
     _check_num_nodes(num_nodes)
     if isinstance(strategy, Strategy):
         check_instance(strategy)
@@ -57,15 +58,13 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     return chosen
 
 
-def _launcher_counts(environment: ClusterEnvironment, devices: Any, num_nodes: Any,
-                     left_to_launcher: frozenset[str]) -> tuple[Any, Any]:
-    """`devices` and `num_nodes`, with the launcher's counts for those left at their defaults."""
-    counts = environment.process_counts() if left_to_launcher else None
-    if counts is None:
-        return devices, num_nodes
-    per_node, nodes = counts
-    return (per_node if "devices" in left_to_launcher else devices,
-            nodes if "num_nodes" in left_to_launcher else num_nodes)
+def _launcher_counts(environment: ClusterEnvironment, devices: Any, num_nodes: Any) -> tuple[Any, Any]:
+    """`devices` and `num_nodes`, those left to the launcher (`LeftToLauncher`) resolved: the
+    launcher's counts where one started the processes, else their defaults."""
+    left = isinstance(devices, LeftToLauncher) or isinstance(num_nodes, LeftToLauncher)
+    per_node, nodes = (environment.process_counts() if left else None) or (None, None)
+    return (devices.resolve(per_node) if isinstance(devices, LeftToLauncher) else devices,
+            num_nodes.resolve(nodes) if isinstance(num_nodes, LeftToLauncher) else num_nodes)
 
 
 def _lowercase(name: Any) -> Any:
@@ -133,7 +132,7 @@ def _auto_accelerator(strategy_cls: type[Strategy] | None) -> type[Accelerator]:
         try:
             accel_cls = ACCELERATORS.load(name)
         except (BackendImportError, IncompatibleBackendError) as err:
-            warnings.warn(f"Skipping an unusable backend while choosing accelerator='auto': {err}", stacklevel=6)  # up to the line constructing LightningLite
+            warn_user(f"Skipping an unusable backend while choosing accelerator='auto': {err}")
             continue
         if accel_cls.is_available() and (strategy_cls is None or strategy_cls.why_not_on(accel_cls) is None):
             candidates.append(accel_cls)

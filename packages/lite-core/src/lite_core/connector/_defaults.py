@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from lite_core._user_frame import warn_user
 from lite_core.environ import LAUNCHER_PID_VARIABLE
 from lite_core.errors import ConfigurationError
 
@@ -38,17 +39,31 @@ _LEGACY = {"gpus": ("accelerator", "devices"), "tpu_cores": ("accelerator", "dev
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@dataclass(frozen=True)
+class LeftToLauncher:
+    """The value `from_environment` gives a count in `LAUNCHER_COUNTS` that neither the code nor
+    the environment chose: the count of the launcher that started the processes, if one did
+    (the connector asks the cluster environment), else `default`, the signature's."""
+
+    default: Any
+
+    def resolve(self, launchers_count: Any | None) -> Any:
+        """The launcher's count, or `default` where no launcher gave one (`None`)."""
+        return self.default if launchers_count is None else launchers_count
+
+
 def from_environment(init: F) -> F:
-    """Wrap `__init__` so that arguments the caller left out come from `VARIABLES` when set."""
+    """Wrap `__init__` so that arguments the caller left out come from `VARIABLES` when set, and
+    counts that neither chose arrive as `LeftToLauncher` values."""
     signature = inspect.signature(init)
 
     @functools.wraps(init)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         decided = _apply(bound.arguments)
-        # What neither the code nor the environment chose is the launcher's to say (its counts).
-        args[0]._left_to_launcher = frozenset(
-            name for name in LAUNCHER_COUNTS if name not in bound.arguments and name not in decided)
+        for name in LAUNCHER_COUNTS:  # what neither the code nor the environment chose is the launcher's
+            if name not in bound.arguments and name not in decided:
+                bound.arguments[name] = LeftToLauncher(signature.parameters[name].default)
         return init(*bound.args, **bound.kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -65,10 +80,9 @@ def _apply(given: dict[str, Any]) -> set[str]:
         if name not in given:
             given[name] = value
         elif not _same(given[name], value) and not _counts_of_started_processes(name):
-            warnings.warn(
+            warn_user(
                 f"{variable}={raw!r} is ignored because the code passes {name}={given[name]!r}: remove the"
-                " argument from LightningLite(...) to let the command line or environment choose it.",
-                UserWarning, stacklevel=3,  # _apply, wrapper, then the line that constructed LightningLite
+                " argument from LightningLite(...) to let the command line or environment choose it."
             )
     return decided
 

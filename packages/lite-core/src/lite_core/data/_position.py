@@ -19,14 +19,14 @@ hold (`replace_sampler=False`, an `IterableDataset`) resumes at its epoch, or fr
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch.utils.data import RandomSampler
 
-from lite_core.data._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
+from lite_core._user_frame import warn_user
 from lite_core.checkpoint._stateful import is_stateful
+from lite_core.data._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
 
 
 class LoaderPosition:
@@ -123,11 +123,10 @@ class LoaderPosition:
         elif "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
         elif consumed:
-            warnings.warn(
+            warn_user(
                 f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
                 " its sampler (replace_sampler=False, an IterableDataset, or a loader it could not rebuild), so"
-                " the epoch starts again from its first sample: let Lite shard the loader to resume inside it.",
-                stacklevel=3,
+                " the epoch starts again from its first sample: let Lite shard the loader to resume inside it."
             )
         if rng_state is not None:
             torch.set_rng_state(rng_state)
@@ -141,12 +140,11 @@ class LoaderPosition:
         inner = getattr(inner, "source", inner)  # inside an EpochOrder
         before, now = state.get("processes", 1), self.processes()
         shape = f" on {before} processes (now {now})" if before != now else ""
-        warnings.warn(
+        warn_user(
             f"The dataloader's sampler ({type(inner).__name__}) has no set_epoch(), state_dict() or generator,"
             f" so Lite cannot draw its order again: the resumed epoch skips the first {state.get('consumed')}"
             f" indices{shape} of its next pass, which repeats or skips samples unless that pass draws the same"
-            " order; give the sampler state_dict() and load_state_dict().",
-            stacklevel=4,
+            " order; give the sampler state_dict() and load_state_dict()."
         )
 
     def _shuffles_with_default_generator(self) -> bool:

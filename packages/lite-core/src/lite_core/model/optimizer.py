@@ -45,11 +45,9 @@ class _LiteOptimizerBase:
 
     def _bind_fast_paths(self) -> None:
         # Instance attributes shadow the class's methods: when neither the strategy nor the
-        # precision changes the step, calling the user's `step` saves two calls per step.
-        from lite_core.precision.precision import Precision
-
+        # precision changes the step (as they declare), calling the user's `step` saves two calls per step.
         plain_step = (self._strategy.steps_optimizers_plainly
-                      and type(self._strategy.precision).optimizer_step is Precision.optimizer_step)
+                      and not self._strategy.precision.changes_optimizer_step)
         if plain_step:
             object.__setattr__(self, "step", self._optimizer.step)
         object.__setattr__(self, "zero_grad", self._optimizer.zero_grad)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from typing import Any
 
 from lite_core._suggest import closest
+from lite_core._user_frame import warn_user
 from lite_core.errors import ConfigurationError
 
 PRECISIONS: frozenset[str] = frozenset(
@@ -32,8 +30,7 @@ def normalize_precision(precision: Any) -> str:
         name = _LEGACY[precision]
         # FutureWarning, not DeprecationWarning: Python shows it by default wherever the call is
         # (a DeprecationWarning only shows when triggered directly in __main__).
-        warnings.warn(f"precision={precision!r} is deprecated: pass precision={name!r} instead.", FutureWarning,
-                      stacklevel=_callers_level())
+        warn_user(f"precision={precision!r} is deprecated: pass precision={name!r} instead.", FutureWarning)
         return name
     guess = _guess(precision)
     hint = f"did you mean {guess!r}? " if guess else ""
@@ -48,12 +45,3 @@ def _guess(precision: Any) -> str | None:
     spellings = {**{name: name for name in PRECISIONS}, **{str(k): v for k, v in _LEGACY.items()}, **_OTHER_SPELLINGS}
     key = closest(precision.strip().lower(), spellings)
     return spellings[key] if key is not None else None
-
-
-def _callers_level() -> int:
-    """The `stacklevel` that attributes a warning to the first frame outside lite_core."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -19,6 +19,14 @@ class Precision:
     #: Whether `convert_input`, `forward_context` or `convert_output` do anything; when not,
     #: the wrapped model calls the user's forward directly (no per-step overhead).
     changes_forward: bool = False
+    #: Whether `backward` does more than `tensor.backward()` (a gradient scaler); when not, and the
+    #: strategy's `changes_backward` is `False` too, one process's `LightningLite.backward` calls
+    #: `loss.backward()` directly. A precision that overrides `backward` declares it.
+    changes_backward: bool = False
+    #: Whether `optimizer_step` does more than `optimizer.step()`; when not, and the strategy
+    #: steps optimizers plainly, a set-up optimizer's `step` is the user's own. A precision that
+    #: overrides `optimizer_step` declares it.
+    changes_optimizer_step: bool = False
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast the module's parameters and buffers to this precision."""
@@ -101,6 +109,8 @@ class MixedPrecision(Precision):
     """
 
     changes_forward = True
+    changes_backward = True  # the gradient scaler scales the loss (`16-mixed`)
+    changes_optimizer_step = True  # and steps through the scaler
 
     def __init__(self, name: str, device_type: str, scaler: torch.amp.GradScaler | None = None) -> None:
         self.name = name

@@ -5,9 +5,9 @@ previous checkpoint read where a sharded save was interrupted while replacing it
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
+from lite_core._user_frame import warn_user
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
@@ -27,8 +27,8 @@ class Checkpoints:
         reason = None if blocking else self._strategy.why_no_background_save()
         if blocking or reason is not None:
             if reason is not None:
-                warnings.warn(f"save(blocking=False) writes '{path}' before it returns under"
-                              f" strategy={self._strategy.name!r}: {reason}.", stacklevel=3)
+                warn_user(f"save(blocking=False) writes '{path}' before it returns under"
+                          f" strategy={self._strategy.name!r}: {reason}.")
             self._strategy.save_checkpoint(path, content)
             return
         self._background.start(path, self._strategy.stage_checkpoint(path, content))

@@ -38,6 +38,7 @@ class DDPShardedStrategy(DDPStrategy):
     supported_process_group_backends = frozenset({"gloo", "nccl"})  # what fairscale talks
     requirements = {"fairscale": "pip install 'lite-core[fairscale]'"}
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
+    stages_checkpoints = False  # `save_checkpoint` consolidates the sharded optimizer state first
 
     def __init__(self, timeout: float | timedelta | None = None, process_group_backend: str | None = None,
                  **sharded_kwargs: Any) -> None:

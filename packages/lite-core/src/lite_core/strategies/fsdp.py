@@ -56,6 +56,9 @@ class FSDPStrategy(DDPStrategy):
     # XLA devices have their own sharding strategy (`xla_fsdp`).
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
+    routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
+    routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
+    stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes
 
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
                  state_dict_type: str = "sharded", reshard_after_forward: bool | None = None,

@@ -82,6 +82,8 @@ class ModelParallelStrategy(FSDPStrategy):
     name = "model_parallel"
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
     supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"})
+    routes_module_methods = True  # `call_module_method` refuses them under a pipeline
+    changes_backward = True  # under a pipeline the schedule ran the backward pass already
 
     def __init__(self, parallelize_fn: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
                  data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",

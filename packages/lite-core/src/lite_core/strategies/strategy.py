@@ -78,6 +78,36 @@ class Strategy:
     #: Whether a trainable parameter added to the set-up model after setup (a new head) is
     #: synchronised like the others; where not, the set-up model refuses it.
     follows_new_parameters: ClassVar[bool] = True
+    # What the strategy's own methods change, declared rather than inferred from which methods a
+    # subclass overrides (a subclass that overrides one only to log keeps the plain routing). A
+    # strategy that overrides one of the methods below declares its attribute in its own class.
+    #: Whether `backward` does more than the precision's backward pass (DeepSpeed's engine, a
+    #: pipeline schedule). Default `False`: with a precision whose `changes_backward` is `False`
+    #: too, one process's `LightningLite.backward` calls `loss.backward()` directly.
+    changes_backward: ClassVar[bool] = False
+    #: Whether `batch_to_device` is the plain move of this base class. Default `True`: a set-up
+    #: loader moves its batches itself without asking the strategy; `False` (XLA's device loader)
+    #: has it call `batch_to_device` for every batch.
+    moves_batches_plainly: ClassVar[bool] = True
+    #: Whether `optimizer_step` is the plain step through the precision. Default `True`: with a
+    #: precision whose `changes_optimizer_step` is `False`, a set-up optimizer's `step` is the
+    #: user's own; `False` has every step go through `optimizer_step`.
+    steps_optimizers_plainly: ClassVar[bool] = True
+    #: Whether the set-up model runs every method the user calls on it (`model.generate(...)`)
+    #: through `call_module_method`, even with no wrapper. Default `False`: only where something
+    #: wraps or changes the forward pass (see `call_module_method`).
+    routes_module_methods: ClassVar[bool] = False
+    #: Whether the set-up model's `load_state_dict` goes through `load_module_state_dict`.
+    #: Default `False`: it is the module's own.
+    routes_load_state_dict: ClassVar[bool] = False
+    #: Whether the set-up model's `named_parameters()` (and `parameters()`) yields what
+    #: `module_named_parameters` yields. Default `False`: they are the module's own.
+    routes_named_parameters: ClassVar[bool] = False
+    #: Whether `stage_checkpoint` copies to host memory what `save_checkpoint` writes, so that
+    #: `save(blocking=False)` writes in the background. Default `True`, which the base class's
+    #: pair of methods meets; a strategy that overrides `save_checkpoint` and not
+    #: `stage_checkpoint` declares `False` (`why_no_background_save` then says so).
+    stages_checkpoints: ClassVar[bool] = True
     #: Modules the strategy imports when it runs, each with the command that installs it
     #: (`lite env` marks a strategy whose module is missing).
     requirements: ClassVar[dict[str, str]] = {}
@@ -352,18 +382,6 @@ class Strategy:
         are unsharded too."""
         return None
 
-    @property
-    def moves_batches_plainly(self) -> bool:
-        """Whether `batch_to_device` is this base class's plain move (not overridden), so that a
-        set-up loader may move its batches the plain way without asking the strategy."""
-        return type(self).batch_to_device is Strategy.batch_to_device
-
-    @property
-    def steps_optimizers_plainly(self) -> bool:
-        """Whether `optimizer_step` is this base class's plain `optimizer.step()` (not
-        overridden), so that a set-up optimizer may call the user's `step` directly."""
-        return type(self).optimizer_step is Strategy.optimizer_step
-
     def split_batch_part(self) -> tuple[int, int]:
         """Which part of the next global batch this process takes under
         `setup_dataloaders(split_batches=True)`: `(data-parallel rank, data-parallel size)`.
@@ -401,7 +419,8 @@ class Strategy:
 
         The returned function may not run collectives on the training process group (the training
         loop uses it meanwhile). A strategy that overrides `save_checkpoint` overrides this too, or
-        `why_no_background_save` makes `save(blocking=False)` write in the foreground.
+        declares `stages_checkpoints = False`, and `save(blocking=False)` then writes in the
+        foreground with the warning `why_no_background_save` gives.
         """
         state = stage_to_host(to_state(content, self))
         if self.global_rank != 0:
@@ -411,8 +430,7 @@ class Strategy:
     def why_no_background_save(self) -> str | None:
         """Why `save(blocking=False)` cannot write in the background under this strategy (the end
         of a warning sentence), or `None` when it can."""
-        own_save = type(self).save_checkpoint is not Strategy.save_checkpoint
-        if own_save and type(self).stage_checkpoint is Strategy.stage_checkpoint:
+        if not self.stages_checkpoints:
             return (f"{type(self).__name__} writes its checkpoints its own way and has no stage_checkpoint"
                     " that copies them to host memory first")
         return None

@@ -19,11 +19,9 @@ class Evaluating(Protocol):
 
 
 def is_plain_backward(strategy: Strategy) -> bool:
-    """Whether neither the strategy nor the precision changes backward (then `tensor.backward()` is it)."""
-    from lite_core.precision.precision import Precision
-
-    return (type(strategy).backward is Strategy.backward
-            and type(strategy.precision).backward is Precision.backward
+    """Whether neither the strategy nor the precision changes backward (then `tensor.backward()` is
+    it), as they declare (`Strategy.changes_backward`, `Precision.changes_backward`)."""
+    return (not strategy.changes_backward and not strategy.precision.changes_backward
             and not strategy.backward_needs_model)
 
 

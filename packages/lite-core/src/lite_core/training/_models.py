@@ -160,11 +160,10 @@ def _wrap_module(strategy: Strategy, models: list[LiteModule], forward_module: n
     compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
     compiled = strategy.forward_call(forward_module, compiled, loss_fn)
     routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
-              or strategy.is_distributed or type(strategy).call_module_method is not Strategy.call_module_method)
-    loads = type(strategy).load_module_state_dict is not Strategy.load_module_state_dict
-    parameters = type(strategy).module_named_parameters is not Strategy.module_named_parameters
-    module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes, loads=loads,
-                             guards=not strategy.follows_conversions, parameters=parameters)
+              or strategy.is_distributed or strategy.routes_module_methods)
+    module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes,
+                             loads=strategy.routes_load_state_dict, guards=not strategy.follows_conversions,
+                             parameters=strategy.routes_named_parameters)
     if not strategy.follows_new_parameters:
         guard_new_parameters(module, strategy.name)
     models.append(module)

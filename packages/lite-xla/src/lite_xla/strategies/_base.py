@@ -24,6 +24,9 @@ class XLAStrategyBase(Strategy):
 
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset({"tpu"})
     supported_precisions: ClassVar[frozenset[str]] = XLA_PRECISIONS
+    moves_batches_plainly: ClassVar[bool] = False  # `batch_to_device` moves onto the XLA device
+    steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` reduces gradients, cuts the graph
+    stages_checkpoints: ClassVar[bool] = False  # `save_checkpoint` writes per host, with no staging
 
     def __init__(self) -> None:
         super().__init__()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,6 +32,8 @@ class XLAFSDPStrategy(XLAStrategy):
     """
 
     name = "xla_fsdp"
+    routes_named_parameters: ClassVar[bool] = True  # `module_named_parameters` yields the shards
+    stages_checkpoints: ClassVar[bool] = False  # `save_checkpoint` writes shards, with no staging
 
     def __init__(self, pin_layout: bool = True, start_method: str = "spawn", **fsdp_kwargs: Any) -> None:
         super().__init__(pin_layout=pin_layout, start_method=start_method)
