@@ -80,7 +80,9 @@ def load_error(lite: LightningLite, path: str, model: nn.Module) -> str:
         lite.load(path, {"model": model})
     except CheckpointError as error:
         return f"CheckpointError: {error}"
-    except Exception as error:  # noqa: BLE001 - what the user saw instead
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - what the user saw instead (torch's CheckpointException is one)
         return f"{type(error).__name__}: {error}"
     return "no error"
 
