@@ -34,7 +34,8 @@ def runs(run_script, output_of, tmp_path_factory):  # type: ignore[no-untyped-de
     resumed = run_script("new_user_trips.py", "resume", out)
     assert resumed.returncode == 0, output_of(resumed)
     ranks = [json.loads((out / f"fsdp-rank{rank}.json").read_text()) for rank in (0, 1)]
-    return {"fsdp": on_fsdp, "ranks": ranks, "resumed": resumed, "resume": json.loads((out / "resume.json").read_text())}
+    resume = json.loads((out / "resume.json").read_text())
+    return {"fsdp": on_fsdp, "ranks": ranks, "resumed": resumed, "resume": resume}
 
 
 def test_measure_flops_after_setup_under_fsdp_counts_the_whole_model(runs) -> None:  # type: ignore[no-untyped-def]
@@ -53,14 +54,14 @@ def _one_sentence_about_keys(message: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["sharded_into_other", "file_into_other"])
-def test_loading_a_checkpoint_into_another_model_is_one_checkpoint_error(runs, case) -> None:  # type: ignore[no-untyped-def]
+def test_loading_a_checkpoint_into_another_model_is_one_checkpoint_error(runs, case):  # type: ignore[no-untyped-def]
     for record in runs["ranks"]:
         _one_sentence_about_keys(record[case])
     if case == "file_into_other":  # and on one process, where the model loads the file itself
         _one_sentence_about_keys(runs["resume"][case])
 
 
-def test_per_rank_batches_resumed_on_one_process_warn_once_naming_split_batches(runs) -> None:  # type: ignore[no-untyped-def]
+def test_per_rank_batches_resumed_on_one_process_warn_once_naming_split_batches(runs):  # type: ignore[no-untyped-def]
     per_rank = runs["resume"]["per_rank"]
     [warning] = per_rank["warnings"]  # once: at load, not again in the epoch that follows
     assert "saved on 2 processes taking 8 samples per step, and resumes on 1 taking 4" in warning

@@ -74,6 +74,7 @@ def _lines_class(tqdm: type) -> type:
             self._next_line = 0
             self._printed: float | None = None
             # Every iteration reaches display(), which decides by the count alone whether to print.
+            kwargs.pop("mininterval", None)
             super().__init__(iterable, *args, miniters=1, mininterval=0, **kwargs)
 
         def display(self, msg: str | None = None, pos: int | None = None) -> bool:
@@ -93,8 +94,11 @@ def _lines_class(tqdm: type) -> type:
             every = self._every or _default_every(self.total)
             self._printed = self.n
             self._next_line = (self.n // every + 1) * every
-            self.fp.write(self.format_meter(**{**self.format_dict, "ncols": 0}) + "\n")
-            self.fp.flush()
+            try:
+                self.fp.write(self.format_meter(**{**self.format_dict, "ncols": 0}) + "\n")
+                self.fp.flush()
+            except ValueError:  # the stream was closed (a bar left open until the interpreter exits)
+                pass
 
     return PlainLines
 

@@ -236,7 +236,8 @@ def _check_sharded_keys(objects: dict[str, Any], targets: dict[str, Any], saved:
     for key, target in targets.items():
         if not isinstance(objects[key], Optimizer):
             prefix = f"{key}."
-            check_module_keys(objects[key], target, sorted(name[len(prefix):] for name in saved if name.startswith(prefix)))
+            held = sorted(name[len(prefix):] for name in saved if name.startswith(prefix))
+            check_module_keys(objects[key], target, held)
 
 
 def _saved_entries(path: str) -> set[str]:
