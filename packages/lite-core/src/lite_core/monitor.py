@@ -227,10 +227,10 @@ class ThroughputMonitor:
         Args:
             batch_size: the samples of this process's batch.
             items: the items (tokens, pixels, ...) they hold; default: the samples.
-            step: the optimizer steps taken so far, under gradient accumulation (call `step()` after
-                every micro-batch; the step you log your own metrics at). The monitor then logs at your steps, once
-                every `log_every_n_steps` of them, so its rows line up with what you log at
-                `step=`; without it, every call counts as one step and logs at the number of calls.
+            step: the optimizer steps taken so far, under gradient accumulation (call `step()`
+                after every micro-batch; the step you log your own metrics at). The monitor then
+                logs at your steps, once at every `log_every_n_steps`-th, so its rows line up with
+                yours; without it, every call counts as one step and logs at the number of calls.
 
         Returns:
             The metrics when this call logged them, else `None`.
@@ -254,7 +254,7 @@ class ThroughputMonitor:
         """Log once at each of the user's steps that is a multiple of `log_every_n_steps`."""
         if type(step) is not int or step < 0:
             _refuse_step(step)
-        if self._log_every <= 0 or step % self._log_every or step == self._logged_step:
+        if self._log_every <= 0 or step == 0 or step % self._log_every or step == self._logged_step:
             return None
         self._logged_step = step
         return self._log(step)
