@@ -1,6 +1,6 @@
 """What a new user trips on moving a small loop to `fsdp` on 2 processes and back to one
-(`tests/scripts/new_user_trips.py`, run under `python` with its output on pipes, as in CI or a
-scheduler's log):
+(`tests/scripts/new_user_trips.py`, run under `python` and under `lite run`, with its output on
+pipes, as in CI or a scheduler's log):
 
 - `measure_flops(model, x)` after `setup()` under `fsdp` counts what it counts before setup (it
   raised torch's raw "FSDP does not support deepcopy");
@@ -12,26 +12,36 @@ scheduler's log):
 - `progress_bar` prints plain lines when its output is not a terminal (it printed nothing), on
   rank 0 only.
 
-Two launches: `fsdp` on 2 processes, then `resume` on one.
+Two launches per launcher: `fsdp` on 2 processes, then `resume` on one.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 
-# Hang guard: the two runs take about 10 s on an idle 2-core machine, so 180 s is over 10x that.
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+# Hang guard: each launcher's two runs take about 10 s (python) and 20 s (lite run) on an idle
+# 2-core machine; 240 s is over 10x that (the fixture's runs count against its first test).
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def runs(run_script, output_of, tmp_path_factory):  # type: ignore[no-untyped-def]
+def _launch(run_script, launcher: str, devices: int, *args: object):  # type: ignore[no-untyped-def]
+    if launcher == "python":
+        return run_script("new_user_trips.py", *args)
+    command = [sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", str(devices),
+               "new_user_trips.py", *map(str, args)]
+    return run_script(command=command)
+
+
+@pytest.fixture(scope="module", params=["python", "lite run"])
+def runs(request, run_script, output_of, tmp_path_factory):  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("trips")
-    on_fsdp = run_script("new_user_trips.py", "fsdp", out)
+    on_fsdp = _launch(run_script, request.param, 2, "fsdp", out)
     assert on_fsdp.returncode == 0, output_of(on_fsdp)
-    resumed = run_script("new_user_trips.py", "resume", out)
+    resumed = _launch(run_script, request.param, 1, "resume", out)
     assert resumed.returncode == 0, output_of(resumed)
     ranks = [json.loads((out / f"fsdp-rank{rank}.json").read_text()) for rank in (0, 1)]
     resume = json.loads((out / "resume.json").read_text())
