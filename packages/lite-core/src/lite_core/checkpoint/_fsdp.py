@@ -74,7 +74,7 @@ def _load_into(strategy: ShardsCheckpoints, obj: Any, value: Any, full: bool, st
         if not value.get("state"):  # saved before the first step: torch's own zero step must not count
             obj.state.clear()
     else:
-        if strict and full:  # torch's full load names only the unexpected keys, in a raw RuntimeError
+        if strict and full and isinstance(value, dict):  # torch's full load names only the unexpected keys
             check_module_keys(obj, obj.state_dict(keep_vars=True), value)
         set_model_state_dict(obj, value, options=_options(full, strict))
 
