@@ -79,9 +79,11 @@ def test_callbacks_run_on_every_rank_with_their_arguments(job):
         assert calls == [{"rank": rank, "step": s, "value": 10.0 * rank + s} for s in range(5)]
 
 
-def test_progress_bar_is_silent_when_output_is_not_a_terminal(job):
+def test_progress_bar_prints_plain_lines_on_rank_zero_only_when_output_is_not_a_terminal(job):
     _, proc = job
-    assert "bar-rank" not in proc.stderr and "bar-rank" not in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("bar-rank0:")]
+    assert [line.split(" [")[0].split()[-1] for line in lines] == [f"{n}/5" for n in range(6)], proc.stderr
+    assert "bar-rank1" not in proc.stderr and "bar-rank" not in proc.stdout
 
 
 def run_on_a_terminal(command: list[str], env: dict[str, str]) -> tuple[int, str]:

@@ -57,6 +57,23 @@ def test_strict_load_names_missing_entries(tmp_path: Path) -> None:
     assert state == {"a": 1, "b": 5}
 
 
+def test_weights_of_another_model_are_one_sentence_and_strict_false_loads_what_fits(tmp_path: Path) -> None:
+    lite = _lite()
+    lite.save({"model": lite.setup(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))}, tmp_path / "ckpt.pt")
+    other = lite.setup(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)))
+    with pytest.raises(CheckpointError, match=r"^The checkpoint's weights do not fit this Sequential: 4 keys differ \(2"
+                                              r" missing from the checkpoint: '2.weight', '2.bias'; 2 unexpected:"
+                                              r" '1.weight', '1.bias'\): load it into the model it was saved from, or"
+                                              r" pass strict=False to load only the keys that match\.$"):
+        lite.load(tmp_path / "ckpt.pt", {"model": other})
+    lite.load(tmp_path / "ckpt.pt", {"model": other}, strict=False)
+    assert torch.equal(other[0].weight, torch.load(tmp_path / "ckpt.pt")["model"]["0.weight"])
+    # The same keys with other shapes: torch's own error, which names them.
+    lite.save({"model": lite.setup(nn.Sequential(nn.Linear(2, 3)))}, tmp_path / "wide.pt")
+    with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
+        lite.load(tmp_path / "wide.pt", {"model": lite.setup(nn.Sequential(nn.Linear(2, 2)))})
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="No checkpoint file at .*check the path"):
         _lite().load(tmp_path / "nope.pt")

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import lite_core
+import lite_core.monitor
 from lite_core import LightningLite, ThroughputMonitor, measure_flops
 from lite_core.accelerators.cpu import CPUAccelerator
 from lite_core.errors import ConfigurationError, MisuseError
@@ -146,6 +147,35 @@ def test_the_progress_bar_shows_the_rate_and_mfu() -> None:
                                 log_every_n_steps=3, progress_bar=Bar())
     _run_steps(monitor, 3, 0.001)
     assert set(Bar.postfix) == {"samples/s", "MFU"}
+
+
+def test_under_gradient_accumulation_the_rows_follow_the_optimizer_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop accumulating 3 micro-batches per optimizer step logs its loss at the optimizer step; the
+    monitor, told that step, logs at steps 2 and 4 once each, never at a micro-batch count."""
+    ticks = iter(range(1000))
+    monkeypatch.setattr(lite_core.monitor, "_clock", lambda: float(next(ticks)))  # one second per batch
+    logger = RecordingLogger()
+    lite = LightningLite(accelerator="cpu", loggers=logger)
+    monitor = ThroughputMonitor(lite, window=3, log_every_n_steps=2)
+    optimizer_step = 0
+    for micro_batch in range(12):
+        if (micro_batch + 1) % 3 == 0:  # optimizer.step()
+            optimizer_step += 1
+            lite.log("loss", 1.0, step=optimizer_step)
+        monitor.step(batch_size=4, step=optimizer_step)
+    steps = [step for _, step in logger.logged]
+    assert steps == sorted(steps), f"rows out of order: {steps}"
+    assert [step for metrics, step in logger.logged if "throughput/samples_per_sec" in metrics] == [2, 4]
+    rates = [m["throughput/samples_per_sec"] for m, _ in logger.logged if "throughput/samples_per_sec" in m]
+    assert rates == [4.0, 4.0]  # every micro-batch counts: 4 samples a second
+
+
+@pytest.mark.parametrize("step", [-1, 2.0, "3"])
+def test_a_step_that_is_not_an_optimizer_step_is_one_sentence(step: Any) -> None:
+    monitor = ThroughputMonitor(LightningLite(accelerator="cpu"))
+    with pytest.raises(MisuseError, match=r"^ThroughputMonitor.step\(\) got step=.*: pass your optimizer step, an int"
+                                          r" >= 0, or leave it out to count every call as one step\.$"):
+        monitor.step(batch_size=2, step=step)
 
 
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5])

@@ -167,6 +167,27 @@ def test_a_stateful_dataloader_sharded_over_ranks_resumes_at_the_next_sample_on_
     assert sorted(seen) == sorted(uninterrupted[:12]) and sorted(rest) == sorted(uninterrupted[12:])
 
 
+def test_per_rank_batches_warn_at_load_only_where_the_global_batch_changes() -> None:
+    """2 ranks of 6 resumed on 3 ranks of 4 keep the global batch of 12 (the user resized it by
+    hand): no warning; on 3 ranks of 6 it grows to 18, which the warning names."""
+    from lite_core.data._sharding import distribute
+    from lite_core.data._lite_loader import LiteDataLoader
+
+    def rank_zero(world: int, batch_size: int) -> LiteDataLoader:
+        return LiteDataLoader(distribute(DataLoader(Counting(36), batch_size=batch_size, shuffle=True), world, 0, 0),
+                              None)
+
+    saved = rank_zero(2, 6)
+    next(iter(saved))
+    state = saved.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rank_zero(3, 4).load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"^This dataloader was saved on 2 processes taking 12 samples per step, and"
+                                         r" resumes on 3 taking 18, .*split_batches=True"):
+        rank_zero(3, 6).load_state_dict(state)
+
+
 def test_split_batches_needs_lite_to_draw_the_batches() -> None:
     with pytest.raises(MisuseError, match="split_batches=True.*replace_sampler=False"):
         LightningLite(accelerator="cpu").setup_dataloaders(DataLoader(Counting(8), batch_size=4),

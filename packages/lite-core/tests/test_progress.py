@@ -1,4 +1,4 @@
-"""`progress_bar` on one process: shown on a terminal, silent elsewhere, a clear error without tqdm.
+"""`progress_bar` on one process: drawn on a terminal, plain lines elsewhere, a clear error without tqdm.
 
 Rank 1 staying silent is tested with two real processes in tests/integration/test_logging.py.
 """
@@ -34,22 +34,40 @@ def test_bar_is_drawn_on_a_terminal() -> None:
     assert "train" in out.getvalue() and "4/4" in out.getvalue()
 
 
-@needs_tqdm
-def test_bar_is_silent_when_output_is_not_a_terminal() -> None:
-    out = io.StringIO()
-    bar = progress_bar(range(3), file=out, desc="train")
-    assert list(bar) == [0, 1, 2]
-    bar.set_postfix(loss=1.0)
-    bar.close()
-    assert out.getvalue() == ""
+def _counts(text: str) -> list[str]:
+    """The `n/total` (or `nit`) of each plain line."""
+    return [line.split(" [")[0].split()[-1] for line in text.splitlines()]
 
 
 @needs_tqdm
-def test_manual_updates_work_while_silent() -> None:
+def test_off_a_terminal_it_prints_a_plain_line_every_twentieth_of_the_total() -> None:
     out = io.StringIO()
-    with progress_bar(total=10, file=out) as bar:
-        bar.update(5)
-    assert out.getvalue() == ""
+    bar = progress_bar(range(40), file=out, desc="train")
+    for i in bar:
+        if i == 5:
+            bar.set_postfix(loss=0.25)
+    assert _counts(out.getvalue()) == [f"{n}/40" for n in range(0, 41, 2)]
+    assert all(line.startswith("train: ") for line in out.getvalue().splitlines())
+    assert "loss=0.25" in out.getvalue().splitlines()[-1]
+    assert "\r" not in out.getvalue()
+
+
+@needs_tqdm
+def test_off_a_terminal_manual_updates_print_when_they_pass_a_line_and_at_close() -> None:
+    out = io.StringIO()
+    with progress_bar(total=100, file=out, miniters=10) as bar:
+        for _ in range(7):
+            bar.update(3)  # 3, 6, ..., 21: lines where a multiple of 10 is passed, and the end
+    assert _counts(out.getvalue()) == ["0/100", "12/100", "21/100"]
+
+
+@needs_tqdm
+def test_off_a_terminal_without_a_total_every_hundred_and_where_the_loop_stopped() -> None:
+    out = io.StringIO()
+    for i in progress_bar(iter(range(1000)), file=out):
+        if i == 250:
+            break
+    assert _counts(out.getvalue()) == ["0it", "100it", "200it", "250it"]
 
 
 def test_missing_tqdm_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -398,7 +398,9 @@ class LightningLite:
         Args:
             filepath: the checkpoint file or sharded checkpoint directory.
             state: objects to restore in place (modules, optimizers, plain values), by key.
-            strict: whether every key of `state` must be in the checkpoint.
+            strict: whether every key of `state` must be in the checkpoint, and each module's
+                weights must have exactly the keys the checkpoint holds for it (otherwise a
+                `CheckpointError` names the model's class, how many keys differ and the first few).
             weights_only: load with `torch.load(..., weights_only=True)` (safe for untrusted files).
             missing_ok: when nothing exists at `filepath`, return `{}` and leave `state` untouched
                 instead of raising. With it, `self.load(path, state, missing_ok=True)` at the top

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
+from lite_core.model._module import STATE_KEY, user_class_of
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.profiler import active_profiles
 
@@ -78,20 +79,71 @@ def _meta_input(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of `module` whose parameters and buffers are empty meta tensors."""
+    """A deep copy of `module` whose parameters and buffers are empty meta tensors of their full
+    (unsharded) shape, and whose modules are of the user's own classes.
+
+    A module that `setup()` or a sharding strategy changed (`fully_shard` makes it an `FSDP<Class>`
+    that refuses `copy.deepcopy`) is rebuilt as a plain instance of the user's class, without the
+    strategy's state and hooks: the count runs the user's forward on the whole model, as one
+    process computes it."""
     memo: dict[int, Any] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
-        meta = torch.empty_like(tensor, device="meta")
-        memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+    for submodule in module.modules():
+        for tensor in [*submodule._parameters.values(), *submodule._buffers.values()]:
+            if tensor is not None and id(tensor) not in memo:
+                memo[id(tensor)] = _meta_tensor(tensor)
+    changed = [m for m in module.modules() if user_class_of(m) is not type(m)]
+    for submodule in changed:  # every shell first, so that references between modules resolve to them
+        memo[id(submodule)] = object.__new__(user_class_of(submodule))
+    for submodule in changed:
+        memo[id(submodule)].__dict__.update(copy.deepcopy(_plain_state(submodule), memo))
     return copy.deepcopy(module, memo)
+
+
+def _meta_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty meta tensor of `tensor`'s full shape (a sharded DTensor's global one) and dtype."""
+    meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+    return nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+
+
+#: What a module's `__dict__` holds for the set-up model and for torch's composable APIs
+#: (`fully_shard` keeps its state and registry under keys with this prefix).
+_STRATEGY_KEYS = (STATE_KEY, "__composable_api_state_key", "_is_fsdp_managed_module", "_fsdp_use_orig_params")
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+               "_state_dict_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks",
+               "_load_state_dict_post_hooks")
+
+
+def _plain_state(module: nn.Module) -> dict[str, Any]:
+    """`module.__dict__` without Lite's and the strategy's state, and without the hooks that state registered."""
+    state = {k: v for k, v in module.__dict__.items() if not k.startswith(_STRATEGY_KEYS)}
+    for name in _HOOK_DICTS:
+        if name in state:
+            state[name] = type(state[name])((i, h) for i, h in state[name].items() if not _strategy_hook(h))
+    return state
+
+
+def _strategy_hook(hook: Any) -> bool:
+    """Whether `hook` is a method of a torch composable API's state (FSDP's pre- and post-forward)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed._composable_state import _State
+
+    return isinstance(getattr(hook, "__self__", None), _State)
 
 
 class ThroughputMonitor:
     """Throughput, MFU, data-loading time and peak memory of your loop, over a rolling window.
 
-    Call `step()` once per optimizer step with the number of samples (and items, e.g. tokens)
-    this process's batch held. Every `log_every_n_steps` steps the monitor sends its metrics to
-    Lite's loggers (`lite.log_dict`, rank 0) and, if given one, to a progress bar.
+    Call `step()` once per batch with the number of samples (and items, e.g. tokens) this
+    process's batch held. Every `log_every_n_steps` steps the monitor sends its metrics to Lite's
+    loggers (`lite.log_dict`, rank 0) and, if given one, to a progress bar.
+
+    Under gradient accumulation, call `step()` after every micro-batch and pass the optimizer
+    steps taken so far, the step you log your own metrics at (`step=optimizer_step`). The rates
+    still count every micro-batch (so `flops_per_step` is the FLOPs of one micro-batch, as
+    `measure_flops(model, x)` counts them), but the monitor logs at your optimizer steps, once at
+    every `log_every_n_steps`-th, so its rows line up with yours. Without `step=` each call counts
+    as one step and the rows are numbered by calls, which run ahead of your optimizer steps.
 
     Global rates assume every data-parallel replica processes a batch of the same size:
     `samples_per_sec = batch_size * data_parallel_size / time`. Per-device rates divide by the
@@ -118,6 +170,13 @@ class ThroughputMonitor:
             ...
             optimizer.step()
             monitor.step(batch_size=len(x), items=x.numel())
+
+        # with gradient accumulation over `accumulate` micro-batches:
+        for i, (x, y) in enumerate(monitor.timed(loader)):
+            ...
+            if (i + 1) % accumulate == 0:
+                optimizer.step()
+            monitor.step(batch_size=len(x), step=(i + 1) // accumulate)
     """
 
     def __init__(self, lite: LightningLite, window: int = 50, flops_per_step: float | None = None,
@@ -142,6 +201,7 @@ class ThroughputMonitor:
         self._waited = 0.0
         self.step_count = 0
         self._next_log = log_every_n_steps if log_every_n_steps > 0 else -1
+        self._logged_step: int | None = None  # the last optimizer step logged, with step= given
 
     def _accelerator_peak(self, dtype: str | None) -> float | None:
         strategy = self._lite.strategy
@@ -161,12 +221,20 @@ class ThroughputMonitor:
             self._waited += time.perf_counter() - started
             yield batch
 
-    def step(self, batch_size: int, items: int | None = None) -> dict[str, float] | None:
-        """Record one finished step of this process: `batch_size` samples holding `items` items
+    def step(self, batch_size: int, items: int | None = None, step: int | None = None) -> dict[str, float] | None:
+        """Record one finished batch of this process: `batch_size` samples holding `items` items
         (tokens; default: the samples). Also marks a step of the profiler `lite.profile()` runs.
 
+        Args:
+            batch_size: the samples of this process's batch.
+            items: the items (tokens, pixels, ...) they hold; default: the samples.
+            step: the optimizer steps taken so far, under gradient accumulation (call `step()`
+                after every micro-batch; the step you log your own metrics at). The monitor then
+                logs at your steps, once at every `log_every_n_steps`-th, so its rows line up with
+                yours; without it, every call counts as one step and logs at the number of calls.
+
         Returns:
-            The metrics when this step logged them, else `None`.
+            The metrics when this call logged them, else `None`.
         """
         # The hot path of every step: plain attribute reads, one clock reading, one append.
         if type(batch_size) is not int or batch_size <= 0:
@@ -176,14 +244,28 @@ class ThroughputMonitor:
         self.step_count += 1
         if active_profiles:
             active_profiles[-1].step()
+        if step is not None:
+            return self._log_at_optimizer_step(step)
         if self.step_count == self._next_log:
             self._next_log += self._log_every
-            metrics = self.compute()
-            if metrics:
-                self._lite.log_dict(metrics, step=self.step_count)
-                self._show(metrics)
-            return metrics
+            return self._log(self.step_count)
         return None
+
+    def _log_at_optimizer_step(self, step: int) -> dict[str, float] | None:
+        """Log once at each of the user's steps that is a multiple of `log_every_n_steps`."""
+        if type(step) is not int or step < 0:
+            _refuse_step(step)
+        if self._log_every <= 0 or step == 0 or step % self._log_every or step == self._logged_step:
+            return None
+        self._logged_step = step
+        return self._log(step)
+
+    def _log(self, step: int) -> dict[str, float]:
+        metrics = self.compute()
+        if metrics:
+            self._lite.log_dict(metrics, step=step)
+            self._show(metrics)
+        return metrics
 
     def compute(self) -> dict[str, float]:
         """The metrics over the window (empty until two steps were recorded)."""
@@ -244,6 +326,13 @@ def _refuse_batch_size(batch_size: Any) -> None:
         return  # an int subclass
     raise MisuseError(f"ThroughputMonitor.step() got batch_size={batch_size!r}: pass the number of"
                       " samples in this step's batch, a positive int.")
+
+
+def _refuse_step(step: Any) -> None:
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        return  # an int subclass
+    raise MisuseError(f"ThroughputMonitor.step() got step={step!r}: pass your optimizer step, an int >= 0, or"
+                      " leave it out to count every call as one step.")
 
 
 def _matmul_dtype(precision: str) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable
+from functools import cache
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from lite_core.errors import MissingDependencyError
@@ -14,13 +16,22 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+#: Off a terminal, how many plain lines a loop of known length prints (one every 5% of it).
+_LINES_PER_TOTAL = 20
+#: Off a terminal, every how many iterations a loop of unknown length prints a line.
+_EVERY_WITHOUT_TOTAL = 100
+
+
 def progress_bar(iterable: Iterable[T] | None = None, lite: LightningLite | None = None, *,
                  file: IO[str] | None = None, **tqdm_kwargs: Any) -> Any:
-    """Wrap `iterable` in a `tqdm` bar that shows on global rank 0 and only on a terminal.
+    """Wrap `iterable` in a `tqdm` bar that shows on global rank 0: drawn on a terminal, plain lines elsewhere.
 
-    On other ranks, and when the output is not a terminal (a log file, CI, a pipe), the bar is
-    disabled: it still iterates and accepts `update()`, `set_postfix()` and `close()`, but prints
-    nothing, so the loop needs no `if` around it.
+    When the output is not a terminal (a log file, CI, a scheduler's output, a pipe) rank 0 prints
+    a plain line instead of redrawing a bar: at the start, every 1/20 of `total` (every 100
+    iterations without one; `miniters=N` chooses every N) and at the end, e.g.
+    `train: 25% 5/20 [00:01<00:03, 4.90it/s, loss=0.3]`. How often depends on the iterations alone,
+    never on time. On the other ranks the bar is disabled: it still iterates and accepts
+    `update()`, `set_postfix()` and `close()`, but prints nothing, so the loop needs no `if` around it.
 
     Args:
         iterable: what to iterate (or `None` to call `update()` by hand, with `total=`).
@@ -45,9 +56,57 @@ def progress_bar(iterable: Iterable[T] | None = None, lite: LightningLite | None
             "progress_bar needs the tqdm package, which is not installed: run `pip install 'lite-core[progress]'`."
         ) from None
     stream = file if file is not None else sys.stderr
-    shown = (lite is None or lite.is_global_zero) and _is_terminal(stream)
+    if lite is not None and not lite.is_global_zero:
+        return tqdm(iterable, file=stream, disable=True, **tqdm_kwargs)
+    if not _is_terminal(stream):
+        return _lines_class(tqdm)(iterable, file=stream, **tqdm_kwargs)
     tqdm_kwargs.setdefault("dynamic_ncols", True)
-    return tqdm(iterable, file=stream, disable=not shown, **tqdm_kwargs)
+    return tqdm(iterable, file=stream, **tqdm_kwargs)
+
+
+@cache
+def _lines_class(tqdm: type) -> type:
+    """A `tqdm` subclass that prints a plain line every so many iterations instead of drawing a bar."""
+
+    class PlainLines(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, iterable: Any = None, *args: Any, miniters: int | None = None, **kwargs: Any) -> None:
+            self._every = miniters
+            self._next_line = 0
+            self._printed: float | None = None
+            # Every iteration reaches display(), which decides by the count alone whether to print.
+            kwargs.pop("mininterval", None)
+            super().__init__(iterable, *args, miniters=1, mininterval=0, **kwargs)
+
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            if msg is None and self.n >= self._next_line:
+                self._print_line()
+            return True
+
+        def close(self) -> None:
+            if self.disable:
+                return
+            if self.n != self._printed:  # the end: where the loop finished or stopped
+                self._print_line()
+            self.disable = True
+            self._decr_instances(self)
+
+        def _print_line(self) -> None:
+            every = self._every or _default_every(self.total)
+            self._printed = self.n
+            self._next_line = (self.n // every + 1) * every
+            try:
+                self.fp.write(self.format_meter(**{**self.format_dict, "ncols": 0}) + "\n")
+                self.fp.flush()
+            except ValueError:  # the stream was closed (a bar left open until the interpreter exits)
+                pass
+
+    return PlainLines
+
+
+def _default_every(total: float | None) -> int:
+    if not total:
+        return _EVERY_WITHOUT_TOTAL
+    return max(1, math.ceil(total / _LINES_PER_TOTAL))
 
 
 def _is_terminal(stream: IO[str]) -> bool:

@@ -19,6 +19,7 @@ from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
+    check_module_keys,
     is_keyed_by_name,
     positions_to_names,
     read_checkpoint,
@@ -74,6 +75,8 @@ def _load_into(strategy: ShardsCheckpoints, obj: Any, value: Any, full: bool, st
         if not value.get("state"):  # saved before the first step: torch's own zero step must not count
             obj.state.clear()
     else:
+        if strict and full and isinstance(value, dict):  # torch's full load names only the unexpected keys
+            check_module_keys(obj, obj.state_dict(keep_vars=True), value)
         set_model_state_dict(obj, value, options=_options(full, strict))
 
 
@@ -221,10 +224,21 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     top_level = {fqn.split(".", 1)[0] for fqn in saved}
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
+    if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
+        _check_sharded_keys(objects, targets, saved)
     dcp.load(targets, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
     for key, value in targets.items():
         _load_into(strategy, objects[key], value, full=False, strict=strict)
     return {**content, **targets}
+
+
+def _check_sharded_keys(objects: dict[str, Any], targets: dict[str, Any], saved: set[str]) -> None:
+    """A `CheckpointError` where a module's keys differ from those the checkpoint holds for it."""
+    for key, target in targets.items():
+        if not isinstance(objects[key], Optimizer):
+            prefix = f"{key}."
+            held = sorted(name[len(prefix):] for name in saved if name.startswith(prefix))
+            check_module_keys(objects[key], target, held)
 
 
 def _saved_entries(path: str) -> set[str]:

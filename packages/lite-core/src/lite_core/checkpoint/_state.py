@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._stateful import is_stateful
+from lite_core.model._module import user_class_of
 from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strate
         if key not in content:
             continue
         if isinstance(target, nn.Module):
-            target.load_state_dict(content[key], strict=strict)
+            load_module_state(target, content[key], strict, target.load_state_dict)
         elif isinstance(target, Optimizer) and is_keyed_by_name(content[key]):
             module = module_of(target, state)
             target.load_state_dict(names_to_positions(content[key], target, module))
@@ -90,6 +92,51 @@ def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strate
             target.load_state_dict(content[key])
         else:
             state[key] = content[key]
+
+
+def load_module_state(module: nn.Module, module_state: Any, strict: bool, load: Callable[..., Any]) -> None:
+    """`load(module_state, strict=strict)`; where torch refuses a strict load because the keys
+    differ, a `CheckpointError` that says how (`check_module_keys`) instead of torch's full lists."""
+    try:
+        load(module_state, strict=strict)
+    except (RuntimeError, KeyError) as error:
+        if strict and isinstance(module_state, Mapping):
+            check_module_keys(module, module.state_dict(keep_vars=True), module_state, error)
+        raise
+
+
+#: How many of the differing keys of each kind a key-mismatch error names.
+_KEYS_SHOWN = 3
+
+
+def check_module_keys(module: nn.Module, expected: Iterable[str], saved: Iterable[str],
+                      cause: BaseException | None = None) -> None:
+    """Raise a `CheckpointError` naming `module`'s class, how many keys differ between the
+    `expected` (the module's own state dict) and the `saved` ones, and the first few of each."""
+    expected_keys = list(expected)
+    saved_keys = list(saved)
+    missing = _not_in(expected_keys, saved_keys)
+    unexpected = _not_in(saved_keys, expected_keys)
+    if not missing and not unexpected:
+        return
+    raise CheckpointError(
+        f"The checkpoint's weights do not fit this {user_class_of(module).__name__}:"
+        f" {len(missing) + len(unexpected)} keys differ ({len(missing)} missing from the checkpoint{_first(missing)};"
+        f" {len(unexpected)} unexpected{_first(unexpected)}): load it into the model it was saved from, or"
+        " pass strict=False to load only the keys that match."
+    ) from cause
+
+
+def _not_in(keys: list[str], others: list[str]) -> list[str]:
+    known = set(others)
+    return [key for key in keys if key not in known]
+
+
+def _first(keys: list[str]) -> str:
+    if not keys:
+        return ""
+    shown = ", ".join(repr(key) for key in keys[:_KEYS_SHOWN])
+    return f", among them {shown}" if len(keys) > _KEYS_SHOWN else f": {shown}"
 
 
 def is_keyed_by_name(optimizer_state: Any) -> bool:

@@ -88,12 +88,13 @@ class LoaderPosition:
             return dict(self._loaded)
         state: dict[str, Any] = {"epoch": self.next_epoch}
         if self._sampler is not None:
+            state["processes"] = self.processes()
+            state["samples_per_step"] = self._per_batch  # the global batch, for the warning at load
             if self._in_epoch:  # the next pass finishes this epoch
                 state["epoch"] -= 1
                 consumed = self._pass_skip + self.taken * self._per_batch
                 state["consumed"] = min(consumed, self._sampler.order_length())
                 state["order"] = self._sampler.order_state()
-                state["processes"] = self.processes()
         elif is_stateful(self._dataloader):
             state["dataloader"] = self._dataloader.state_dict()
             if self._in_epoch:
@@ -112,6 +113,7 @@ class LoaderPosition:
         self._loaded = None
         rng_state = state.get("torch_rng_state")
         if self._sampler is not None:
+            self._warn_if_global_batch_changes(state)
             self._sampler.skip = consumed
             order = dict(state.get("order", {}))
             if consumed and rng_state is not None and isinstance(self._sampler, EpochOrder):
@@ -132,6 +134,23 @@ class LoaderPosition:
             torch.set_rng_state(rng_state)
         self._in_epoch = False
         self._told = self._sampler_epochs()
+
+    def _warn_if_global_batch_changes(self, state: dict[str, Any]) -> None:
+        """Per-rank batches saved on another number of processes make another global batch, so
+        the resumed run takes another number of steps than the schedule it saved was sized for."""
+        before, now = state.get("processes"), self.processes()
+        samples_before = state.get("samples_per_step")
+        if before is None or samples_before is None or before == now or samples_before == self._per_batch:
+            return
+        if isinstance(getattr(self._dataloader, "batch_sampler", None), SplitBatches):
+            return
+        warn_user(
+            f"This dataloader was saved on {before} processes taking {samples_before} samples per step, and"
+            f" resumes on {now} taking {self._per_batch}, so every step sees another global batch and the epoch"
+            " has another number of steps than an LR schedule sized for the saved run expects (OneCycleLR's"
+            " total_steps): set the loader up with setup_dataloaders(..., split_batches=True) to keep the"
+            " global batch on any number of processes, or size the schedule for the new run."
+        )
 
     def _warn_if_not_reproducible(self, state: dict[str, Any]) -> None:
         if self._sampler.reproducible:

@@ -234,6 +234,23 @@ def is_set_up_model(obj: Any) -> bool:
     return isinstance(obj, LiteModule)
 
 
+def user_class_of(module: nn.Module) -> type[nn.Module]:
+    """The user's own class of `module`: the first module class in its MRO that neither `setup()`
+    (`LiteModule`) nor torch's `fully_shard` (`FSDP<Class>`) made of it."""
+    made = (LiteModule, *_sharded_module_classes())
+    return next(c for c in type(module).__mro__ if issubclass(c, nn.Module) and not issubclass(c, made))
+
+
+def _sharded_module_classes() -> tuple[type, ...]:
+    import torch.distributed
+
+    if not torch.distributed.is_available():
+        return ()
+    from torch.distributed.fsdp import FSDPModule
+
+    return (FSDPModule,)
+
+
 def state_of(model: nn.Module) -> _SetUp:
     """Lite's record on a set-up model."""
     return model.__dict__[STATE_KEY]
