@@ -134,6 +134,18 @@ def test_the_failing_ranks_traceback_reaches_the_summary_from_torchs_error_file(
     assert 'reliability_job.py", line' in proc.stderr
 
 
+def test_a_configuration_the_script_gets_wrong_is_refused_in_one_line(run_script, tmp_path, output_of):
+    # Both ranks refuse the code's devices=3 under --devices 2: the sentence once, no traceback
+    # through runpy and torch's `record` from each rank. A user's own exception keeps its
+    # traceback (test_the_failing_ranks_traceback_reaches_the_summary_from_torchs_error_file).
+    proc = lite_run(run_script, tmp_path, "--accelerator", "cpu", "--devices", "2", mode="devices3")
+    assert proc.returncode == 2, output_of(proc)
+    assert proc.stderr.splitlines() == [
+        "lite run: error: lite run started 2 processes per node but LightningLite(devices=3) asks for 3: make them"
+        " agree, e.g. devices=2 or lite run --devices=3."], output_of(proc)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_lite_run_ends_every_rank(start_script, tmp_path, wait_gone, sig):
     proc = start_script("cli_job.py", tmp_path, "hang",

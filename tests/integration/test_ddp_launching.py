@@ -164,3 +164,61 @@ def test_two_jobs_at_once_do_not_collide(start_script, tmp_path):
         assert zero["env"]["MASTER_PORT"] == one["env"]["MASTER_PORT"]
         ports.append(zero["env"]["MASTER_PORT"])
     assert ports[0] != ports[1]
+
+
+# -- the machine's cores ---------------------------------------------------------------------------
+_UNSET_THREADS = ("env", "-u", "OMP_NUM_THREADS")  # as a user who never set it (the tests' env sets 1)
+
+
+def _threads_job(*args: object, lite_run: tuple[str, ...] = ()) -> list[str]:
+    runner = [sys.executable, "-m", "lite_core.cli", "run", *lite_run] if lite_run else [sys.executable]
+    return [*_UNSET_THREADS, *runner, "threads_job.py", *map(str, args)]
+
+
+@pytest.mark.timeout(300)  # a hang guard: three jobs, about 15 s on an idle machine
+def test_every_launcher_gives_each_rank_the_same_threads(run_script, tmp_path, output_of):
+    # torch's agent (lite run, torchrun) gives each of several ranks on a node one thread unless the
+    # user set OMP_NUM_THREADS; Lite's own launchers left torch's default (one per core), so under
+    # `python train.py` 2 ranks on 2 cores oversubscribed them and ran 3-5x slower.
+    for command in (_threads_job(tmp_path, "python", "ddp"), _threads_job(tmp_path, "python", "ddp_spawn", "ddp_fork"),
+                    _threads_job(tmp_path, "lite-run", "ddp", lite_run=("--devices", "2"))):
+        proc = run_script(command=command)
+        assert proc.returncode == 0, output_of(proc)
+    seen = {path.stem: json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
+    assert sorted(seen) == [f"{job}-rank{rank}" for job in ("lite-run-ddp", "python-ddp", "python-ddp_fork",
+                                                              "python-ddp_spawn") for rank in (0, 1)]
+    assert all(record == {"threads": 1, "variable": "1"} for record in seen.values()), seen
+
+
+def test_more_ranks_than_cores_warn_once_and_the_users_threads_stay(run_script, tmp_path, output_of):
+    # The job pins itself to one core and starts 2 ranks (fork: the parent's thread pool is
+    # inherited, so Lite would have to reset it; the user's OMP_NUM_THREADS=2 must win).
+    proc = run_script("threads_job.py", tmp_path, "mine", "ddp_fork", "--one-core", env={"OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, output_of(proc)
+    lines = proc.stderr.splitlines()
+    warnings = [number for number, line in enumerate(lines) if "UserWarning" in line]
+    assert len(warnings) == 1, output_of(proc)
+    where, said = lines[warnings[0]].split(": UserWarning: ")
+    assert said == ("2 processes share this machine's 1 usable CPU core(s), so each computes slower than on a core"
+                    " of its own: start at most 1 (devices=1) for the fastest steps.")
+    assert where.startswith(f"{SCRIPTS / 'threads_job.py'}:") and "job.run(" in lines[warnings[0] + 1]  # the launch
+    seen = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
+    assert seen == [{"threads": 2, "variable": "2"}] * 2
+
+
+def test_devices_far_above_the_cores_are_refused_before_any_process_starts(run_script, tmp_path, output_of):
+    cores = len(os.sched_getaffinity(0))
+    sentence = (f"devices=1000 would start 1000 processes on this machine, which has {cores} usable CPU core(s): pass"
+                f" devices={max(4 * cores, 8)} or fewer (at most 4 processes per core), or run on a machine with more"
+                " cores.")
+    # Under python: Python's own traceback (the process is the user's), ending in the sentence.
+    proc = run_script("threads_job.py", tmp_path, "python", "ddp", "--devices", 1000)
+    assert proc.returncode == 1, output_of(proc)
+    assert proc.stderr.count("Traceback") == 1 and proc.stderr.splitlines()[-1] == (
+        f"lite_core.errors.ConfigurationError: {sentence}"), output_of(proc)
+    # Under lite run: refused with its options, in one line.
+    proc = run_script(command=[sys.executable, "-m", "lite_core.cli", "run", "--devices", "1000", "threads_job.py",
+                               str(tmp_path), "lite-run", "ddp"])
+    assert proc.returncode == 2, output_of(proc)
+    assert proc.stderr.splitlines() == [f"lite run: error: {sentence}"]
+    assert not list(tmp_path.iterdir())

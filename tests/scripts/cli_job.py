@@ -5,7 +5,8 @@
     LITE_DEVICES=2 LITE_STRATEGY=ddp torchrun --nproc-per-node=2 cli_job.py OUT_DIR
 
 Each rank trains a tiny model on its shard and writes `OUT_DIR/rank{r}.json`. MODE `explicit`
-passes `devices=1, precision="64-true"` in code instead (to test precedence); MODE `fail1` makes
+passes `devices=1, precision="64-true"` in code instead (to test precedence); MODE `devices3`
+passes `devices=3` in code (which `lite run --devices 2` refuses); MODE `fail1` makes
 rank 1 exit with code 7 while rank 0 waits in a collective; MODE `hang` waits forever after
 writing `OUT_DIR/ready_rank{r}`.
 """
@@ -72,7 +73,7 @@ def main() -> None:
     mode = sys.argv[2] if len(sys.argv) > 2 else "default"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        job = Job(precision="64-true") if mode == "explicit" else Job()
+        job = Job(precision="64-true") if mode == "explicit" else Job(devices=3) if mode == "devices3" else Job()
     for warning in caught:
         # One write per line: print() writes the text and the newline separately, and two ranks
         # sharing the pipe can then interleave their lines.

@@ -95,6 +95,24 @@ def test_lites_choices_are_exported_to_the_ranks() -> None:
         "LITE_NUM_NODES": "2"}
 
 
+def test_the_ranks_threads_and_the_cores_they_share(capfd: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    config_of("--accelerator", "cpu", "--devices", "2", "train.py")
+    assert os.environ["OMP_NUM_THREADS"] == "1"  # what every Lite launcher gives several ranks, as torch's agent
+    assert capfd.readouterr().err == (
+        "lite run: each of the 2 ranks on this machine computes on 1 CPU thread (OMP_NUM_THREADS=1, as torchrun sets"
+        " it), and 16 cores are usable: export OMP_NUM_THREADS=8 to use them all.\n")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice: kept, nothing to say
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    config_of("--accelerator", "cpu", "--nproc-per-node", "3", "train.py")
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert capfd.readouterr().err == (
+        "lite run: warning: 3 processes share this machine's 2 usable CPU core(s), so each computes slower than on a"
+        " core of its own: start at most 2 (devices=2) for the fastest steps.\n")
+
+
 def test_an_elastic_node_count_is_left_to_the_agent() -> None:
     config_of("--nnodes", "1:2", "--nproc-per-node", "cpu", "--rdzv-backend", "c10d", "--rdzv-endpoint",
               "127.0.0.1:29400", "train.py")

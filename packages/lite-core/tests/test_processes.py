@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lite_core import LightningLite
+from lite_core.errors import ConfigurationError
 from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, rank_to_blame, record_failure
 
 
@@ -122,3 +123,69 @@ def test_a_port_the_user_chose_stays_chosen_after_an_in_process_job(monkeypatch:
     monkeypatch.setenv("MASTER_PORT", port)
     assert _OneProcessJob(accelerator="cpu", strategy="ddp", devices=1).run() == 1
     assert os.environ["MASTER_PORT"] == port
+
+
+# -- the machine's cores ---------------------------------------------------------------------------
+def _cores(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
+
+
+def _children() -> list[str]:
+    with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as handle:
+        return handle.read().split()
+
+
+def test_devices_far_above_the_cores_are_refused_at_construction(clean_env: None) -> None:
+    before = _children()
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(ConfigurationError, match=rf"^devices=1000 would start 1000 processes on this machine, which"
+                                                 rf" has {cores} usable CPU core\(s\): pass devices="):
+        LightningLite(accelerator="cpu", strategy="ddp", devices=1000)
+    assert _children() == before  # no process started
+
+
+@pytest.mark.parametrize(("cores", "allowed"), [(1, 8), (2, 8), (3, 12), (16, 64)])
+def test_the_bound_is_four_processes_per_core_and_at_least_eight(monkeypatch: pytest.MonkeyPatch, clean_env: None,
+                                                                 cores: int, allowed: int) -> None:
+    _cores(monkeypatch, cores)
+    for strategy in ("ddp", "ddp_spawn", "ddp_fork"):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=allowed)
+        with pytest.raises(ConfigurationError, match=rf"pass devices={allowed} or fewer \(at most 4 processes per"
+                                                     r" core\), or run on a machine with more cores\.$"):
+            LightningLite(accelerator="cpu", strategy=strategy, devices=allowed + 1)
+
+
+def test_ranks_a_scheduler_started_are_not_counted_against_the_cores(monkeypatch: pytest.MonkeyPatch,
+                                                                     clean_env: None) -> None:
+    # They are running already, and a scheduler may have bound each to a core of its own.
+    _cores(monkeypatch, 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    LightningLite(accelerator="cpu", strategy="ddp", devices=16)
+
+
+def test_more_processes_than_cores_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lite_core.launchers._cores import warn_if_oversubscribed
+
+    _cores(monkeypatch, 2)
+    warn_if_oversubscribed(2)  # one process per core: nothing to say
+    with pytest.warns(UserWarning, match=r"^3 processes share this machine's 2 usable CPU core\(s\), so each computes"
+                                         r" slower than on a core of its own: start at most 2 \(devices=2\)") as seen:
+        warn_if_oversubscribed(3)
+    assert seen[0].filename == __file__  # the user's line
+
+
+def test_the_threads_of_each_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lite_core.launchers._cores import rank_threads, threads_notice
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert (rank_threads(1), rank_threads(2)) == (None, 1)  # one rank keeps torch's default
+    _cores(monkeypatch, 16)
+    assert threads_notice(2, 1) == ("each of the 2 ranks on this machine computes on 1 CPU thread (OMP_NUM_THREADS=1,"
+                                    " as torchrun sets it), and 16 cores are usable: export OMP_NUM_THREADS=8 to use"
+                                    " them all.")
+    _cores(monkeypatch, 2)
+    assert threads_notice(2, 1) is None  # every core busy: nothing to tune
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert rank_threads(2) is None  # the user's choice

@@ -64,3 +64,30 @@ def test_a_rank_that_raises_leaves_a_whole_error_file_and_nothing_else(tmp_path:
     assert "train.py" in failure.message["extraInfo"]["py_callstack"]
     assert json.loads(error_file.read_text()) == {"message": failure.message}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["error.json", "train.py"]
+
+
+_REFUSED = ("from lite_core.errors import ConfigurationError\n"
+            "raise ConfigurationError('devices=3 is not what lite run started: pass devices=2.')\n")
+
+
+@pytest.mark.parametrize("error_file", [True, False])
+def test_a_refused_configuration_ends_the_rank_with_its_sentence_and_no_traceback(tmp_path: Path,
+                                                                                  error_file: bool) -> None:
+    from lite_core.launchers.elastic import _refusal
+
+    script = tmp_path / "train.py"
+    script.write_text(_REFUSED)
+    path = tmp_path / "error.json"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_ERROR_FILE"}
+    if error_file:
+        env["TORCHELASTIC_ERROR_FILE"] = str(path)
+    proc = subprocess.run([sys.executable, "-m", "lite_core.launchers.rank", str(script)], env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2, proc.stderr
+    if not error_file:  # nobody reads an error file: the rank says it, in one line
+        assert proc.stderr == "ConfigurationError: devices=3 is not what lite run started: pass devices=2.\n"
+        return
+    assert proc.stderr == ""  # the launcher says it once, for every rank
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(path))
+    assert _refusal(failure) == "devices=3 is not what lite run started: pass devices=2."
+    assert "train.py" in failure.message["extraInfo"]["py_callstack"]  # the traceback stays in the file

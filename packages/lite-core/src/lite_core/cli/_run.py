@@ -71,7 +71,7 @@ def launch_command_line(argv: Sequence[str], name: str = "lite run") -> int:
     with quiet_agent():
         options = parse(argv)
         check_target_exists(options)
-        config, entrypoint, entry_args = launch_config(options)
+        config, entrypoint, entry_args = launch_config(options, name)
     return launch(config, entrypoint, entry_args, name=name)
 
 
@@ -184,16 +184,16 @@ def _check(options: argparse.Namespace) -> None:
                                  " --rdzv-backend c10d --rdzv-endpoint HOST:PORT (the same on every node).")
 
 
-def launch_config(options: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+def launch_config(options: argparse.Namespace, name: str = "lite run") -> tuple[Any, Any, list[str]]:
     """The agent's `LaunchConfig`, entry point and arguments for checked `options` (torchrun's
     `config_from_args`), with Lite's choices exported to this process's environment, which the
-    ranks inherit."""
+    ranks inherit (Lite's lines start with `name`)."""
     from lite_core.launchers.torchrun import agent_config
 
     choices = _choices(options)
     options.nproc_per_node = str(_processes_per_node(options, choices))
-    os.environ.update({VARIABLES[name]: str(value) for name, value in choices.items()})
-    return agent_config(options)
+    os.environ.update({VARIABLES[variable]: str(value) for variable, value in choices.items()})
+    return agent_config(options, name)
 
 
 def _choices(options: argparse.Namespace) -> dict[str, Any]:

@@ -49,6 +49,7 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     chosen = strategy if isinstance(strategy, Strategy) else strategy_cls()
     _check_strategy(chosen, accel, len(indexes), num_nodes)
     environment.validate_settings(len(indexes), num_nodes)
+    _check_processes_to_start(environment, chosen, len(indexes), devices)
     _check_multi_node(environment, num_nodes, chosen)
     chosen.connect(accel, environment, indexes, num_nodes)
     chosen.precision = given.get(Precision) or _precision(chosen, accel, precision)
@@ -168,6 +169,19 @@ def _check_strategy(strategy: Strategy, accel: Accelerator, num_devices: int, nu
             f"strategy={strategy.name!r} runs one process but devices={num_devices}, num_nodes={num_nodes}"
             " ask for more: use strategy='ddp' (or 'auto'), or devices=1."
         )
+
+
+def _check_processes_to_start(environment: ClusterEnvironment, strategy: Strategy, num_devices: int,
+                              devices: Any) -> None:
+    """Refuse, before any process starts, more processes than this machine's cores can run, where
+    Lite (or `lite run`) is the one to start them (a scheduler's ranks have started already, each
+    maybe bound to a core of its own)."""
+    if environment.creates_processes_externally:
+        return
+    from lite_core.launchers._cores import check_process_count
+
+    named = devices if isinstance(devices, (int, str)) else num_devices  # not a list of 1000 indexes
+    check_process_count(1 if strategy.drives_devices_from_one_process else num_devices, named)
 
 
 def _check_multi_node(environment: ClusterEnvironment, num_nodes: int, strategy: Strategy) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from lite_core.environ import export_environ, restore_environ
 from lite_core.errors import ConfigurationError
-from lite_core.launchers.rank import LAUNCHER_PID_VARIABLE
+from lite_core.launchers.rank import LAUNCHER_PID_VARIABLE, REFUSAL_KEY
 from lite_core.launchers.supervision import FAILURE_DIR_VARIABLE, describe_exit, exit_code, rank_to_blame
 
 #: torch's loggers that report what Lite's own lines already say (each failure and restart, the
@@ -120,6 +120,10 @@ class _Reporter:
         first, exited = rank_to_blame(folder, failed)
         code = by_local[exited].exitcode
         self.code = exit_code(code)
+        refusal = _refusal(by_local.get(first))
+        if refusal is not None:  # Lite refused the script's configuration: its sentence says all
+            self.say(f"error: {refusal}")
+            return
         where = self._log_folder(first, stderrs)
         if first == exited:
             said = f" (its output is in {where})" if where else ""
@@ -153,6 +157,15 @@ class _Reporter:
 
     def regrouping(self) -> None:
         self.say("a node joined the job; restarting every rank at the new world size.")
+
+
+def _refusal(failure: Any) -> str | None:
+    """The sentence of the `ConfigurationError` that ended the rank of `failure` (a
+    `ProcessFailure`, or None), as `lite_core.launchers.rank` marks it in the error file."""
+    message = getattr(failure, "message", None)
+    info = message.get("extraInfo") if isinstance(message, dict) else None
+    sentence = info.get(REFUSAL_KEY) if isinstance(info, dict) else None
+    return sentence if isinstance(sentence, str) else None
 
 
 @contextlib.contextmanager

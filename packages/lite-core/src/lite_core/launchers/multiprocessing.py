@@ -13,7 +13,15 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from lite_core.environ import export_environ, restore_environ
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.launchers._cores import (
+    THREADS_VARIABLE,
+    rank_threads,
+    say,
+    threads_notice,
+    warn_if_oversubscribed,
+)
 from lite_core.launchers.launcher import Launcher
 from lite_core.launchers.script import main_script
 from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
@@ -52,16 +60,23 @@ class MultiprocessingLauncher(Launcher):
         assert environment is not None
         os.environ["MASTER_ADDR"] = environment.main_address
         os.environ["MASTER_PORT"] = str(environment.main_port)
+        processes = len(self._strategy.device_indexes)
+        warn_if_oversubscribed(processes)
+        threads = _rank_threads(processes)
         with tempfile.TemporaryDirectory(prefix="lite-result-") as folder:
             result_file = Path(folder) / "rank0.pkl"
             try:
-                context = mp.start_processes(
-                    _worker,
-                    args=(self._strategy, fn, args, kwargs, str(result_file), os.getpid()),
-                    nprocs=len(self._strategy.device_indexes),
-                    start_method=self._start_method,
-                    join=False,
-                )
+                before = export_environ(**({THREADS_VARIABLE: str(threads)} if threads else {}))
+                try:  # spawned ranks read the variable when torch starts; forked ones set it (`_worker`)
+                    context = mp.start_processes(
+                        _worker,
+                        args=(self._strategy, fn, args, kwargs, str(result_file), os.getpid(), threads),
+                        nprocs=processes,
+                        start_method=self._start_method,
+                        join=False,
+                    )
+                finally:
+                    restore_environ(before)  # this process is no rank: its own setting stays
                 _join(context)
             except mp.ProcessRaisedException as err:
                 _raise_first_failure(result_file.with_name(_FIRST_FAILURE), err)
@@ -92,11 +107,25 @@ def _stop(processes: list[Any]) -> None:
             process.join()
 
 
+def _rank_threads(processes: int) -> int | None:
+    """The threads each rank computes on (see `lite_core.launchers._cores`), said once when that
+    leaves cores idle; None: the ranks keep torch's default."""
+    threads = rank_threads(processes)
+    notice = threads_notice(processes, threads) if threads is not None else None
+    if notice is not None:
+        say(notice)
+    return threads
+
+
 def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
-            kwargs: dict[str, Any], result_file: str, parent_pid: int) -> None:
+            kwargs: dict[str, Any], result_file: str, parent_pid: int, threads: int | None) -> None:
     # `run_rank` arms the parent-death signal first: it replaces torch's SIGINT, which a rank
     # blocked in a collective would ignore.
     os.environ["LOCAL_RANK"] = str(local_rank)
+    if threads is not None:  # a forked rank has the parent's pool, sized before the variable was set
+        import torch
+
+        torch.set_num_threads(threads)
 
     def on_failure(err: BaseException) -> None:
         _record_failure(Path(result_file).with_name(_FIRST_FAILURE), local_rank)

@@ -8,18 +8,24 @@ additions:
   elastic agent reads for its summary of the failure; the file is written whole or not at all
   (a temporary file, then renamed), since the agent may stop this rank in the middle of writing
   it and then read what is there;
-- it exports `LITE_RESTART_COUNT`, the agent's attempt number (`TORCHELASTIC_RESTART_COUNT`).
+- it exports `LITE_RESTART_COUNT`, the agent's attempt number (`TORCHELASTIC_RESTART_COUNT`);
+- a refusal of the user's configuration (a `ConfigurationError`: its one sentence names what was
+  wrong and the fix) ends the rank with exit code 2 and no traceback; the error file marks it
+  (`REFUSAL_KEY`), so that the launcher says the sentence once, in one line, for every rank.
+  Every other exception keeps its full traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import runpy
 import sys
 from typing import TYPE_CHECKING
 
 from lite_core.environ import LAUNCHER_PID_VARIABLE
+from lite_core.errors import ConfigurationError
 from lite_core.launchers.supervision import die_with_parent
 
 if TYPE_CHECKING:
@@ -27,6 +33,16 @@ if TYPE_CHECKING:
 
 #: Exported to every rank: 0 on the first attempt, then 1, 2, ... after each restart.
 RESTART_VARIABLE = "LITE_RESTART_COUNT"
+#: The key of the error file's `extraInfo` that holds a refusal's sentence (see `is_refusal`).
+REFUSAL_KEY = "liteRefusal"
+#: The exit code of a rank whose configuration Lite refused (as `lite run`'s own refusals).
+REFUSAL_EXIT_CODE = 2
+
+
+def is_refusal(err: BaseException) -> bool:
+    """Whether `err` is Lite refusing the user's configuration (`ConfigurationError` and its
+    subclasses): its sentence says all, so the rank ends without a traceback."""
+    return isinstance(err, ConfigurationError)
 
 
 def arguments(target: str, args: list[str], module: bool = False) -> list[str]:
@@ -42,7 +58,15 @@ def main(argv: list[str]) -> None:
     os.environ[RESTART_VARIABLE] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     module = argv[:1] == ["-m"]
     target, *args = argv[1:] if module else argv
-    record(_run, error_handler=_atomic_error_handler())(target, args, module)
+    handler = _atomic_error_handler()
+    try:
+        record(_run, error_handler=handler)(target, args, module)
+    except Exception as err:
+        if not is_refusal(err):
+            raise
+        if not handler._get_error_file_path():  # no launcher reads an error file: say it here
+            sys.stderr.write(f"{type(err).__name__}: {err}\n")
+        sys.exit(REFUSAL_EXIT_CODE)
 
 
 def _atomic_error_handler() -> ErrorHandler:
@@ -67,6 +91,8 @@ def _atomic_error_handler() -> ErrorHandler:
             self._writing_to = f"{final}.{os.getpid()}.partial"
             try:
                 super().record_exception(e)
+                if is_refusal(e):
+                    _mark_refusal(self._writing_to, str(e))
                 os.replace(self._writing_to, final)
             finally:
                 with contextlib.suppress(FileNotFoundError):
@@ -74,6 +100,15 @@ def _atomic_error_handler() -> ErrorHandler:
                 self._writing_to = None
 
     return AtomicErrorHandler()
+
+
+def _mark_refusal(path: str, sentence: str) -> None:
+    """Add the refusal's sentence to the error file torch's handler wrote at `path`."""
+    with open(path) as handle:
+        data = json.load(handle)
+    data["message"]["extraInfo"][REFUSAL_KEY] = sentence
+    with open(path, "w") as handle:
+        json.dump(data, handle)
 
 
 def _die_with_launcher() -> None:

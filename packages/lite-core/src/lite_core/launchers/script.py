@@ -10,6 +10,13 @@ from typing import Any, Callable
 
 from lite_core.environments.environment import ClusterEnvironment
 from lite_core.errors import MisuseError
+from lite_core.launchers._cores import (
+    THREADS_VARIABLE,
+    rank_threads,
+    say,
+    threads_notice,
+    warn_if_oversubscribed,
+)
 from lite_core.launchers.launcher import Launcher
 from lite_core.launchers.supervision import RankProcesses, describe_exit, exit_code, on_interrupt
 
@@ -57,6 +64,8 @@ class ScriptLauncher(Launcher):
         restarts = _max_restarts()
         if restarts:
             self._supervise(restarts, chosen_port="MASTER_PORT" in os.environ)
+        warn_if_oversubscribed(self._num_processes)
+        _limit_threads(self._num_processes)
         os.environ["MASTER_ADDR"] = self._environment.main_address
         os.environ["MASTER_PORT"] = str(self._environment.main_port)
         os.environ["NODE_RANK"] = str(self._environment.node_rank())
@@ -101,6 +110,22 @@ class ScriptLauncher(Launcher):
         self._ranks.wait()
         if self._watchdog is not None:  # let the watchdog see the last exit codes
             self._watchdog.join()
+
+
+def _limit_threads(local_processes: int) -> None:
+    """Give every local rank torch's agent's thread setting (see `lite_core.launchers._cores`):
+    the variable for the ranks this process starts, and this process (rank 0) the same count
+    now, as torch read the variable when it started."""
+    threads = rank_threads(local_processes)
+    if threads is None:
+        return
+    import torch
+
+    os.environ[THREADS_VARIABLE] = str(threads)
+    torch.set_num_threads(threads)
+    notice = threads_notice(local_processes, threads)
+    if notice is not None:
+        say(notice)
 
 
 def _max_restarts() -> int:

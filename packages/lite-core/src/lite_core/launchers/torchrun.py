@@ -13,14 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def agent_config(options: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+def agent_config(options: argparse.Namespace, name: str = "lite run") -> tuple[Any, Any, list[str]]:
     """The agent's `LaunchConfig`, entry point and arguments for torchrun's parsed `options`
     (torch's `config_from_args`), after Lite's rendezvous defaults and with every Python rank run
-    through `lite_core.launchers.rank`."""
+    through `lite_core.launchers.rank`; Lite's lines about the cores start with `name`."""
     from torch.distributed.run import config_from_args
 
     _rendezvous_defaults(options)
     _run_each_rank_through_lite(options)
+    _share_cores(options, name)
     return config_from_args(options)
 
 
@@ -32,8 +33,32 @@ def launch_torchrun(argv: Sequence[str], name: str) -> int:
     from lite_core.launchers.elastic import launch, quiet_agent
 
     with quiet_agent():
-        config, entrypoint, args = agent_config(get_args_parser().parse_args(list(argv)))
+        config, entrypoint, args = agent_config(get_args_parser().parse_args(list(argv)), name)
     return launch(config, entrypoint, args, name=name)
+
+
+def _share_cores(options: argparse.Namespace, name: str) -> None:
+    """Warn when this node's ranks are more than its usable cores, and give each rank the threads
+    every Lite launcher gives (see `lite_core.launchers._cores`): torch's `config_from_args` sets
+    the same `OMP_NUM_THREADS=1`, but says so only in a log line that Lite keeps off the terminal."""
+    from torch.distributed.run import determine_local_world_size
+
+    from lite_core.launchers._cores import THREADS_VARIABLE, oversubscription, rank_threads, say, threads_notice
+
+    try:
+        local = determine_local_world_size(str(options.nproc_per_node))
+    except ValueError:
+        return  # torch's own parsing says what is wrong
+    warning = oversubscription(local)
+    if warning is not None:
+        say(f"warning: {warning}", name)
+    threads = rank_threads(local)
+    if threads is None:
+        return
+    os.environ[THREADS_VARIABLE] = str(threads)  # the agent's ranks inherit this process's environment
+    notice = threads_notice(local, threads)
+    if notice is not None:
+        say(notice, name)
 
 
 def _max_nodes(options: argparse.Namespace) -> int:
