@@ -32,6 +32,7 @@ import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import IO
 
 #: JUnit class names of the matrix's tests (pytest's importlib mode names them by path).
 _MATRIX_PREFIX = "tests.matrix."
@@ -52,8 +53,9 @@ def test_environments() -> list[str]:
 BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-cuda")
 
 
-def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float]:
-    """Run one environment's `all` script; returns its exit code and duration in seconds.
+def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float, float]:
+    """Run one environment's `all` script; returns its exit code, its duration in seconds and the
+    CPU-seconds (user + system) of its process tree (every descendant that its parent waited for).
 
     With `report`, its pytest writes a JUnit XML report there; with `log`, its output goes to
     that file instead of this process's output.
@@ -66,9 +68,17 @@ def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> t
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         output = None if log is None else stack.enter_context(log.open("w"))
-        code = subprocess.run(["hatch", "run", f"{env}:all"], env=child_env, stdout=output,
-                              stderr=None if output is None else subprocess.STDOUT).returncode
-    return code, time.monotonic() - started
+        code, cpu = run_with_cpu(["hatch", "run", f"{env}:all"], child_env, output)
+    return code, time.monotonic() - started, cpu
+
+
+def run_with_cpu(command: list[str], env: dict[str, str], output: IO[str] | None) -> tuple[int, float]:
+    """Run `command`; its exit code and the CPU-seconds (user + system) that it and every
+    descendant it waited for used (`wait4`'s resource usage of the child)."""
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=None if output is None else subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _matrix_cases(report: Path) -> list[ElementTree.Element]:
@@ -213,7 +223,7 @@ class BesideLane:
     def __init__(self, envs: list[str], builder: EnvironmentBuilder, reports: dict[str, Path], folder: Path) -> None:
         self.envs = envs
         self._builder, self._reports, self._folder = builder, reports, folder
-        self._results: dict[str, tuple[int, float]] = {env: (1, 0.0) for env in envs}
+        self._results: dict[str, tuple[int, float, float]] = {env: (1, 0.0, 0.0) for env in envs}
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
@@ -227,9 +237,9 @@ class BesideLane:
             self._builder.wait_for(env)
             self._results[env] = run_cell(env, self._reports[env], self._log(env))
 
-    def finish(self) -> dict[str, tuple[int, float]]:
-        """Wait for the lane to end, print each environment's output, and return their exit codes
-        and seconds."""
+    def finish(self) -> dict[str, tuple[int, float, float]]:
+        """Wait for the lane to end, print each environment's output, and return their exit codes,
+        seconds and CPU-seconds."""
         self._thread.join()
         for env in self.envs:
             print(f"\n===== {env} (ran beside the others) =====", flush=True)
@@ -258,11 +268,12 @@ def main(argv: list[str]) -> int:
         results = {env: finished[env] for env in envs}  # the table keeps hatch.toml's order
         outcomes = {env: matrix_outcomes(reports[env]) for env in envs}
         matrix_time = {env: matrix_seconds(reports[env]) for env in envs}
-    print("\n| environment | result | seconds | matrix tests (s, summed over workers) |\n| --- | --- | ---: | ---: |")
-    for env, (code, seconds) in results.items():
+    print("\n| environment | result | seconds | CPU-seconds | matrix tests (s, summed over workers) |"
+          "\n| --- | --- | ---: | ---: | ---: |")
+    for env, (code, seconds, cpu) in results.items():
         result = "passed" if code == 0 else f"FAILED (exit {code})"
-        print(f"| {env} | {result} | {seconds:.0f} | {matrix_time[env]:.0f} |")
-    print(f"| all (environments created in the background included) | | {time.monotonic() - started:.0f} | |")
+        print(f"| {env} | {result} | {seconds:.0f} | {cpu:.0f} | {matrix_time[env]:.0f} |")
+    print(f"| all (environments created in the background included) | | {time.monotonic() - started:.0f} | | |")
     table = matrix_table(outcomes)
     if table:
         print("\n" + "\n".join(table))
@@ -273,7 +284,7 @@ def main(argv: list[str]) -> int:
             print("\nSkipped everywhere, as they need hardware this machine lacks:\n" + "\n".join(f"- {t}" for t in excused))
         if refused:
             print("\nFAILED: matrix cells that no environment ran:\n" + "\n".join(f"- {t}" for t in refused))
-    return 0 if all(code == 0 for code, _ in results.values()) and not refused else 1
+    return 0 if all(code == 0 for code, _, _ in results.values()) and not refused else 1
 
 
 if __name__ == "__main__":

@@ -95,16 +95,19 @@ def test_environments_that_mostly_wait_run_in_a_lane_beside_the_others(monkeypat
     lock = threading.Lock()
 
     def fake_run(command, **kwargs):
-        if command[:2] == ["hatch", "run"]:
-            started = time.monotonic()
-            time.sleep(0.3)
-            with lock:
-                spans[command[2].removesuffix(":all")] = (started, time.monotonic())
-            if kwargs.get("stdout") is not None:
-                kwargs["stdout"].write(f"{command[2]} output\n")
         return subprocess.CompletedProcess(command, 0)
 
+    def fake_hatch_run(command, env, output):
+        started = time.monotonic()
+        time.sleep(0.3)
+        with lock:
+            spans[command[2].removesuffix(":all")] = (started, time.monotonic())
+        if output is not None:
+            output.write(f"{command[2]} output\n")
+        return 0, 0.0
+
     monkeypatch.setattr(suite.subprocess, "run", fake_run)
+    monkeypatch.setattr(suite, "run_with_cpu", fake_hatch_run)
     asked = ["test", "test-cuda", "test-xla", "test-packaging"]
     assert suite.main(asked) == 0
     assert set(spans) == set(asked)
@@ -118,3 +121,20 @@ def test_environments_that_mostly_wait_run_in_a_lane_beside_the_others(monkeypat
     assert "===== test-cuda (ran beside the others) =====\ntest-cuda:all output" in out
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| test")]
     assert rows == ["| test", "| test-cuda", "| test-xla", "| test-packaging"]  # the table in the order asked
+
+
+def test_an_environments_cpu_seconds_include_its_grandchildren(tmp_path: Path) -> None:
+    # A child starts a grandchild that burns CPU and writes its own CPU-seconds; the child's
+    # resource usage (what the suite's table reports per environment) must include them.
+    import os
+    import sys
+
+    burn = ("import time\nx = 0\nfor i in range(3_000_000): x += i * i\n"
+            "print(time.process_time())")
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+    with (tmp_path / "out.txt").open("w") as output:
+        code, cpu = suite.run_with_cpu([sys.executable, "-c", parent], dict(os.environ), output)
+    assert code == 0
+    grandchild_cpu = float((tmp_path / "out.txt").read_text().split()[-1])
+    assert grandchild_cpu > 0
+    assert cpu >= grandchild_cpu
