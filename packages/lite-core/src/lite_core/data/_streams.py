@@ -1,0 +1,168 @@
+"""Streams (`IterableDataset`s) shared by the data-parallel processes: each sample to one of them,
+and one position in the stream for the whole job.
+
+Lite picks one of two mechanisms from what the dataset offers:
+
+- **The dataset shards itself.** A dataset with a method `lite_shard(num_replicas, rank)`
+  (`ShardsItself`) is asked for the dataset that yields only data-parallel rank `rank`'s samples
+  of `num_replicas`; it must also split them over the loader's workers itself
+  (`torch.utils.data.get_worker_info()`). Lite then only rebuilds the loader around what it
+  returns; the loader resumes at its epoch (or from its own state).
+- **One global stream, cut per round** (`GlobalStream`, every other `IterableDataset`). Every
+  process reads the whole stream and cuts it into rounds of one global batch: `batch_size *
+  world_size` samples per rank batches, `batch_size` with `split_batches=True`. Rank `r` of `W`
+  takes the `r`-th contiguous `1/W` of each round, which is the `r`-th per-rank batch, or its
+  contiguous part of the global batch as `split_batches` cuts indexed batches. A short last round
+  is left out with `drop_last=True`; otherwise it is cut into parts that differ by at most one
+  sample (`rank_slice`), and where it holds fewer samples than processes, per-rank batches repeat
+  its first samples (as `DistributedSampler` pads) while `split_batches` refuses it. With `K`
+  workers, worker `w` yields the rounds `w, w + K, ...` of the whole stream, which the loader
+  hands out in turn: the batches are those of `num_workers=0`. The job's position is the number of
+  samples of the stream that the consumed rounds held, the same on every rank; `skip` makes the
+  next pass read that many samples and drop them before cutting rounds again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lite_core.data._order import rank_slice
+from lite_core.errors import MisuseError
+
+
+@runtime_checkable
+class ShardsItself(Protocol):
+    """An `IterableDataset` that gives each data-parallel rank its own samples itself.
+
+    `lite_shard(num_replicas, rank)` returns the dataset that yields only rank `rank`'s samples
+    (it may return `self` after recording them); the returned dataset also splits them over the
+    loader's worker processes (`torch.utils.data.get_worker_info()`), so that each sample is read
+    by one worker of one rank per epoch.
+    """
+
+    def lite_shard(self, num_replicas: int, rank: int) -> IterableDataset: ...
+
+
+def shards_itself(dataset: Any) -> bool:
+    """Whether `dataset` splits its samples over the ranks itself (`ShardsItself`, or a Hugging
+    Face `datasets.IterableDataset`, split with `split_dataset_by_node`)."""
+    return isinstance(dataset, ShardsItself) or _is_hugging_face_stream(dataset)
+
+
+def _is_hugging_face_stream(dataset: Any) -> bool:
+    datasets = sys.modules.get("datasets")  # never imported here: a dataset of it means it is loaded
+    return datasets is not None and isinstance(dataset, getattr(datasets, "IterableDataset", ()))
+
+
+def own_shard(dataset: Any, num_replicas: int, rank: int) -> Any:
+    """The dataset that yields rank `rank`'s samples of a dataset that `shards_itself`."""
+    if _is_hugging_face_stream(dataset) and not isinstance(dataset, ShardsItself):
+        from datasets.distributed import split_dataset_by_node  # type: ignore[import-not-found]
+
+        return split_dataset_by_node(dataset, rank=rank, world_size=num_replicas)
+    return dataset.lite_shard(num_replicas, rank)
+
+
+class GlobalStream(IterableDataset):
+    """Rank `dp_rank`'s part of each round of `source`, read whole on every process (see the module).
+
+    Args:
+        source: the user's `IterableDataset`.
+        part: the samples a rank takes of each full round (the rank's batch size).
+        dp_rank: this process's data-parallel rank.
+        dp_size: the data-parallel size; a round holds `part * dp_size` samples.
+        drop_last: leave out the short last round.
+        split: the round is one plain process's global batch (`split_batches=True`): a short last
+            round with fewer samples than processes is refused rather than padded.
+    """
+
+    def __init__(self, source: IterableDataset, part: int, dp_rank: int, dp_size: int, drop_last: bool,
+                 split: bool) -> None:
+        self.source = source
+        self.part = part
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.drop_last = drop_last
+        self.split = split
+        self.skip = 0  # samples of the stream consumed before the next pass (set by the loader's position)
+
+    @property
+    def round_size(self) -> int:
+        """How many samples of the stream one global batch holds."""
+        return self.part * self.dp_size
+
+    def __iter__(self) -> Iterator[Any]:
+        # Read once per pass: a worker's copy (persistent workers keep theirs) must not skip again.
+        skip, self.skip = self.skip, 0
+        stream = iter(self.source)
+        if skip:
+            stream = itertools.islice(stream, skip, None)
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for number, round_ in enumerate(self._rounds(stream)):
+            if number % workers == worker:
+                yield from self._part_of(round_)
+
+    def _rounds(self, stream: Iterator[Any]) -> Iterator[list[Any]]:
+        size = self.round_size
+        while True:
+            round_ = list(itertools.islice(stream, size))
+            if not round_ or (len(round_) < size and self.drop_last):
+                return
+            yield round_
+            if len(round_) < size:
+                return
+
+    def _part_of(self, round_: list[Any]) -> list[Any]:
+        if len(round_) == self.round_size:
+            return round_[self.dp_rank * self.part:(self.dp_rank + 1) * self.part]
+        if len(round_) < self.dp_size:
+            if self.split:
+                raise MisuseError(
+                    f"With split_batches=True the stream's last batch holds {len(round_)} samples, fewer than the"
+                    f" {self.dp_size} data-parallel processes it is split over: pass drop_last=True to the DataLoader."
+                )
+            round_ = list(itertools.islice(itertools.cycle(round_), self.dp_size))  # as DistributedSampler pads
+        return rank_slice(round_, self.dp_rank, self.dp_size)
+
+    @property
+    def epoch(self) -> Any:
+        return getattr(self.source, "epoch", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the source when it uses one (e.g. to seed its shuffle buffer)."""
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "source":  # not yet set (unpickling in a worker)
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def __repr__(self) -> str:
+        return f"GlobalStream({self.source!r}, rank {self.dp_rank} of {self.dp_size})"
+
+
+def check_stream_loader(dataloader: Any, split: bool, dp_size: int) -> None:
+    """Refuse, at set-up, a stream's loader that Lite cannot cut into one global stream."""
+    if split and dataloader.batch_size is None:
+        raise MisuseError(
+            "setup_dataloaders(split_batches=True) splits each batch over the processes, but this loader has"
+            " batch_size=None: give it the global batch size."
+        )
+    if split and dataloader.batch_size % dp_size:
+        raise MisuseError(
+            f"setup_dataloaders(split_batches=True) splits each batch of {dataloader.batch_size} samples over"
+            f" {dp_size} data-parallel processes, which does not divide it: make the batch size a multiple of"
+            f" {dp_size}."
+        )
+    if dataloader.num_workers > 0 and not getattr(dataloader, "in_order", True):
+        raise MisuseError(
+            "A stream's batches from DataLoader(in_order=False) come in whatever order its workers finish, so"
+            " Lite cannot keep the job's position in the stream: leave in_order=True."
+        )
