@@ -156,18 +156,19 @@ def test_the_set_up_stream_forwards_attributes_and_set_epoch_to_the_user_s_datas
     assert epochs == expected and epochs[0] != epochs[1]
 
 
-def _interrupted(make: Any, after: int, path: Path, workers: int = 0, **loader_kwargs: Any) -> list[list[int]]:
+def _interrupted(make: Any, after: int, path: Path, workers: int = 0, cls: type = DataLoader,
+                 **loader_kwargs: Any) -> list[list[int]]:
     """The batches of one epoch of a set-up stream, checkpointed after `after` batches and resumed in a
     fresh loader (with `workers`); what the two loaders handed out, in order."""
     lite = LightningLite(accelerator="cpu")
-    loader = lite.setup_dataloaders(DataLoader(make(), **loader_kwargs))
+    loader = lite.setup_dataloaders(cls(make(), **loader_kwargs))
     seen = []
     for batch in loader:
         seen.append(batch.flatten().tolist())
         if len(seen) == after:
             lite.save({"loader": loader}, path)
             break
-    resumed = lite.setup_dataloaders(DataLoader(make(), num_workers=workers, **loader_kwargs))
+    resumed = lite.setup_dataloaders(cls(make(), num_workers=workers, **loader_kwargs))
     lite.load(path, {"loader": resumed})
     return seen + batches(resumed)
 
@@ -212,3 +213,17 @@ def test_persistent_workers_take_up_a_position_loaded_after_they_started(tmp_pat
     lite.load(tmp_path / "ckpt.pt", {"loader": loader})
     assert seen + batches(loader) == batches(DataLoader(Numbers(12), batch_size=2))
     assert batches(loader)[0] == [0, 1]  # and the pass after starts the stream again
+
+
+def test_a_stateful_dataloader_over_a_stream_keeps_the_global_position(tmp_path: Path) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    lite = LightningLite(accelerator="cpu")
+    loader = lite.setup_dataloaders(stateful.StatefulDataLoader(Shuffled(30), batch_size=4, num_workers=2))
+    assert type(loader.dataloader) is stateful.StatefulDataLoader and isinstance(loader.dataset, GlobalStream)
+    plain = batches(DataLoader(Shuffled(30), batch_size=4))
+    assert batches(loader) == plain  # not once per worker
+    interrupted = _interrupted(lambda: Shuffled(30), 2, tmp_path / "ckpt.pt", workers=2,
+                               cls=stateful.StatefulDataLoader, batch_size=4)
+    assert interrupted == plain
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"]
+    assert state == {"epoch": 0, "consumed": 8, "stream": True, "processes": 1}  # no per-rank iterator state

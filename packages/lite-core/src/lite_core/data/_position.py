@@ -13,8 +13,10 @@ batch the one that the uninterrupted run would have drawn next: the sampler skip
 indices without fetching them. For a sampler that shuffles with torch's default generator the
 generator's state is saved as well, which loading restores, so that the resumed run draws the same
 shuffles (and the same dropout) as the uninterrupted one. A loader whose sampler Lite does not
-hold (`replace_sampler=False`, an `IterableDataset`) resumes at its epoch, or from its own state
-(torchdata's `StatefulDataLoader` over a stream).
+hold (`replace_sampler=False`, a stream that shards itself) resumes at its epoch, or from its own
+state (torchdata's `StatefulDataLoader`). A stream Lite cuts into global batches
+(`lite_core.data._streams.GlobalStream`) saves how many samples of the stream the consumed global
+batches held; its next pass reads and drops them.
 """
 
 from __future__ import annotations
