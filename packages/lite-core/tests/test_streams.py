@@ -227,3 +227,30 @@ def test_a_stateful_dataloader_over_a_stream_keeps_the_global_position(tmp_path:
     assert interrupted == plain
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"]
     assert state == {"epoch": 0, "consumed": 8, "stream": True, "processes": 1}  # no per-rank iterator state
+
+
+# -- Hugging Face `datasets` (in the `test` environment) -------------------------------------------
+
+
+def _hugging_face_stream(shards: int) -> Any:
+    datasets = pytest.importorskip("datasets")
+    return datasets.Dataset.from_dict({"id": list(range(24))}).to_iterable_dataset(num_shards=shards)
+
+
+@pytest.mark.parametrize(("shards", "workers"), [(4, 2), (3, 0), (3, 2)])  # 3: the ranks do not divide the shards
+def test_a_hugging_face_stream_is_split_by_node_each_sample_once(shards: int, workers: int) -> None:
+    ranks = [distribute(DataLoader(_hugging_face_stream(shards), batch_size=4, num_workers=workers), 2, rank, 0)
+             for rank in range(2)]
+    ids = [i for loader in ranks for batch in loader for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(24))
+    with pytest.raises(MisuseError, match="IterableDataset shards itself over the ranks"):
+        split_batches(DataLoader(_hugging_face_stream(shards), batch_size=4), lambda: (0, 2), 2)
+
+
+def test_lite_tells_the_epoch_to_the_shuffle_buffer_of_a_hugging_face_stream() -> None:
+    lite = LightningLite(accelerator="cpu")
+    stream = _hugging_face_stream(3).shuffle(seed=1, buffer_size=6)
+    loader = lite.setup_dataloaders(DataLoader(stream, batch_size=24))
+    epochs = [next(iter(loader))["id"].tolist() for _ in range(2)]
+    assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1]) == list(range(24))
+    assert loader.dataset.epoch == 1  # the split copy Lite reads, which the user cannot reach

@@ -25,7 +25,7 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import IterableDataset, RandomSampler
 
 from lite_core.data._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
 from lite_core.data._streams import GlobalStream
@@ -41,6 +41,8 @@ class LoaderPosition:
         self._per_batch = samples_per_batch(dataloader, self._sampler) if self._sampler is not None else 0
         stream = getattr(dataloader, "dataset", None)
         self._stream = stream if isinstance(stream, GlobalStream) else None  # a stream Lite cuts into rounds
+        # a stream's own set_epoch (a shuffle buffer's seed); one that shards itself is a copy the user cannot reach
+        self._epoch_stream = stream if isinstance(stream, IterableDataset) and hasattr(stream, "set_epoch") else None
         self.next_epoch = 0
         self.taken = 0  # batches handed out in the pass under way (the set-up loader counts them)
         self._pass_skip = 0
@@ -51,7 +53,7 @@ class LoaderPosition:
     def _samplers(self) -> list[Any]:
         batch_sampler = getattr(self._dataloader, "batch_sampler", None)
         found = (getattr(self._dataloader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None),
-                 self._stream)
+                 self._epoch_stream)
         unique = {id(s): s for s in found if hasattr(s, "set_epoch")}  # a BatchSampler holds the loader's sampler
         return list(unique.values())
 
@@ -150,8 +152,9 @@ class LoaderPosition:
         elif consumed:
             warnings.warn(
                 f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
-                " its sampler (replace_sampler=False, an IterableDataset, or a loader it could not rebuild), so"
-                " the epoch starts again from its first sample: let Lite shard the loader to resume inside it.",
+                " its sampler (replace_sampler=False, a stream that shards itself, or a loader it could not"
+                " rebuild), so the epoch starts again from its first sample: let Lite shard the loader to resume"
+                " inside it.",
                 stacklevel=3,
             )
         if rng_state is not None:
