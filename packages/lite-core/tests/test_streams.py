@@ -28,6 +28,13 @@ class Numbers(IterableDataset):
         return iter(range(self.n))
 
 
+class Counted(Numbers):
+    """A stream that knows its length (`len(loader)` then works, as in plain torch)."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class Shuffled(IterableDataset):
     """A stream through a shuffle buffer seeded by the epoch (`set_epoch`), as streaming libraries do."""
 
@@ -101,6 +108,19 @@ def test_the_short_last_round_of_per_rank_batches_repeats_samples_only_where_too
     assert ranks == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10]]]
     ranks = [batches(distribute(DataLoader(Numbers(11), batch_size=2, drop_last=True), 2, r, 0)) for r in range(2)]
     assert ranks == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+
+
+@pytest.mark.parametrize(("n", "drop_last"), [(24, False), (23, False), (9, False), (23, True)])
+@pytest.mark.parametrize("split", [False, True])
+def test_the_length_of_a_stream_with_one_is_each_rank_s_number_of_batches(n: int, drop_last: bool, split: bool) -> None:
+    if split and n == 9 and not drop_last:
+        return  # refused when it comes
+    for rank in range(2):
+        loader = (split_batches(DataLoader(Counted(n), batch_size=4, drop_last=drop_last), lambda: (rank, 2), 2)
+                  if split else distribute(DataLoader(Counted(n), batch_size=2, drop_last=drop_last), 2, rank, 0))
+        assert len(loader) == len(batches(loader)), rank
+    with pytest.raises(TypeError):
+        len(distribute(DataLoader(Numbers(8), batch_size=2), 2, 0, 0))
 
 
 def test_split_batches_refuses_a_last_batch_smaller_than_the_processes_when_it_comes() -> None:

@@ -130,6 +130,17 @@ class GlobalStream(IterableDataset):
             round_ = list(itertools.islice(itertools.cycle(round_), self.dp_size))  # as DistributedSampler pads
         return rank_slice(round_, self.dp_rank, self.dp_size)
 
+    def __len__(self) -> int:
+        """How many samples this process takes in the next pass, where the source has a length (a
+        `TypeError` as from `len()` where it has none)."""
+        total = max(len(self.source) - self.skip, 0)  # type: ignore[arg-type]
+        full, rest = divmod(total, self.round_size)
+        if rest and not self.drop_last:
+            rest = len(rank_slice(list(range(max(rest, self.dp_size))), self.dp_rank, self.dp_size))
+        else:
+            rest = 0
+        return full * self.part + rest
+
     @property
     def epoch(self) -> Any:
         return getattr(self.source, "epoch", None)
