@@ -281,6 +281,15 @@ def bench_loader_position(ctx: Context) -> list[Row]:
                      " (num_workers=2) vs a fresh epoch's first batch", "s", deep["plain_first_batch_s"],
                      deep["lite_load_and_first_batch_s"])
     row.note = f"plain PyTorch fetching its way there: {deep['plain_fetch_to_position_s']:.0f} s"
+    stream = result["stream_per_batch"]
+    plain_ns, lite_ns = stream["ns_per_batch"]["plain"], stream["ns_per_batch"]["lite"]
+    calls = stream["calls_per_batch"]
+    rows += [paired_row("position:stream-batch", "Per batch, DataLoader over an IterableDataset of tensors, no model:"
+                        " set-up (cut into rounds, position kept) vs plain", "µs/batch",
+                        [v / 1e3 for v in plain_ns], [v / 1e3 for v in lite_ns]),
+             Row("position:stream-calls", "Python calls per batch of a stream (deterministic): set-up vs plain",
+                 "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+                 note=f"{calls['lite'] - calls['plain']:+.1f} calls/batch")]
     return rows + [row]
 
 

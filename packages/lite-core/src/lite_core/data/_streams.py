@@ -90,6 +90,7 @@ class GlobalStream(IterableDataset):
         self.drop_last = drop_last
         self.split = split
         self.skip = 0  # samples of the stream consumed before the next pass (set by the loader's position)
+        self._mine = slice(dp_rank * part, (dp_rank + 1) * part)  # this rank's part of a full round
 
     @property
     def round_size(self) -> int:
@@ -102,25 +103,27 @@ class GlobalStream(IterableDataset):
         stream = iter(self.source)
         if skip:
             stream = itertools.islice(stream, skip, None)
+        rounds: Iterator[list[Any]] = self._rounds(stream)
         info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for number, round_ in enumerate(self._rounds(stream)):
-            if number % workers == worker:
-                yield from self._part_of(round_)
+        if info is not None and info.num_workers > 1:
+            rounds = itertools.islice(rounds, info.id, None, info.num_workers)  # this worker's rounds
+        # Python runs once per round, never per sample: the samples come out of C iterators.
+        return itertools.chain.from_iterable(map(self._part_of, rounds))
 
     def _rounds(self, stream: Iterator[Any]) -> Iterator[list[Any]]:
-        size = self.round_size
+        size, islice = self.round_size, itertools.islice
         while True:
-            round_ = list(itertools.islice(stream, size))
-            if not round_ or (len(round_) < size and self.drop_last):
-                return
-            yield round_
-            if len(round_) < size:
-                return
+            round_ = list(islice(stream, size))
+            if len(round_) == size:
+                yield round_
+                continue
+            if round_ and not self.drop_last:
+                yield round_
+            return
 
     def _part_of(self, round_: list[Any]) -> list[Any]:
-        if len(round_) == self.round_size:
-            return round_[self.dp_rank * self.part:(self.dp_rank + 1) * self.part]
+        if len(round_) == self.part * self.dp_size:
+            return round_[self._mine]
         if len(round_) < self.dp_size:
             if self.split:
                 raise MisuseError(
