@@ -274,3 +274,24 @@ def test_lite_tells_the_epoch_to_the_shuffle_buffer_of_a_hugging_face_stream() -
     epochs = [next(iter(loader))["id"].tolist() for _ in range(2)]
     assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1]) == list(range(24))
     assert loader.dataset.epoch == 1  # the split copy Lite reads, which the user cannot reach
+
+
+class _PretendDataParallelRankOneOfTwo(LightningLite):
+    """One process set up as data-parallel rank 1 of 2 (as every tensor-parallel peer of that rank
+    is under `model_parallel`: the strategy's sampler arguments are the data-parallel ones)."""
+
+    def __init__(self) -> None:
+        super().__init__(accelerator="cpu", strategy="single_device")
+        self.strategy.distributed_sampler_kwargs = lambda: {"num_replicas": 2, "rank": 1}  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_set_up_streams_take_the_data_parallel_rank_s_part_and_count_global_samples(split: bool,
+                                                                                   tmp_path: Path) -> None:
+    lite = _PretendDataParallelRankOneOfTwo()
+    loader = lite.setup_dataloaders(DataLoader(Numbers(16), batch_size=4 if split else 2), split_batches=split)
+    assert batches(loader) == [[2, 3], [6, 7], [10, 11], [14, 15]]
+    for seen, _ in enumerate(loader, start=1):
+        if seen == 3:
+            break
+    assert loader.state_dict() == {"epoch": 1, "consumed": 12, "stream": True, "processes": 2}
