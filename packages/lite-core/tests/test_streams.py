@@ -295,3 +295,42 @@ def test_set_up_streams_take_the_data_parallel_rank_s_part_and_count_global_samp
         if seen == 3:
             break
     assert loader.state_dict() == {"epoch": 1, "consumed": 12, "stream": True, "processes": 2}
+
+
+class Pairs(IterableDataset):
+    """`(tensor of 3, id)` samples 0..n-1 (a structure to empty)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        return ((torch.full((3,), float(i)), i) for i in range(self.n))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_evaluation_pass_over_a_stream_reads_each_sample_once_with_as_many_batches_per_rank(workers: int) -> None:
+    ranks = []
+    for rank in range(2):
+        lite = _PretendDataParallelRankOneOfTwo()
+        lite.strategy.distributed_sampler_kwargs = lambda rank=rank: {"num_replicas": 2, "rank": rank}
+        model = lite.setup(torch.nn.Linear(1, 1))
+        loader = lite.setup_dataloaders(DataLoader(Pairs(9), batch_size=2, num_workers=workers))
+        training = [ids.tolist() for _, ids in loader]
+        model.eval()
+        evaluation = [(x.shape, ids.tolist()) for x, ids in loader]
+        assert len(loader) == len(evaluation) == 3
+        ranks.append((training, evaluation))
+    assert [training for training, _ in ranks] == [[[0, 1], [4, 5], [8]], [[2, 3], [6, 7], [8]]]  # padded
+    assert [evaluation for _, evaluation in ranks] == [
+        [((2, 3), [0, 1]), ((2, 3), [4, 5]), ((1, 3), [8])],
+        [((2, 3), [2, 3]), ((2, 3), [6, 7]), ((0, 3), [])],  # no sample left: an empty batch, as many batches
+    ]
+
+
+def test_sharding_evaluation_cuts_a_stream_for_every_pass() -> None:
+    lite = _PretendDataParallelRankOneOfTwo()
+    loader = lite.setup_dataloaders(DataLoader(Numbers(11), batch_size=2), sharding="evaluation")
+    assert batches(loader) == [[2, 3], [6, 7], [10]] == batches(loader)

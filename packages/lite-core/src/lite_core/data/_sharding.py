@@ -25,7 +25,7 @@ from torch.utils.data import (
 
 from lite_core.move import rebuild_mapping
 from lite_core.data._order import BatchPart, EpochOrder, ResumableDistributedSampler, ShardedSampler, SplitBatches
-from lite_core.data._streams import GlobalStream, check_stream_loader, own_shard, shards_itself
+from lite_core.data._streams import EmptyPart, GlobalStream, check_stream_loader, own_shard, shards_itself
 from lite_core.seed import seed_worker, worker_seeding_enabled
 from lite_core.errors import MisuseError
 
@@ -137,11 +137,13 @@ def split_batches(dataloader: DataLoader, part: BatchPart, dp_size: int) -> Data
     return _rebuild(dataloader, {"batch_sampler": SplitBatches(global_batches, part)})
 
 
-def stream_shard(dataloader: DataLoader, dp_rank: int, dp_size: int, split: bool) -> DataLoader:
+def stream_shard(dataloader: DataLoader, dp_rank: int, dp_size: int, split: bool,
+                 evaluation: bool = False) -> DataLoader:
     """A copy of `dataloader` over an `IterableDataset` that yields only process `dp_rank`'s samples
     of the stream, each sample read by one worker (`lite_core.data._streams`): from the dataset
     itself where it shards itself, else by cutting one global stream per round. `split`: the
-    loader's batch is the global batch (`split_batches=True`)."""
+    loader's batch is the global batch (`split_batches=True`); `evaluation`: an evaluation pass's
+    cut (no sample repeated; a rank without samples in the last round gets an empty batch)."""
     dataset = dataloader.dataset
     if shards_itself(dataset):
         if split:
@@ -158,9 +160,34 @@ def stream_shard(dataloader: DataLoader, dp_rank: int, dp_size: int, split: bool
     check_stream_loader(dataloader, split, dp_size)
     size = dataloader.batch_size
     part = 1 if size is None else size // dp_size if split else size
-    stream = GlobalStream(dataset, part, dp_rank, dp_size, dataloader.drop_last, split)
-    return _rebuild(dataloader, {"dataset": stream, "batch_size": None if size is None else part,
-                                 "drop_last": dataloader.drop_last})
+    stream = GlobalStream(dataset, part, dp_rank, dp_size, dataloader.drop_last, split, evaluation)
+    picking = {"dataset": stream, "batch_size": None if size is None else part, "drop_last": dataloader.drop_last}
+    if evaluation:
+        picking["collate_fn"] = _EmptyingCollate(dataloader.collate_fn, size is not None)
+    return _rebuild(dataloader, picking)
+
+
+class _EmptyingCollate:
+    """The loader's `collate_fn`, which turns an evaluation cut's `EmptyPart` into an empty batch
+    of the structure of the round's sample it holds (`emptied`)."""
+
+    def __init__(self, collate: Callable[[Any], Any], batched: bool) -> None:
+        self.collate = collate
+        self.batched = batched  # automatic batching: `collate` gets a list of samples
+
+    def __call__(self, batch: Any) -> Any:
+        if self.batched and len(batch) == 1 and type(batch[0]) is EmptyPart:
+            return emptied(self.collate([batch[0].sample]))
+        if type(batch) is EmptyPart:
+            return emptied(self.collate(batch.sample))
+        return self.collate(batch)
+
+
+def is_evaluation_shard(dataloader: DataLoader) -> bool:
+    """Whether `dataloader` is an evaluation shard (`distribute_for_evaluation`), not the loader itself."""
+    dataset = dataloader.dataset
+    return (isinstance(dataloader.sampler, EvaluationSampler)
+            or isinstance(dataset, GlobalStream) and dataset.evaluation)
 
 
 # -- evaluation passes ---------------------------------------------------------------------------
@@ -230,9 +257,12 @@ class EvaluationSampler(Sampler[int]):
 
 
 def distribute_for_evaluation(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
-    """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`)."""
+    """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`; a
+    stream: `GlobalStream` with `evaluation`)."""
     if isinstance(dataloader.dataset, IterableDataset):
-        return dataloader  # the dataset decides what each rank reads
+        if shards_itself(dataloader.dataset):
+            return dataloader  # the dataset decides what each rank reads
+        return stream_shard(dataloader, rank, num_replicas, split=False, evaluation=True)
     batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is None:  # batch_size=None: every sample is a batch of its own
         sampler, size, drop_last = dataloader.sampler, 1, False
