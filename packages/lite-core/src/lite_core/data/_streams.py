@@ -79,16 +79,20 @@ class GlobalStream(IterableDataset):
         drop_last: leave out the short last round.
         split: the round is one plain process's global batch (`split_batches=True`): a short last
             round with fewer samples than processes is refused rather than padded.
+        evaluation: an evaluation pass's cut: a short last round is never padded; a rank without
+            samples in it gets an `EmptyPart` (which the loader's collate turns into an empty
+            batch), so that every rank has as many batches and each sample is read once.
     """
 
     def __init__(self, source: IterableDataset, part: int, dp_rank: int, dp_size: int, drop_last: bool,
-                 split: bool) -> None:
+                 split: bool, evaluation: bool = False) -> None:
         self.source = source
         self.part = part
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.drop_last = drop_last
         self.split = split
+        self.evaluation = evaluation
         self.skip = 0  # samples of the stream consumed before the next pass (set by the loader's position)
         self._mine = slice(dp_rank * part, (dp_rank + 1) * part)  # this rank's part of a full round
 
@@ -124,6 +128,9 @@ class GlobalStream(IterableDataset):
     def _part_of(self, round_: list[Any]) -> list[Any]:
         if len(round_) == self.part * self.dp_size:
             return round_[self._mine]
+        if len(round_) < self.dp_size and self.evaluation:
+            mine = rank_slice(round_, self.dp_rank, self.dp_size)
+            return mine or [EmptyPart(round_[0])]
         if len(round_) < self.dp_size:
             if self.split:
                 raise MisuseError(
@@ -138,7 +145,7 @@ class GlobalStream(IterableDataset):
         `TypeError` as from `len()` where it has none)."""
         total = max(len(self.source) - self.skip, 0)  # type: ignore[arg-type]
         full, rest = divmod(total, self.round_size)
-        if rest and not self.drop_last:
+        if rest and not self.drop_last:  # the last round's part: at least 1 sample (padded, or an EmptyPart)
             rest = len(rank_slice(list(range(max(rest, self.dp_size))), self.dp_rank, self.dp_size))
         else:
             rest = 0
@@ -160,6 +167,22 @@ class GlobalStream(IterableDataset):
 
     def __repr__(self) -> str:
         return f"GlobalStream({self.source!r}, rank {self.dp_rank} of {self.dp_size})"
+
+
+class EmptyPart:
+    """What an evaluation cut yields for a rank that has no sample in the stream's last round: one
+    of the round's samples, which the loader's collate turns into an empty batch of its structure."""
+
+    __slots__ = ("sample",)
+
+    def __init__(self, sample: Any) -> None:
+        self.sample = sample
+
+    def __getstate__(self) -> tuple[Any]:
+        return (self.sample,)  # never empty: pickle calls __setstate__ only for a true state
+
+    def __setstate__(self, state: tuple[Any]) -> None:
+        self.sample = state[0]
 
 
 def check_stream_loader(dataloader: Any, split: bool, dp_size: int) -> None:
