@@ -6,7 +6,9 @@ reading the same stream (1e-5 on the weights, every global step's sample ids equ
   per-rank batches (each sample once per epoch across the ranks);
 - checkpointed mid-epoch (after step 3) on 2 with `split_batches=True` and resumed on 1 (the
   shuffled stream with `num_workers` 2 -> 0, a packed token stream 0 -> 2) and on 3 (2 -> 2);
-- per-rank batches checkpointed on 2 and resumed on 3: each sample once per epoch.
+- per-rank batches checkpointed on 2 and resumed on 3: each sample once per epoch;
+- an evaluation pass over a stream of 9 samples on 2 and 3 (the last round leaving a process
+  without a sample): `gather_for_metrics` collects each sample once.
 
 Two launches (2 then 3 processes), each running several tasks, and one task in the test's own process.
 """
@@ -31,8 +33,8 @@ STEPS_PER_EPOCH = job.SAMPLES // job.GLOBAL_BATCH
 #: (devices, tasks) under ddp, in the order they run: later starts resume what earlier ones saved.
 LAUNCHES = [
     (2, ["rs2:rows:split:0:-:-", "rr2:rows:rank:0:-:-", "rs2i:rows:split:2:-:3", "ps2i:packed:split:0:-:3",
-         "rr2i:rows:rank:0:-:3"]),
-    (3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-"]),
+         "rr2i:rows:rank:0:-:3", "e2:evaluate:9"]),
+    (3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-", "e3:evaluate:9"]),
 ]
 #: Run last, on one device, in the test's own process.
 ONE_PROCESS = ["rs2to1:rows:split:0:rs2i.ckpt:-", "ps2to1:packed:split:2:ps2i.ckpt:-"]
@@ -96,3 +98,8 @@ def test_per_rank_batches_of_a_stream_see_each_sample_once_per_epoch(
     for epoch in range(job.EPOCHS):
         seen = [i for step, samples in steps.items() if (step - 1) // STEPS_PER_EPOCH == epoch for i in samples]
         assert sorted(seen) == list(range(job.SAMPLES)), f"epoch {epoch}"
+
+
+@pytest.mark.parametrize("tag", ["e2", "e3"])
+def test_an_evaluation_pass_over_a_stream_gathers_each_sample_once(runs, tag: str) -> None:  # type: ignore[no-untyped-def]
+    assert sorted(json.loads((runs / f"{tag}-gathered.json").read_text())) == list(range(9))

@@ -11,8 +11,11 @@ one document to the next). MODE `split` sets the loader up with `split_batches=T
 the global batch), `rank` gives it the per-rank batch `GLOBAL_BATCH / world_size`. `RESUME` names a
 checkpoint in OUT_DIR to load first, or `-`; `STOP` a global step after which the task saves
 `TAG.ckpt` and stops, or `-`. Each rank writes the sample ids of its batch at every global step to
-`TAG-rankR.json`; rank 0 writes the final weights to `TAG-weights.pt`. `plain_run(data)` is one
-plain PyTorch process reading the same stream; `Job` also runs in the test's own process.
+`TAG-rankR.json`; rank 0 writes the final weights to `TAG-weights.pt`. A TASK `TAG:evaluate:N`
+instead runs one evaluation pass (`model.eval()`) over a `Rows` stream cut to N samples, per-rank
+batches of 4, and rank 0 writes the ids that `gather_for_metrics` collected to `TAG-gathered.json`.
+`plain_run(data)` is one plain PyTorch process reading the same stream; `Job` also runs in the
+test's own process.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ SAMPLES, GLOBAL_BATCH, EPOCHS, SEED, BLOCK = 60, 12, 2, 0, 4
 
 
 class Rows(IterableDataset):
-    """`(id, x, y)` for ids 0..SAMPLES-1, through a shuffle buffer of 7 seeded by the epoch."""
+    """`(id, x, y)` for ids 0..samples-1, through a shuffle buffer of 7 seeded by the epoch."""
 
-    def __init__(self) -> None:
+    def __init__(self, samples: int = SAMPLES) -> None:
+        self.samples = samples
         generator = torch.Generator().manual_seed(7)
         self.x = torch.randn(SAMPLES, BLOCK, generator=generator)
         self.y = torch.randn(SAMPLES, 1, generator=generator)
@@ -48,7 +52,7 @@ class Rows(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         rng, pending = random.Random(self.epoch), []
-        for index in range(SAMPLES):
+        for index in range(self.samples):
             pending.append(index)
             if len(pending) == 7:
                 yield self._sample(pending.pop(rng.randrange(len(pending))))
@@ -115,7 +119,25 @@ class Job(LightningLite):
         for task in tasks:
             self.task(Path(out_dir), *task.split(":"))
 
-    def task(self, out: Path, tag: str, data: str, mode: str, workers: str, resume: str, stop: str) -> None:
+    def task(self, out: Path, tag: str, data: str, *args: str) -> None:
+        if data == "evaluate":
+            return self.evaluate(out, tag, int(args[0]))
+        return self.train(out, tag, data, *args)
+
+    def evaluate(self, out: Path, tag: str, samples: int) -> None:
+        model = self.setup(make_model()[0])
+        loader = self.setup_dataloaders(DataLoader(Rows(samples), batch_size=4))
+        model.eval()
+        gathered = []
+        with torch.no_grad():
+            for ids, x, _ in loader:
+                model(x)  # an empty batch too
+                gathered += self.gather_for_metrics(ids).tolist()  # a collective per batch: as many on every rank
+        if self.global_rank == 0:
+            (out / f"{tag}-gathered.json").write_text(json.dumps(gathered))
+        self.barrier()
+
+    def train(self, out: Path, tag: str, data: str, mode: str, workers: str, resume: str, stop: str) -> None:
         torch.manual_seed(SEED)
         model, optimizer = self.setup(*make_model())
         split = mode == "split"
