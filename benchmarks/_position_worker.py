@@ -131,7 +131,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = {"per_batch": per_batch(args.reps, args.batches), "deep_resume": deep_resume(args.samples, args.resume_reps),
+    result = {"per_batch": per_batch(args.reps, args.batches),
+              "deep_resume": deep_resume(args.samples, args.resume_reps),
               "stream_per_batch": per_batch(args.reps, args.batches, stream=True)}
     write_json(args.out, result)
     batch = result["per_batch"]["ns_per_batch"]

@@ -101,5 +101,5 @@ def test_per_rank_batches_of_a_stream_see_each_sample_once_per_epoch(
 
 
 @pytest.mark.parametrize("tag", ["e2", "e3"])
-def test_an_evaluation_pass_over_a_stream_gathers_each_sample_once(runs, tag: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_evaluation_pass_over_a_stream_gathers_each_sample_once(runs, tag) -> None:  # type: ignore[no-untyped-def]
     assert sorted(json.loads((runs / f"{tag}-gathered.json").read_text())) == list(range(9))

@@ -10,12 +10,13 @@ Lite picks one of two mechanisms from what the dataset offers:
   returns; the loader resumes at its epoch (or from its own state).
 - **One global stream, cut per round** (`GlobalStream`, every other `IterableDataset`). Every
   process reads the whole stream and cuts it into rounds of one global batch: `batch_size *
-  world_size` samples per rank batches, `batch_size` with `split_batches=True`. Rank `r` of `W`
+  world_size` samples for per-rank batches, `batch_size` with `split_batches=True`. Rank `r` of `W`
   takes the `r`-th contiguous `1/W` of each round, which is the `r`-th per-rank batch, or its
   contiguous part of the global batch as `split_batches` cuts indexed batches. A short last round
   is left out with `drop_last=True`; otherwise it is cut into parts that differ by at most one
   sample (`rank_slice`), and where it holds fewer samples than processes, per-rank batches repeat
-  its first samples (as `DistributedSampler` pads) while `split_batches` refuses it. With `K`
+  its first samples (as `DistributedSampler` pads) while `split_batches` refuses it; an
+  evaluation cut repeats nothing and gives a rank left without a sample an empty batch. With `K`
   workers, worker `w` yields the rounds `w, w + K, ...` of the whole stream, which the loader
   hands out in turn: the batches are those of `num_workers=0`. The job's position is the number of
   samples of the stream that the consumed rounds held, the same on every rank; `skip` makes the
