@@ -334,3 +334,27 @@ def test_sharding_evaluation_cuts_a_stream_for_every_pass() -> None:
     lite = _PretendDataParallelRankOneOfTwo()
     loader = lite.setup_dataloaders(DataLoader(Numbers(11), batch_size=2), sharding="evaluation")
     assert batches(loader) == [[2, 3], [6, 7], [10]] == batches(loader)
+
+
+class Seekable(Numbers):
+    """A stream that can start at any sample (`lite_iter_from`), counting the samples it produces."""
+
+    produced = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return self.lite_iter_from(0)
+
+    def lite_iter_from(self, start: int) -> Iterator[int]:
+        for sample in range(start, self.n):
+            Seekable.produced += 1
+            yield sample
+
+
+def test_a_stream_that_can_seek_resumes_without_reading_the_consumed_samples(tmp_path: Path) -> None:
+    interrupted = _interrupted(lambda: Seekable(1000), 3, tmp_path / "ckpt.pt", batch_size=10)
+    assert interrupted == batches(DataLoader(Numbers(1000), batch_size=10))
+    Seekable.produced = 0
+    lite = LightningLite(accelerator="cpu")
+    loader = lite.setup_dataloaders(DataLoader(Seekable(1000), batch_size=10))
+    lite.load(tmp_path / "ckpt.pt", {"loader": loader})
+    assert batches(loader)[0] == list(range(30, 40)) and Seekable.produced == 1000 - 30

@@ -20,7 +20,9 @@ Lite picks one of two mechanisms from what the dataset offers:
   workers, worker `w` yields the rounds `w, w + K, ...` of the whole stream, which the loader
   hands out in turn: the batches are those of `num_workers=0`. The job's position is the number of
   samples of the stream that the consumed rounds held, the same on every rank; `skip` makes the
-  next pass read that many samples and drop them before cutting rounds again.
+  next pass start that many samples in before cutting rounds again: through the source's
+  `lite_iter_from(start)` where it has one (a source that can seek), else by reading and dropping
+  them.
 """
 
 from __future__ import annotations
@@ -105,9 +107,7 @@ class GlobalStream(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         # Read once per pass: a worker's copy (persistent workers keep theirs) must not skip again.
         skip, self.skip = self.skip, 0
-        stream = iter(self.source)
-        if skip:
-            stream = itertools.islice(stream, skip, None)
+        stream = _from(self.source, skip)
         rounds: Iterator[list[Any]] = self._rounds(stream)
         info = get_worker_info()
         if info is not None and info.num_workers > 1:
@@ -168,6 +168,17 @@ class GlobalStream(IterableDataset):
 
     def __repr__(self) -> str:
         return f"GlobalStream({self.source!r}, rank {self.dp_rank} of {self.dp_size})"
+
+
+def _from(source: Any, start: int) -> Iterator[Any]:
+    """`source`'s samples from its `start`-th on: it seeks there itself with `lite_iter_from(start)`
+    (an iterable of the samples from `start` on), or its first `start` samples are read and dropped."""
+    if not start:
+        return iter(source)
+    seek = getattr(source, "lite_iter_from", None)
+    if callable(seek):
+        return iter(seek(start))
+    return itertools.islice(iter(source), start, None)
 
 
 class EmptyPart:
