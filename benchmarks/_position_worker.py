@@ -11,6 +11,9 @@ reaches a position deep in an epoch (`run.py --only loader_position`).
 3. Per batch of a stream: a plain `DataLoader` over an `IterableDataset` of tensors vs the same
    loader set up by Lite on one process (`GlobalStream`: cut into rounds, the consumed samples
    counted), as in 1.
+4. Deep resume of a stream: a 1M-sample stream, `num_workers=2`, a position loaded 90% into it and
+   its first batch, for a stream that can seek (`lite_iter_from`) and one that cannot (read and
+   dropped), vs a fresh pass's first batch.
 """
 
 from __future__ import annotations
@@ -53,6 +56,41 @@ class Rows(IterableDataset):
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.data)
+
+
+class Counting(IterableDataset):
+    """`size` samples that cost nothing to build; `seek` gives it `lite_iter_from`."""
+
+    def __init__(self, size: int, seek: bool) -> None:
+        self.size, self.seek = size, seek
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(self.size))
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name == "lite_iter_from" and self.__dict__.get("seek"):
+            return lambda start: iter(range(start, self.size))
+        raise AttributeError(name)
+
+
+def stream_resume(samples: int, reps: int) -> dict[str, object]:
+    from lite_core import LightningLite
+
+    lite = LightningLite(accelerator="cpu")
+    consumed = samples * 9 // 10 // BATCH * BATCH
+    state = {"epoch": 0, "consumed": consumed, "stream": True, "processes": 1}
+    times: dict[str, list[float]] = {"fresh": [], "seek": [], "read": []}
+    for _ in range(reps):
+        for arm in times:
+            loader = lite.setup_dataloaders(DataLoader(Counting(samples, arm == "seek"), batch_size=BATCH,
+                                                       num_workers=2))
+            start = time.perf_counter()
+            if arm != "fresh":
+                loader.load_state_dict(state)
+            first = next(iter(loader))
+            times[arm].append(time.perf_counter() - start)
+            assert first[0] == (0 if arm == "fresh" else consumed)
+    return {"samples": samples, "consumed": consumed, "first_batch_s": times}
 
 
 def per_batch(reps: int, batches: int, stream: bool = False) -> dict[str, object]:
@@ -133,13 +171,15 @@ def main() -> None:
     torch.set_num_threads(1)
     result = {"per_batch": per_batch(args.reps, args.batches),
               "deep_resume": deep_resume(args.samples, args.resume_reps),
-              "stream_per_batch": per_batch(args.reps, args.batches, stream=True)}
+              "stream_per_batch": per_batch(args.reps, args.batches, stream=True),
+              "stream_resume": stream_resume(args.samples, args.resume_reps)}
     write_json(args.out, result)
     batch = result["per_batch"]["ns_per_batch"]
     print({name: statistics.median(v) for name, v in batch.items()}, result["per_batch"]["calls_per_batch"])
     print({k: v for k, v in result["deep_resume"].items()})
     stream = result["stream_per_batch"]
     print({name: statistics.median(v) for name, v in stream["ns_per_batch"].items()}, stream["calls_per_batch"])
+    print({name: statistics.median(v) for name, v in result["stream_resume"]["first_batch_s"].items()})
 
 
 if __name__ == "__main__":

@@ -290,6 +290,12 @@ def bench_loader_position(ctx: Context) -> list[Row]:
              Row("position:stream-calls", "Python calls per batch of a stream (deterministic): set-up vs plain",
                  "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
                  note=f"{calls['lite'] - calls['plain']:+.1f} calls/batch")]
+    resume = result["stream_resume"]
+    times = resume["first_batch_s"]
+    for arm, how in (("seek", "a stream that can seek (lite_iter_from)"), ("read", "a stream read and dropped")):
+        rows.append(paired_row(f"position:stream-resume-{arm}", f"load at sample {resume['consumed']:,} of"
+                               f" {resume['samples']:,} + first batch (num_workers=2), {how}, vs a fresh pass's"
+                               " first batch", "s", times["fresh"], times[arm]))
     return rows + [row]
 
 
