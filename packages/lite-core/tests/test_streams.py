@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lite_core import LightningLite
-from lite_core.data._sharding import distribute, split_batches
+from lite_core.data._sharding import distribute, recording_loader_arguments, split_batches
 from lite_core.data._streams import GlobalStream
 from lite_core.errors import MisuseError
 
@@ -358,3 +358,15 @@ def test_a_stream_that_can_seek_resumes_without_reading_the_consumed_samples(tmp
     loader = lite.setup_dataloaders(DataLoader(Seekable(1000), batch_size=10))
     lite.load(tmp_path / "ckpt.pt", {"loader": loader})
     assert batches(loader)[0] == list(range(30, 40)) and Seekable.produced == 1000 - 30
+
+
+def test_a_dataloader_subclass_of_a_stream_made_in_run_is_rebuilt_around_the_cut() -> None:
+    class Tokens(DataLoader):  # its own __init__, as a library's loader has
+        def __init__(self, stream: IterableDataset, size: int) -> None:
+            super().__init__(stream, batch_size=size, collate_fn=lambda samples: torch.tensor(samples) * 10)
+
+    with recording_loader_arguments():
+        loaders = [Tokens(Numbers(8), 2) for _ in range(2)]
+    shards = [distribute(loader, 2, rank, 0) for rank, loader in enumerate(loaders)]
+    assert all(type(shard) is Tokens and isinstance(shard.dataset, GlobalStream) for shard in shards)
+    assert [batches(shard) for shard in shards] == [[[0, 10], [40, 50]], [[20, 30], [60, 70]]]
