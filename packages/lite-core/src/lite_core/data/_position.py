@@ -16,7 +16,7 @@ shuffles (and the same dropout) as the uninterrupted one. A loader whose sampler
 hold (`replace_sampler=False`, a stream that shards itself) resumes at its epoch, or from its own
 state (torchdata's `StatefulDataLoader`). A stream Lite cuts into global batches
 (`lite_core.data._streams.GlobalStream`) saves how many samples of the stream the consumed global
-batches held; its next pass reads and drops them.
+batches held; its next pass starts that many samples in (`lite_core.data._streams`).
 """
 
 from __future__ import annotations
