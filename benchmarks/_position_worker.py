@@ -8,6 +8,12 @@ reaches a position deep in an epoch (`run.py --only loader_position`).
    90% into it and takes its first batch; the plain arm takes the first batch of a fresh epoch
    (what any start pays: workers, the shuffle). Also timed: plain PyTorch reaching the same
    sample by iterating (fetching) the batches before it, on a 10% slice, scaled.
+3. Per batch of a stream: a plain `DataLoader` over an `IterableDataset` of tensors vs the same
+   loader set up by Lite on one process (`GlobalStream`: cut into rounds, the consumed samples
+   counted), as in 1.
+4. Deep resume of a stream: a 1M-sample stream, `num_workers=2`, a position loaded 90% into it and
+   its first batch, for a stream that can seek (`lite_iter_from`) and one that cannot (read and
+   dropped), vs a fresh pass's first batch.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,13 +48,62 @@ class Cheap(Dataset):
         return index
 
 
-def per_batch(reps: int, batches: int) -> dict[str, object]:
+class Rows(IterableDataset):
+    """The rows of `data`, streamed (what a reader of shards yields, without the reading)."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.data)
+
+
+class Counting(IterableDataset):
+    """`size` samples that cost nothing to build; `seek` gives it `lite_iter_from`."""
+
+    def __init__(self, size: int, seek: bool) -> None:
+        self.size, self.seek = size, seek
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(self.size))
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name == "lite_iter_from" and self.__dict__.get("seek"):
+            return lambda start: iter(range(start, self.size))
+        raise AttributeError(name)
+
+
+def stream_resume(samples: int, reps: int) -> dict[str, object]:
     from lite_core import LightningLite
 
     lite = LightningLite(accelerator="cpu")
-    data = TensorDataset(torch.randn(batches * BATCH, 8))
-    arms = {"plain": DataLoader(data, batch_size=BATCH, shuffle=True),
-            "lite": lite.setup_dataloaders(DataLoader(data, batch_size=BATCH, shuffle=True))}
+    consumed = samples * 9 // 10 // BATCH * BATCH
+    state = {"epoch": 0, "consumed": consumed, "stream": True, "processes": 1}
+    times: dict[str, list[float]] = {"fresh": [], "seek": [], "read": []}
+    for _ in range(reps):
+        for arm in times:
+            loader = lite.setup_dataloaders(DataLoader(Counting(samples, arm == "seek"), batch_size=BATCH,
+                                                       num_workers=2))
+            start = time.perf_counter()
+            if arm != "fresh":
+                loader.load_state_dict(state)
+            first = next(iter(loader))
+            times[arm].append(time.perf_counter() - start)
+            assert first[0] == (0 if arm == "fresh" else consumed)
+    return {"samples": samples, "consumed": consumed, "first_batch_s": times}
+
+
+def per_batch(reps: int, batches: int, stream: bool = False) -> dict[str, object]:
+    from lite_core import LightningLite
+
+    lite = LightningLite(accelerator="cpu")
+    data = torch.randn(batches * BATCH, 8)
+    if stream:
+        arms = {"plain": DataLoader(Rows(data), batch_size=BATCH),
+                "lite": lite.setup_dataloaders(DataLoader(Rows(data), batch_size=BATCH))}
+    else:
+        arms = {"plain": DataLoader(TensorDataset(data), batch_size=BATCH, shuffle=True),
+                "lite": lite.setup_dataloaders(DataLoader(TensorDataset(data), batch_size=BATCH, shuffle=True))}
     times: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(reps):
         for name, loader in arms.items():
@@ -114,11 +169,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = {"per_batch": per_batch(args.reps, args.batches), "deep_resume": deep_resume(args.samples, args.resume_reps)}
+    result = {"per_batch": per_batch(args.reps, args.batches),
+              "deep_resume": deep_resume(args.samples, args.resume_reps),
+              "stream_per_batch": per_batch(args.reps, args.batches, stream=True),
+              "stream_resume": stream_resume(args.samples, args.resume_reps)}
     write_json(args.out, result)
     batch = result["per_batch"]["ns_per_batch"]
     print({name: statistics.median(v) for name, v in batch.items()}, result["per_batch"]["calls_per_batch"])
     print({k: v for k, v in result["deep_resume"].items()})
+    stream = result["stream_per_batch"]
+    print({name: statistics.median(v) for name, v in stream["ns_per_batch"].items()}, stream["calls_per_batch"])
+    print({name: statistics.median(v) for name, v in result["stream_resume"]["first_batch_s"].items()})
 
 
 if __name__ == "__main__":

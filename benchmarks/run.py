@@ -281,6 +281,21 @@ def bench_loader_position(ctx: Context) -> list[Row]:
                      " (num_workers=2) vs a fresh epoch's first batch", "s", deep["plain_first_batch_s"],
                      deep["lite_load_and_first_batch_s"])
     row.note = f"plain PyTorch fetching its way there: {deep['plain_fetch_to_position_s']:.0f} s"
+    stream = result["stream_per_batch"]
+    plain_ns, lite_ns = stream["ns_per_batch"]["plain"], stream["ns_per_batch"]["lite"]
+    calls = stream["calls_per_batch"]
+    rows += [paired_row("position:stream-batch", "Per batch, DataLoader over an IterableDataset of tensors, no model:"
+                        " set-up (cut into rounds, position kept) vs plain", "µs/batch",
+                        [v / 1e3 for v in plain_ns], [v / 1e3 for v in lite_ns]),
+             Row("position:stream-calls", "Python calls per batch of a stream (deterministic): set-up vs plain",
+                 "calls", plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
+                 note=f"{calls['lite'] - calls['plain']:+.1f} calls/batch")]
+    resume = result["stream_resume"]
+    times = resume["first_batch_s"]
+    for arm, how in (("seek", "a stream that can seek (lite_iter_from)"), ("read", "a stream read and dropped")):
+        rows.append(paired_row(f"position:stream-resume-{arm}", f"load at sample {resume['consumed']:,} of"
+                               f" {resume['samples']:,} + first batch (num_workers=2), {how}, vs a fresh pass's"
+                               " first batch", "s", times["fresh"], times[arm]))
     return rows + [row]
 
 

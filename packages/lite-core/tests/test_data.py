@@ -10,7 +10,6 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     DistributedSampler,
-    IterableDataset,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -79,16 +78,9 @@ def test_custom_sampler_is_sharded_in_its_own_order() -> None:
     assert sampler.sampler.source.epochs == [4]
 
 
-def test_distributed_sampler_and_iterable_datasets_are_left_alone() -> None:
+def test_a_distributed_sampler_is_left_alone() -> None:
     loader = DataLoader(DATA, sampler=DistributedSampler(DATA, num_replicas=2, rank=0))
-    assert distribute(loader, 2, 0, 0) is loader
-
-    class Stream(IterableDataset):
-        def __iter__(self):
-            return iter(DATA)
-
-    stream = DataLoader(Stream())
-    assert distribute(stream, 2, 0, 0) is stream
+    assert distribute(loader, 2, 0, 0) is loader  # streams: test_streams.py
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from lite_core import LightningLite
 from lite_core.connector._defaults import VARIABLES
@@ -51,11 +51,6 @@ def test_a_legacy_precision_points_at_the_users_line() -> None:
     assert record[0].filename == __file__
 
 
-class _Stream(IterableDataset):
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(range(10))
-
-
 class _Fixed(Sampler[int]):
     """A sampler with no state: Lite cannot draw its order again."""
 
@@ -74,8 +69,10 @@ def _saved_two_batches_in(lite: LightningLite, loader: DataLoader, path: Path) -
 
 def test_loading_a_loader_lite_cannot_resume_inside_points_at_the_load_call(tmp_path: Path) -> None:
     lite = LightningLite(accelerator="cpu")
-    _saved_two_batches_in(lite, lite.setup_dataloaders(DataLoader(_Stream(), batch_size=2)), tmp_path / "c.pt")
-    fresh = lite.setup_dataloaders(DataLoader(_Stream(), batch_size=2))
+    # replace_sampler=False: the loader keeps its own sampler, which Lite cannot resume inside.
+    _saved_two_batches_in(lite, lite.setup_dataloaders(DataLoader(range(10), batch_size=2), replace_sampler=False),
+                          tmp_path / "c.pt")
+    fresh = lite.setup_dataloaders(DataLoader(range(10), batch_size=2), replace_sampler=False)
     with pytest.warns(UserWarning, match="the epoch starts again from its first sample") as record:
         lite.load(tmp_path / "c.pt", {"loader": fresh})
     assert [w.filename for w in record] == [__file__]

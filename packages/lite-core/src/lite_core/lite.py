@@ -231,6 +231,11 @@ class LightningLite:
                 the same part. Evaluation passes shard as without it (each rank takes whole
                 batches of `batch_size`). Needs `replace_sampler=True`.
 
+        A stream (`IterableDataset`) is read whole on every process and cut into rounds of one
+        global batch, rank `r` taking the `r`-th contiguous part of each round (with
+        `num_workers=K`, each worker every `K`-th round); a dataset with `lite_shard(num_replicas,
+        rank)` shards itself instead. See "Streams" on the "Preemption and resuming" page.
+
         The set-up loader's `state_dict()` is its place in the job's global sample order (epoch,
         the epoch's order, samples consumed): `load` resumes it at the next sample under any
         strategy and number of processes (see the "Preemption and resuming" page).

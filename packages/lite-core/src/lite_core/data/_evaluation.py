@@ -43,7 +43,7 @@ class EvaluationPasses:
         if sharding == "training":
             return None
         loader = _data.distribute_for_evaluation(dataloader, shard["num_replicas"], shard["rank"], seed)
-        if not isinstance(loader.sampler, _data.EvaluationSampler):
+        if not _data.is_evaluation_shard(loader):
             return None  # the dataset or the user's sampler decides what each rank reads
         applies = self.evaluating if sharding == "auto" else _always
         evaluation = _data.EvaluationPass(loader, applies, automatic=sharding == "auto")

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lite_core.data._sharding import EvaluationPass, EvenBatches
+from lite_core.data._sharding import EvaluationPass, EvaluationSampler, EvenBatches
 from lite_core.move import already_on, move_to_device
 from lite_core.data._position import LoaderPosition
 
@@ -52,7 +52,10 @@ class LiteDataLoader(DataLoader):
     def __len__(self) -> int:
         evaluation = self._evaluation
         if evaluation is not None and evaluation.applies():
-            return evaluation.dataloader.sampler.batches_per_rank
+            sampler = evaluation.dataloader.sampler
+            if isinstance(sampler, EvaluationSampler):
+                return sampler.batches_per_rank
+            return len(evaluation.dataloader)  # a stream's cut: as many batches on every rank already
         return len(self._dataloader)
 
     def state_dict(self) -> dict[str, Any]:
@@ -73,7 +76,9 @@ class LiteDataLoader(DataLoader):
     def _evaluation_pass(self, evaluation: EvaluationPass) -> Iterator[Any]:
         evaluation.running = True
         try:
-            yield from self._batches(EvenBatches(evaluation.dataloader), self._evaluation_position)
+            loader = evaluation.dataloader
+            even = EvenBatches(loader) if isinstance(loader.sampler, EvaluationSampler) else loader  # a stream's is
+            yield from self._batches(even, self._evaluation_position)
         finally:
             evaluation.running = False
 

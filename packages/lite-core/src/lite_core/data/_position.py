@@ -13,8 +13,10 @@ batch the one that the uninterrupted run would have drawn next: the sampler skip
 indices without fetching them. For a sampler that shuffles with torch's default generator the
 generator's state is saved as well, which loading restores, so that the resumed run draws the same
 shuffles (and the same dropout) as the uninterrupted one. A loader whose sampler Lite does not
-hold (`replace_sampler=False`, an `IterableDataset`) resumes at its epoch, or from its own state
-(torchdata's `StatefulDataLoader` over a stream).
+hold (`replace_sampler=False`, a stream that shards itself) resumes at its epoch, or from its own
+state (torchdata's `StatefulDataLoader`). A stream Lite cuts into global batches
+(`lite_core.data._streams.GlobalStream`) saves how many samples of the stream the consumed global
+batches held; its next pass starts that many samples in (`lite_core.data._streams`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import IterableDataset, RandomSampler
 
 from lite_core._user_frame import warn_user
 from lite_core.checkpoint._stateful import is_stateful
 from lite_core.data._order import EpochOrder, SplitBatches, positioned_sampler, samples_per_batch
+from lite_core.data._streams import GlobalStream
 
 
 class LoaderPosition:
@@ -36,6 +39,10 @@ class LoaderPosition:
         self._dataloader = dataloader
         self._sampler = positioned_sampler(dataloader)
         self._per_batch = samples_per_batch(dataloader, self._sampler) if self._sampler is not None else 0
+        stream = getattr(dataloader, "dataset", None)
+        self._stream = stream if isinstance(stream, GlobalStream) else None  # a stream Lite cuts into rounds
+        # a stream's own set_epoch (a shuffle buffer's seed); one that shards itself is a copy the user cannot reach
+        self._epoch_stream = stream if isinstance(stream, IterableDataset) and hasattr(stream, "set_epoch") else None
         self.next_epoch = 0
         self.taken = 0  # batches handed out in the pass under way (the set-up loader counts them)
         self._pass_skip = 0
@@ -45,7 +52,8 @@ class LoaderPosition:
 
     def _samplers(self) -> list[Any]:
         batch_sampler = getattr(self._dataloader, "batch_sampler", None)
-        found = (getattr(self._dataloader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+        found = (getattr(self._dataloader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None),
+                 self._epoch_stream)
         unique = {id(s): s for s in found if hasattr(s, "set_epoch")}  # a BatchSampler holds the loader's sampler
         return list(unique.values())
 
@@ -67,6 +75,10 @@ class LoaderPosition:
             if self._loaded is None:
                 self._sampler.skip = 0
             self._pass_skip = self._sampler.skip
+        elif self._stream is not None:
+            if self._loaded is None:
+                self._stream.skip = 0
+            self._pass_skip = self._stream.skip
         self._loaded = None
         self.taken = 0
 
@@ -74,12 +86,16 @@ class LoaderPosition:
         self._in_epoch = False
         if self._sampler is not None:
             self._sampler.skip = 0
+        elif self._stream is not None:
+            self._stream.skip = 0
 
     def processes(self) -> int:
         """How many processes split the order (the data-parallel size)."""
         batch_sampler = getattr(self._dataloader, "batch_sampler", None)
         if isinstance(batch_sampler, SplitBatches):
             return batch_sampler.part()[1]
+        if self._stream is not None:
+            return self._stream.dp_size
         return getattr(self._sampler, "num_replicas", 1)
 
     def state_dict(self) -> dict[str, Any]:
@@ -95,6 +111,13 @@ class LoaderPosition:
                 consumed = self._pass_skip + self.taken * self._per_batch
                 state["consumed"] = min(consumed, self._sampler.order_length())
                 state["order"] = self._sampler.order_state()
+                state["processes"] = self.processes()
+        elif self._stream is not None:
+            if self._in_epoch:  # samples of the stream that the rounds handed out so far held
+                state["epoch"] -= 1
+                state["consumed"] = self._pass_skip + self.taken * self._stream.round_size
+                state["stream"] = True
+                state["processes"] = self.processes()
         elif is_stateful(self._dataloader):
             state["dataloader"] = self._dataloader.state_dict()
             if self._in_epoch:
@@ -122,13 +145,19 @@ class LoaderPosition:
             if consumed:
                 self._loaded = dict(state)
                 self._warn_if_not_reproducible(state)
+        elif self._stream is not None and (state.get("stream") or not consumed):
+            self._stream.skip = consumed
+            self._loaded = dict(state) if consumed else None
+            if getattr(self._dataloader, "_iterator", None) is not None:
+                self._dataloader._iterator = None  # persistent workers hold copies of the stream: start new ones
         elif "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
         elif consumed:
             warn_user(
                 f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
-                " its sampler (replace_sampler=False, an IterableDataset, or a loader it could not rebuild), so"
-                " the epoch starts again from its first sample: let Lite shard the loader to resume inside it."
+                " its sampler (replace_sampler=False, a stream that shards itself, or a loader it could not"
+                " rebuild), so the epoch starts again from its first sample: let Lite shard the loader to resume"
+                " inside it."
             )
         if rng_state is not None:
             torch.set_rng_state(rng_state)

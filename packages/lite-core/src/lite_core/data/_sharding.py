@@ -25,6 +25,7 @@ from torch.utils.data import (
 
 from lite_core.move import rebuild_mapping
 from lite_core.data._order import BatchPart, EpochOrder, ResumableDistributedSampler, ShardedSampler, SplitBatches
+from lite_core.data._streams import EmptyPart, GlobalStream, check_stream_loader, own_shard, shards_itself
 from lite_core.seed import seed_worker, worker_seeding_enabled
 from lite_core.errors import MisuseError
 
@@ -58,7 +59,7 @@ def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler | None:
 def distribute(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
     """A copy of `dataloader` that loads only this rank's shard, with its other settings kept."""
     if isinstance(dataloader.dataset, IterableDataset):
-        return dataloader  # the dataset decides what each rank reads
+        return stream_shard(dataloader, rank, num_replicas, split=False)
     batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is not None and dataloader.batch_size is None:  # `batch_sampler=BatchSampler(...)`
         sampler = _sharded(dataloader, batch_sampler.sampler, batch_sampler.drop_last, num_replicas, rank, seed)
@@ -93,9 +94,11 @@ def _sharded(dataloader: DataLoader, sampler: Any, drop_last: bool, num_replicas
 def in_order(dataloader: DataLoader) -> DataLoader:
     """A copy of `dataloader` (one process) whose sampler can resume its epoch at any sample
     (`EpochOrder`); the loader itself where Lite cannot rebuild it (then it resumes at epochs only)."""
-    if isinstance(dataloader.dataset, IterableDataset) or not isinstance(dataloader.sampler, Sized):
+    if not isinstance(dataloader.sampler, Sized) and not isinstance(dataloader.dataset, IterableDataset):
         return dataloader
     try:
+        if isinstance(dataloader.dataset, IterableDataset):  # with its position, and not repeated by workers
+            return stream_shard(dataloader, 0, 1, split=False)
         batch_sampler = _plain_batch_sampler(dataloader)
         if batch_sampler is not None and dataloader.batch_size is None:  # `batch_sampler=BatchSampler(...)`
             return _rebuild(dataloader, {"batch_sampler": BatchSampler(EpochOrder(batch_sampler.sampler),
@@ -111,10 +114,7 @@ def split_batches(dataloader: DataLoader, part: BatchPart, dp_size: int) -> Data
     """A copy of `dataloader` whose every batch is this process's part (`part()`) of the batch one
     plain process draws (`setup_dataloaders(..., split_batches=True)`)."""
     if isinstance(dataloader.dataset, IterableDataset):
-        raise MisuseError(
-            "setup_dataloaders(split_batches=True) needs a dataset with indices, but this loader's dataset is an"
-            " IterableDataset: split its batches yourself or set it up without split_batches."
-        )
+        return stream_shard(dataloader, part()[0], dp_size, split=True)
     batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is None:
         raise MisuseError(
@@ -135,6 +135,59 @@ def split_batches(dataloader: DataLoader, part: BatchPart, dp_size: int) -> Data
         )
     global_batches = BatchSampler(EpochOrder(batch_sampler.sampler), size, drop_last)
     return _rebuild(dataloader, {"batch_sampler": SplitBatches(global_batches, part)})
+
+
+def stream_shard(dataloader: DataLoader, dp_rank: int, dp_size: int, split: bool,
+                 evaluation: bool = False) -> DataLoader:
+    """A copy of `dataloader` over an `IterableDataset` that yields only process `dp_rank`'s samples
+    of the stream, each sample read by one worker (`lite_core.data._streams`): from the dataset
+    itself where it shards itself, else by cutting one global stream per round. `split`: the
+    loader's batch is the global batch (`split_batches=True`); `evaluation`: an evaluation pass's
+    cut (no sample repeated; a rank without samples in the last round gets an empty batch)."""
+    dataset = dataloader.dataset
+    if shards_itself(dataset):
+        if split:
+            raise MisuseError(
+                f"setup_dataloaders(split_batches=True) cuts the global batches of one stream, but this"
+                f" {type(dataset).__name__} shards itself over the ranks: leave split_batches out and give the"
+                " loader the per-rank batch size."
+            )
+        shard = own_shard(dataset, dp_size, dp_rank)
+        if shard is dataset:
+            return dataloader
+        return _rebuild(dataloader, {"dataset": shard, "batch_size": dataloader.batch_size,
+                                     "drop_last": dataloader.drop_last})
+    check_stream_loader(dataloader, split, dp_size)
+    size = dataloader.batch_size
+    part = 1 if size is None else size // dp_size if split else size
+    stream = GlobalStream(dataset, part, dp_rank, dp_size, dataloader.drop_last, split, evaluation)
+    picking = {"dataset": stream, "batch_size": None if size is None else part, "drop_last": dataloader.drop_last}
+    if evaluation:
+        picking["collate_fn"] = _EmptyingCollate(dataloader.collate_fn, size is not None)
+    return _rebuild(dataloader, picking)
+
+
+class _EmptyingCollate:
+    """The loader's `collate_fn`, which turns an evaluation cut's `EmptyPart` into an empty batch
+    of the structure of the round's sample it holds (`emptied`)."""
+
+    def __init__(self, collate: Callable[[Any], Any], batched: bool) -> None:
+        self.collate = collate
+        self.batched = batched  # automatic batching: `collate` gets a list of samples
+
+    def __call__(self, batch: Any) -> Any:
+        if self.batched and len(batch) == 1 and type(batch[0]) is EmptyPart:
+            return emptied(self.collate([batch[0].sample]))
+        if type(batch) is EmptyPart:
+            return emptied(self.collate(batch.sample))
+        return self.collate(batch)
+
+
+def is_evaluation_shard(dataloader: DataLoader) -> bool:
+    """Whether `dataloader` is an evaluation shard (`distribute_for_evaluation`), not the loader itself."""
+    dataset = dataloader.dataset
+    return (isinstance(dataloader.sampler, EvaluationSampler)
+            or isinstance(dataset, GlobalStream) and dataset.evaluation)
 
 
 # -- evaluation passes ---------------------------------------------------------------------------
@@ -204,9 +257,12 @@ class EvaluationSampler(Sampler[int]):
 
 
 def distribute_for_evaluation(dataloader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
-    """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`)."""
+    """A copy of `dataloader` that loads this rank's evaluation shard (see `EvaluationSampler`; a
+    stream: `GlobalStream` with `evaluation`)."""
     if isinstance(dataloader.dataset, IterableDataset):
-        return dataloader  # the dataset decides what each rank reads
+        if shards_itself(dataloader.dataset):
+            return dataloader  # the dataset decides what each rank reads
+        return stream_shard(dataloader, rank, num_replicas, split=False, evaluation=True)
     batch_sampler = _plain_batch_sampler(dataloader)
     if batch_sampler is None:  # batch_size=None: every sample is a batch of its own
         sampler, size, drop_last = dataloader.sampler, 1, False
@@ -316,6 +372,7 @@ def _rebuild(dataloader: DataLoader, picking: dict[str, Any]) -> DataLoader:
     if dataloader.num_workers == 0:
         kwargs.pop("prefetch_factor", None)
     kwargs.update(picking)
+    dataset = kwargs.pop("dataset", dataloader.dataset)
     accepted = inspect.signature(type(dataloader).__init__).parameters
     if type(dataloader) is not DataLoader and not all(name in accepted for name in ("dataset", *kwargs)):
         raise MisuseError(
@@ -324,7 +381,7 @@ def _rebuild(dataloader: DataLoader, picking: dict[str, Any]) -> DataLoader:
             " does not record them: create it inside run(), or pass replace_sampler=False and give it a"
             " DistributedSampler yourself."
         )
-    return type(dataloader)(dataloader.dataset, **kwargs)
+    return type(dataloader)(dataset, **kwargs)
 
 
 # -- DataLoader subclasses created inside run() ----------------------------------------------------
