@@ -90,7 +90,23 @@ class ResumableDistributedSampler(DistributedSampler):
         return True
 
 
-class EpochOrder(Sampler[int]):
+class ForwardsEpoch:
+    """`epoch` and `set_epoch` passed on to the `source` it wraps, where the source has them (a
+    sampler's or a stream's epoch, e.g. to seed its shuffle)."""
+
+    source: Any
+
+    @property
+    def epoch(self) -> Any:
+        return getattr(self.source, "epoch", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the source when it uses one."""
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)
+
+
+class EpochOrder(ForwardsEpoch, Sampler[int]):
     """The order in which one plain process draws `source`'s indices, starting `skip` samples in.
 
     At the start of each pass it keeps what reproduces that pass's order: the seed a
@@ -157,15 +173,6 @@ class EpochOrder(Sampler[int]):
         return (isinstance(source, (RandomSampler, SequentialSampler, DistributedSampler))
                 or isinstance(getattr(source, "generator", None), torch.Generator)
                 or _has_state(source) or hasattr(source, "set_epoch"))
-
-    @property
-    def epoch(self) -> Any:
-        return getattr(self.source, "epoch", None)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the source when it uses one."""
-        if hasattr(self.source, "set_epoch"):
-            self.source.set_epoch(epoch)
 
 
 def _has_state(sampler: Any) -> bool:

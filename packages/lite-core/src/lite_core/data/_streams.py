@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lite_core.data._order import rank_slice
+from lite_core.data._order import ForwardsEpoch, rank_slice
 from lite_core.errors import MisuseError
 
 
@@ -71,7 +71,7 @@ def own_shard(dataset: Any, num_replicas: int, rank: int) -> Any:
     return dataset.lite_shard(num_replicas, rank)
 
 
-class GlobalStream(IterableDataset):
+class GlobalStream(ForwardsEpoch, IterableDataset):
     """Rank `dp_rank`'s part of each round of `source`, read whole on every process (see the module).
 
     Args:
@@ -151,15 +151,6 @@ class GlobalStream(IterableDataset):
         else:
             rest = 0
         return full * self.part + rest
-
-    @property
-    def epoch(self) -> Any:
-        return getattr(self.source, "epoch", None)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the source when it uses one (e.g. to seed its shuffle buffer)."""
-        if hasattr(self.source, "set_epoch"):
-            self.source.set_epoch(epoch)
 
     def __getattr__(self, name: str) -> Any:
         if name == "source":  # not yet set (unpickling in a worker)
