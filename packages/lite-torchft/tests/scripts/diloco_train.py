@@ -1,0 +1,80 @@
+"""A user's ordinary loop under `strategy="diloco"` (one replica group; the test starts two), and
+the algorithm simulated in one plain process.
+
+Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM
+
+Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 rows), each group on
+its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
+to `OUT_DIR/weights-<group>.pt` and the outer steps taken (the Manager's step) to
+`OUT_DIR/steps-<group>`. `simulate` computes the same in one process without Lite or torchft.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn.functional import mse_loss
+
+from ft_train import data, model  # the same data, model and inner optimizer as the ddp_ft tests
+
+INNER_LR, INNER_MOMENTUM = 0.05, 0.9
+
+
+def inner_optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(net.parameters(), lr=INNER_LR, momentum=INNER_MOMENTUM)
+
+
+def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: int = 2,
+             sign: float = 1.0) -> dict[str, torch.Tensor]:
+    """DiLoCo in one process: `groups` inner models, each on its slice of every global batch; every
+    `sync_every` steps the pseudo-gradients (global weights minus inner weights, times `sign`) are
+    averaged, an outer SGD (Nesterov when it has momentum) steps the global weights, and every inner
+    model restarts from them (keeping its inner optimizer's state)."""
+    outer_model = model()
+    outer = torch.optim.SGD(outer_model.parameters(), lr=outer_lr, momentum=outer_momentum,
+                            nesterov=outer_momentum > 0)
+    inner = [model() for _ in range(groups)]
+    optimizers = [inner_optimizer(net) for net in inner]
+    for step, (x, y, _) in enumerate(data(), start=1):
+        for net, optimizer, xs, ys in zip(inner, optimizers, x.tensor_split(groups), y.tensor_split(groups)):
+            optimizer.zero_grad()
+            mse_loss(net(xs), ys).backward()
+            optimizer.step()
+        if step % sync_every == 0:
+            with torch.no_grad():
+                for weight, *local in zip(outer_model.parameters(), *(net.parameters() for net in inner)):
+                    weight.grad = sign * sum(weight - w for w in local) / groups
+            outer.step()
+            outer.zero_grad()
+            for net in inner:
+                net.load_state_dict(outer_model.state_dict())
+    return inner[0].state_dict()
+
+
+def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float) -> None:
+    from lite_core import LightningLite
+    from lite_torchft.diloco import DiLoCoStrategy
+
+    group = os.environ["REPLICA_GROUP_ID"]
+
+    class Train(LightningLite):
+        def run(self) -> None:
+            net = model()
+            net, optimizer = self.setup(net, inner_optimizer(net))
+            loader = self.setup_dataloaders(data(), split_batches=True)
+            for x, y, _ in loader:
+                optimizer.zero_grad()
+                self.backward(mse_loss(net(x), y))
+                optimizer.step()
+            torch.save(net.state_dict(), out / f"weights-{group}.pt")
+            (out / f"steps-{group}").write_text(str(self.strategy.step))
+
+    strategy = DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, ft_timeout=5)
+    Train(accelerator="cpu", strategy=strategy).run()
+
+
+if __name__ == "__main__":
+    lite(Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))

@@ -1,0 +1,105 @@
+"""`strategy="diloco"`: two replica groups on loopback compute the DiLoCo algorithm exactly.
+
+The test starts the lighthouse (in this process) and both groups (tests/scripts/diloco_train.py,
+one process each, `split_batches=True`, no failure). Their weights must equal one plain process
+that simulates the algorithm (`diloco_train.simulate`), and with H=1, an outer SGD at lr 1 without
+momentum, one plain data-parallel process (`ft_train.plain`). The simulation with the outer
+momentum dropped, or the pseudo-gradient's sign flipped, must not match: the comparison sees them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from conftest import free_port, script_env  # the repository's conftest.py
+from lite_core.plugins import ConfigurationError
+from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _load(name: str) -> Any:
+    sys.path.insert(0, str(SCRIPTS))  # diloco_train imports ft_train, as it does when run as a script
+    try:
+        spec = importlib.util.spec_from_file_location(f"_{name}", SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.Tensor]]:
+    """Both groups' final weights, after each ran `diloco_train.py OUT args`."""
+    procs = []
+    for group in (0, 1):
+        env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        log = (out / f"group-{group}.log").open("w")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env=env,
+                                      text=True, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        for group, proc in enumerate(procs):
+            assert proc.wait(timeout=150) == 0, f"group {group} failed:\n{(out / f'group-{group}.log').read_text()[-4000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [torch.load(out / f"weights-{group}.pt", weights_only=True) for group in (0, 1)]
+
+
+def _distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    assert sorted(first) == sorted(second)
+    return max((first[name] - second[name]).abs().max().item() for name in first)
+
+
+# A run takes a few seconds when idle; 180 s is far above 10x that (a hang guard only).
+@pytest.mark.timeout(180)
+def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str, tmp_path: Path) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9")
+    assert _distance(first, second) == 0.0  # both groups hold the outer step's result
+    assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]  # 24 inner steps, H=4
+    train = _load("diloco_train")
+    assert _distance(first, train.simulate(4, 0.7, 0.9)) < 1e-5
+    # planted faults in the simulation: each moves it far from the run
+    assert _distance(first, train.simulate(4, 0.7, 0.0)) > 1e-3, "outer momentum dropped"
+    assert _distance(first, train.simulate(4, 0.7, 0.9, sign=-1.0)) > 1e-3, "pseudo-gradient sign flipped"
+    assert _distance(first, train.simulate(4, 1.0, 0.0)) > 1e-3, "plain averaging (LocalSGD)"
+
+
+@pytest.mark.timeout(180)  # hang guard, as above
+def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse: str, tmp_path: Path,
+                                                                      plain_run: Callable[[Path], None]) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "1", "1.0", "0.0")
+    assert _distance(first, second) == 0.0
+    plain_run(tmp_path)  # ft_train's plain loop: one process over whole global batches, same inner SGD
+    plain = torch.load(tmp_path / "weights-plain.pt", weights_only=True)
+    assert _distance(first, plain) < 1e-5
+    train = _load("diloco_train")
+    assert _distance(first, train.simulate(1, 1.0, 0.0)) < 1e-5
+    assert _distance(first, train.simulate(1, 1.0, 0.0, sign=-1.0)) > 1e-3, "pseudo-gradient sign flipped"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sync_every": 0}, r"sync_every=0 must be a whole number of inner steps, 1 or more"),
+    ({"sync_every": 4, "fragments": 3}, r"fragments=3 must be a whole number that divides sync_every=4"),
+    ({"sync_every": 4, "fragments": 2, "fragment_sync_delay": 2}, r"fragment_sync_delay=2 must be .* below .* = 2"),
+])
+def test_a_bad_schedule_is_refused_at_construction(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        DiLoCoStrategy(**kwargs)
+
+
+def test_the_names_are_registered_as_entry_points() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    strategies = pyproject["project"]["entry-points"]["lite_core.strategies"]
+    assert strategies["diloco"] == "lite_torchft.diloco:DiLoCoStrategy" and DiLoCoStrategy.name == "diloco"
+    assert strategies["local_sgd"] == "lite_torchft.diloco:LocalSGDStrategy" and LocalSGDStrategy.name == "local_sgd"
