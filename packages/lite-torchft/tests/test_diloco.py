@@ -18,8 +18,10 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import free_port, script_env  # the repository's conftest.py
+from lite_core import LightningLite
 from lite_core.plugins import ConfigurationError
 from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
 
@@ -86,6 +88,52 @@ def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse
     train = _load("diloco_train")
     assert _distance(first, train.simulate(1, 1.0, 0.0)) < 1e-5
     assert _distance(first, train.simulate(1, 1.0, 0.0, sign=-1.0)) > 1e-3, "pseudo-gradient sign flipped"
+
+
+# One group in this process: a few seconds when idle; 90 s is a hang guard only.
+@pytest.mark.timeout(90)
+def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
+    monkeypatch.setenv("REPLICA_GROUP_ID", "0")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "1")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", lighthouse)
+    path = str(tmp_path / "ckpt.pt")
+    x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
+
+    def train(lite: LightningLite) -> tuple[dict[str, torch.Tensor], ...]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        net, optimizer = lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+        loader = lite.setup_dataloaders(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2))
+
+        def steps(batches: Any, count: int) -> None:
+            for _ in range(count):
+                xs, ys = next(batches)
+                optimizer.zero_grad()
+                lite.backward(torch.nn.functional.mse_loss(net(xs), ys))
+                optimizer.step()
+
+        batches = iter(loader)
+        steps(batches, 6)  # an outer step at 4, two inner steps since
+        lite.save({"model": net, "optimizer": optimizer}, path)
+        steps(batches, 5)  # the next outer step at 8, three inner steps since (not two, as saved)
+        straight = {k: v.clone() for k, v in net.state_dict().items()}, lite.strategy.step
+        lite.load(path, {"model": net, "optimizer": optimizer})
+        steps(iter(loader), 5)
+        return straight, ({k: v.clone() for k, v in net.state_dict().items()}, lite.strategy.step)
+
+    strategy = DiLoCoStrategy(sync_every=4, ft_timeout=5)
+    try:
+        (straight, straight_steps), (resumed, resumed_steps) = LightningLite(accelerator="cpu", strategy=strategy).launch(train)
+    finally:
+        strategy.teardown()  # the Manager would go on heartbeating to this test's lighthouse
+    assert straight_steps == resumed_steps == 2
+    assert _distance(straight, resumed) == 0.0
+    saved = torch.load(path, weights_only=True)["_torchft_diloco"]
+    assert saved["local_step"] == 2
+    fragment = saved["fragments"]["StreamingDiLoCoFragment_0"]
+    assert len(fragment["original_parameters"]) == 4  # the weights of the last outer step
+    assert all("momentum_buffer" in s for s in fragment["outer_optimizer"]["state"].values())
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
