@@ -66,28 +66,41 @@ def _distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -
 # A run takes a few seconds when idle; 180 s is far above 10x that (a hang guard only).
 @pytest.mark.timeout(180)
 def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str, tmp_path: Path) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9")
+    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "1")
     assert _distance(first, second) == 0.0  # both groups hold the outer step's result
     assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]  # 24 inner steps, H=4
     train = _load("diloco_train")
-    assert _distance(first, train.simulate(4, 0.7, 0.9)) < 1e-5
+    assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) < 1e-5
     # planted faults in the simulation: each moves it far from the run
-    assert _distance(first, train.simulate(4, 0.7, 0.0)) > 1e-3, "outer momentum dropped"
-    assert _distance(first, train.simulate(4, 0.7, 0.9, sign=-1.0)) > 1e-3, "pseudo-gradient sign flipped"
-    assert _distance(first, train.simulate(4, 1.0, 0.0)) > 1e-3, "plain averaging (LocalSGD)"
+    assert _distance(first, train.simulate(4, 0.7, 0.0)[0]) > 1e-3, "outer momentum dropped"
+    assert _distance(first, train.simulate(4, 0.7, 0.9, sign=-1.0)[0]) > 1e-3, "pseudo-gradient sign flipped"
+    assert _distance(first, train.simulate(4, 1.0, 0.0)[0]) > 1e-3, "plain averaging (LocalSGD)"
 
 
 @pytest.mark.timeout(180)  # hang guard, as above
 def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse: str, tmp_path: Path,
                                                                       plain_run: Callable[[Path], None]) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "1", "1.0", "0.0")
+    first, second = _run_groups(lighthouse, tmp_path, "1", "1.0", "0.0", "1")
     assert _distance(first, second) == 0.0
     plain_run(tmp_path)  # ft_train's plain loop: one process over whole global batches, same inner SGD
     plain = torch.load(tmp_path / "weights-plain.pt", weights_only=True)
     assert _distance(first, plain) < 1e-5
     train = _load("diloco_train")
-    assert _distance(first, train.simulate(1, 1.0, 0.0)) < 1e-5
-    assert _distance(first, train.simulate(1, 1.0, 0.0, sign=-1.0)) > 1e-3, "pseudo-gradient sign flipped"
+    assert _distance(first, train.simulate(1, 1.0, 0.0)[0]) < 1e-5
+    assert _distance(first, train.simulate(1, 1.0, 0.0, sign=-1.0)[0]) > 1e-3, "pseudo-gradient sign flipped"
+
+
+@pytest.mark.timeout(180)  # hang guard, as above
+def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(lighthouse: str, tmp_path: Path) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "2")
+    # the last sync (step 24) was the second fragment's (the last layer); the first trained alone since
+    assert all(torch.equal(first[name], second[name]) for name in ("2.weight", "2.bias"))
+    # a fragment syncs every 2 steps, in turn: 12 outer steps over 24 inner steps
+    assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["12", "12"]
+    train = _load("diloco_train")
+    simulated = train.simulate(4, 0.7, 0.9, fragments=2)  # group g took the g-th half of every batch
+    assert _distance(first, simulated[0]) < 1e-5 and _distance(second, simulated[1]) < 1e-5
+    assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "the whole model synced every 4 steps"
 
 
 # One group in this process: a few seconds when idle; 90 s is a hang guard only.
