@@ -103,9 +103,20 @@ def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(ligh
     assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "the whole model synced every 4 steps"
 
 
+@pytest.mark.timeout(180)  # hang guard, as above
+def test_local_sgd_averages_the_groups_weights(lighthouse: str, tmp_path: Path) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "4", "1.0", "0.0", "1", "local_sgd")
+    assert _distance(first, second) == 0.0
+    assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]
+    train = _load("diloco_train")
+    assert _distance(first, train.simulate(4, 1.0, 0.0)[0]) < 1e-5  # averaging is an outer SGD at lr 1
+    assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "DiLoCo's outer Nesterov step"
+
+
 # One group in this process: a few seconds when idle; 90 s is a hang guard only.
 @pytest.mark.timeout(90)
-def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_path: Path,
+@pytest.mark.parametrize("kind", [DiLoCoStrategy, LocalSGDStrategy])
+def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_path: Path, kind: type,
                                                           monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
     monkeypatch.setenv("REPLICA_GROUP_ID", "0")
     monkeypatch.setenv("NUM_REPLICA_GROUPS", "1")
@@ -135,7 +146,7 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
         steps(iter(loader), 5)
         return straight, ({k: v.clone() for k, v in net.state_dict().items()}, lite.strategy.step)
 
-    strategy = DiLoCoStrategy(sync_every=4, ft_timeout=5)
+    strategy = kind(sync_every=4, ft_timeout=5)
     try:
         (straight, straight_steps), (resumed, resumed_steps) = LightningLite(accelerator="cpu", strategy=strategy).launch(train)
     finally:
@@ -144,6 +155,8 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
     assert _distance(straight, resumed) == 0.0
     saved = torch.load(path, weights_only=True)["_torchft_diloco"]
     assert saved["local_step"] == 2
+    if kind is LocalSGDStrategy:
+        return
     fragment = saved["fragments"]["StreamingDiLoCoFragment_0"]
     assert len(fragment["original_parameters"]) == 4  # the weights of the last outer step
     assert all("momentum_buffer" in s for s in fragment["outer_optimizer"]["state"].values())

@@ -98,6 +98,29 @@ class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
             stream.commit()
         return result
 
+    # -- checkpoints: the inner steps since the last sync (and what `_algorithm_state` adds) ------
+    def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
+        content = super()._with_manager(content)
+        if self._algorithm is None:
+            return content
+        return {**content, _PERIODIC_KEY: {**self._algorithm_state(), "local_step": self._algorithm._local_step}}
+
+    def _algorithm_state(self) -> dict[str, Any]:
+        """What the checkpoint holds besides the inner step count."""
+        return {}
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only)
+        saved = content.pop(_PERIODIC_KEY, None)
+        if saved is not None and self._algorithm is not None:
+            self._load_algorithm_state(saved)
+            self._algorithm._local_step = int(saved["local_step"])  # torchft 0.2.0's counter
+        return content
+
+    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
+        """Put back what `_algorithm_state` saved."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sync_every={self._sync_every})"
 
@@ -151,24 +174,15 @@ class DiLoCoStrategy(_PeriodicReplication):
         return DiLoCo(self._manager, fragments, optimizer, [self._outer(list(f.parameters())) for f in fragments],
                       sync_every=self._sync_every, backup_device=None, pin_memory=False, **self._options)
 
-    # -- checkpoints: the outer optimizers, the last synchronised weights, the inner steps since ----
-    def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
-        content = super()._with_manager(content)
-        if self._algorithm is None:
-            return content
-        fragments = {f"StreamingDiLoCoFragment_{i}": self._manager._user_state_dicts[f"StreamingDiLoCoFragment_{i}"]()
-                     for i in range(self._fragments)}
-        return {**content, _DILOCO_KEY: {"fragments": fragments, "local_step": self._algorithm._local_step}}
+    # torchft registers each fragment's outer optimizer and last synchronised weights with the
+    # Manager (for healing) under these keys; a checkpoint holds them too
+    def _algorithm_state(self) -> dict[str, Any]:
+        keys = [f"StreamingDiLoCoFragment_{i}" for i in range(self._fragments)]
+        return {"fragments": {key: self._manager._user_state_dicts[key]() for key in keys}}
 
-    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only)
-        saved = content.pop(_DILOCO_KEY, None)
-        if saved is not None and self._algorithm is not None:
-            for key, fragment_state in saved["fragments"].items():
-                self._manager._load_state_dict_fns[key](fragment_state)
-            self._algorithm._local_step = int(saved["local_step"])
-        return content
+    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
+        for key, fragment_state in saved["fragments"].items():
+            self._manager._load_state_dict_fns[key](fragment_state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sync_every={self._sync_every}, fragments={self._fragments})"
@@ -208,4 +222,4 @@ def _split(model: nn.Module, count: int) -> list[nn.Module]:
     return [nn.ModuleList(children[bounds[i]:bounds[i + 1]]) for i in range(count)]
 
 
-_DILOCO_KEY = "_torchft_diloco"
+_PERIODIC_KEY = "_torchft_diloco"  # DiLoCo's and LocalSGD's state in a checkpoint

@@ -1,7 +1,10 @@
 """A user's ordinary loop under `strategy="diloco"` (one replica group; the test starts two), and
 the algorithm simulated in one plain process.
 
-Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS
+Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd]
+
+(`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
+at lr 1 without momentum.)
 
 Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 rows), each group on
 its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
@@ -69,9 +72,9 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
     return [net.state_dict() for net in inner]
 
 
-def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int) -> None:
+def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool) -> None:
     from lite_core import LightningLite
-    from lite_torchft.diloco import DiLoCoStrategy
+    from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
 
     group = os.environ["REPLICA_GROUP_ID"]
 
@@ -87,10 +90,10 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
             torch.save(net.state_dict(), out / f"weights-{group}.pt")
             (out / f"steps-{group}").write_text(str(self.strategy.step))
 
-    strategy = DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
+    strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5) if local_sgd else DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
                               fragments=fragments, ft_timeout=5)
     Train(accelerator="cpu", strategy=strategy).run()
 
 
 if __name__ == "__main__":
-    lite(Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+    lite(Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), "local_sgd" in sys.argv[6:])
