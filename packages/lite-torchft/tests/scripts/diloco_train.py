@@ -61,7 +61,8 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
         weights = dict(outer_model.named_parameters())
         with torch.no_grad():
             for name in names:
-                weights[name].grad = sign * sum(weights[name] - dict(net.named_parameters())[name] for net in inner) / groups
+                local = [dict(net.named_parameters())[name] for net in inner]
+                weights[name].grad = sign * sum(weights[name] - w for w in local) / groups
         outer.step()
         outer.zero_grad()
         with torch.no_grad():
@@ -90,10 +91,14 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
             torch.save(net.state_dict(), out / f"weights-{group}.pt")
             (out / f"steps-{group}").write_text(str(self.strategy.step))
 
-    strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5) if local_sgd else DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                              fragments=fragments, ft_timeout=5)
+    if local_sgd:
+        strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5)
+    else:
+        strategy = DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                  fragments=fragments, ft_timeout=5)
     Train(accelerator="cpu", strategy=strategy).run()
 
 
 if __name__ == "__main__":
-    lite(Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), "local_sgd" in sys.argv[6:])
+    out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
+    lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:])
