@@ -56,6 +56,10 @@ class FaultTolerantReplication:
     changes_backward: ClassVar[bool] = True  # `backward` opens the step's quorum
     steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` averages across groups and votes
     stages_checkpoints: ClassVar[bool] = True  # `stage_checkpoint` stages what `save_checkpoint` writes
+    #: torchft's `Manager(init_sync=...)`: whether the first quorum copies one group's weights to the
+    #: others. Per-step replication quorums before any step, so it copies the initial weights; a
+    #: strategy whose first quorum comes after local steps turns it off (see `lite_torchft.diloco`).
+    _init_sync: ClassVar[bool] = True
 
     def __init__(self, split_batches: bool = False, ft_timeout: float = FT_TIMEOUT_SECONDS,
                  quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
@@ -115,6 +119,7 @@ class FaultTolerantReplication:
             lighthouse_addr=lighthouse,
             replica_id=f"lite_ddp_ft_{group_id}",
             max_retries=self._max_commit_failures,
+            init_sync=self._init_sync,
         )
 
     def teardown(self, failed: bool = False) -> None:

@@ -1,0 +1,225 @@
+"""`strategy="diloco"` and `strategy="local_sgd"`: replica groups that train alone between syncs.
+
+Each replica group is the same Lite job as under `ddp_ft` (DDP inside the group, the same
+lighthouse and variables), but the groups meet only every `sync_every` inner steps, where torchft's
+`torchft.local_sgd.DiLoCo` (or `LocalSGD`) puts the meeting: in a post-hook of the user's optimizer.
+The user's `optimizer.step()` is the inner step; every `sync_every` of them, one quorum forms and
+
+- `diloco`: each group's pseudo-gradient (the weights of the last sync minus its weights now) is
+  averaged over the groups and an outer optimizer (Nesterov SGD by default, as in the DiLoCo paper)
+  steps the weights of the last sync with it; every group goes on from the result;
+- `local_sgd`: the groups' weights are averaged.
+
+Manager(init_sync=False): the groups must start from the same weights (the same seed), which is
+what both algorithms assume. torchft's default, `init_sync=True`, makes the first quorum copy one
+group's weights into the others; here that quorum comes after `sync_every` local steps, so it would
+copy one group's *trained* weights and the job would no longer compute the algorithm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+from torch import nn
+from torch.optim import SGD, Optimizer
+
+from lite_core.plugins import ConfigurationError, DDPStrategy
+from lite_torchft._replication import FaultTolerantReplication
+from lite_torchft._variables import read_variables
+
+#: The DiLoCo paper's outer optimizer: SGD with Nesterov momentum 0.9 at learning rate 0.7.
+OUTER_LR = 0.7
+OUTER_MOMENTUM = 0.9
+
+
+class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
+    """What `diloco` and `local_sgd` share: no quorum per step; torchft's hooks on the one set-up
+    optimizer open a quorum every `sync_every` inner steps; loaders share each batch over the
+    groups of the last quorum (before the first one: every group, as the variables say)."""
+
+    _init_sync: ClassVar[bool] = False  # the first quorum comes after local steps (module docstring)
+
+    def __init__(self, sync_every: int, **kwargs: Any) -> None:
+        if not isinstance(sync_every, int) or sync_every < 1:
+            raise ConfigurationError(f"sync_every={sync_every!r} must be a whole number of inner steps, 1 or more.")
+        super().__init__(**kwargs)
+        self._sync_every = sync_every
+        self._algorithm: Any = None  # torchft's DiLoCo / LocalSGD, entered at `setup_optimizer`
+        self._last_quorum = -1
+        self._group = (0, 1)  # this group's index and the groups' number until the first quorum
+
+    def _build_manager(self, group_id: int, lighthouse: str) -> Any:
+        self._group = (group_id, read_variables().num_groups)
+        return super()._build_manager(group_id, lighthouse)
+
+    def _group_module(self, module: nn.Module) -> nn.Module:
+        return module if self.world_size == 1 else super()._group_module(module)
+
+    # -- the step: no quorum of its own --------------------------------------------------------------
+    def _begin_step(self) -> tuple[int, int]:
+        """This process's index among the processes of the last sync's groups, and their number."""
+        manager = self._manager
+        if manager is not None and manager._quorum_id != self._last_quorum:  # torchft 0.2.0's quorum id
+            self._last_quorum = manager._quorum_id
+            self._group = (manager.participating_rank() or 0, max(manager.num_participants(), 1))
+        group, groups = self._group
+        return group * self.world_size + self.global_rank, groups * self.world_size
+
+    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        super(FaultTolerantReplication, self).backward(tensor, module, *args, **kwargs)
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        if self._algorithm is not None:
+            raise ConfigurationError(
+                f"strategy={self.name!r} takes one optimizer (the inner one), set up once: put every"
+                " parameter group into that optimizer."
+            )
+        if not self._healing.modules:
+            raise ConfigurationError(
+                f"strategy={self.name!r} needs the model set up before or with its optimizer:"
+                " call `self.setup(model, optimizer)`."
+            )
+        optimizer = super().setup_optimizer(optimizer)
+        self._algorithm = self._build_algorithm(self._model(), optimizer)
+        self._algorithm.__enter__()  # its hooks on the optimizer stay for the job
+        return optimizer
+
+    def _model(self) -> nn.Module:
+        modules = self._healing.modules
+        return modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+
+    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
+        raise NotImplementedError
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """The inner step (torchft's hook syncs after every `sync_every`-th); the loaders move on."""
+        result = super(FaultTolerantReplication, self).optimizer_step(optimizer, **kwargs)
+        for stream in self._healing.streams:
+            stream.commit()
+        return result
+
+    # -- checkpoints: the inner steps since the last sync (and what `_algorithm_state` adds) ------
+    def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
+        content = super()._with_manager(content)
+        if self._algorithm is None:
+            return content
+        return {**content, _PERIODIC_KEY: {**self._algorithm_state(), "local_step": self._algorithm._local_step}}
+
+    def _algorithm_state(self) -> dict[str, Any]:
+        """What the checkpoint holds besides the inner step count."""
+        return {}
+
+    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
+                        weights_only: bool = True) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only)
+        saved = content.pop(_PERIODIC_KEY, None)
+        if saved is not None and self._algorithm is not None:
+            self._load_algorithm_state(saved)
+            self._algorithm._local_step = int(saved["local_step"])  # torchft 0.2.0's counter
+        return content
+
+    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
+        """Put back what `_algorithm_state` saved."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sync_every={self._sync_every})"
+
+
+class DiLoCoStrategy(_PeriodicReplication):
+    """`strategy="diloco"`: DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512)
+    across replica groups, on torchft's `DiLoCo`.
+
+    Args:
+        sync_every: inner steps (the user's `optimizer.step()` calls) between outer steps (H).
+        outer_lr: the outer SGD's learning rate (0.7 by default, as in the paper).
+        outer_momentum: the outer SGD's Nesterov momentum (0.9; 0 for none).
+        outer_optimizer: instead of those two, a function from a list of parameters to the outer
+            optimizer (one per fragment).
+        fragments: Streaming DiLoCo: the model's top-level children split into this many
+            consecutive fragments, synchronised in turn, one every `sync_every / fragments` steps.
+        fragment_sync_delay: inner steps between sending a fragment's pseudo-gradient and using
+            the average (the paper's tau; less than `sync_every / fragments`).
+        fragment_update_alpha: how much of the group's own weights a synchronised fragment keeps
+            (0: it takes the outer step's result).
+        should_quantize: all-reduce the pseudo-gradients quantized (torchft's; needs a GPU).
+        **kwargs: `ddp_ft`'s arguments (timeouts, `min_replica_size`, ...), and `ddp`'s for the group.
+    """
+
+    name = "diloco"
+
+    def __init__(self, sync_every: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+                 outer_optimizer: Callable[[list[nn.Parameter]], Optimizer] | None = None, fragments: int = 1,
+                 fragment_sync_delay: int = 0, fragment_update_alpha: float = 0.0, should_quantize: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(sync_every, **kwargs)
+        if not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
+            raise ConfigurationError(
+                f"fragments={fragments!r} must be a whole number that divides sync_every={sync_every}."
+            )
+        if not 0 <= fragment_sync_delay < sync_every // fragments:
+            raise ConfigurationError(
+                f"fragment_sync_delay={fragment_sync_delay!r} must be at least 0 and below"
+                f" sync_every / fragments = {sync_every // fragments}."
+            )
+        self._outer = outer_optimizer or (lambda params: SGD(params, lr=outer_lr, momentum=outer_momentum,
+                                                                 nesterov=outer_momentum > 0))
+        self._fragments = fragments
+        self._options = {"fragment_sync_delay": fragment_sync_delay, "fragment_update_alpha": fragment_update_alpha,
+                         "should_quantize": should_quantize}
+
+    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
+        from torchft.local_sgd import DiLoCo
+
+        fragments = _split(model, self._fragments)
+        return DiLoCo(self._manager, fragments, optimizer, [self._outer(list(f.parameters())) for f in fragments],
+                      sync_every=self._sync_every, backup_device=None, pin_memory=False, **self._options)
+
+    # torchft registers each fragment's outer optimizer and last synchronised weights with the
+    # Manager (for healing) under these keys; a checkpoint holds them too
+    def _algorithm_state(self) -> dict[str, Any]:
+        keys = [f"StreamingDiLoCoFragment_{i}" for i in range(self._fragments)]
+        return {"fragments": {key: self._manager._user_state_dicts[key]() for key in keys}}
+
+    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
+        for key, fragment_state in saved["fragments"].items():
+            self._manager._load_state_dict_fns[key](fragment_state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sync_every={self._sync_every}, fragments={self._fragments})"
+
+
+class LocalSGDStrategy(_PeriodicReplication):
+    """`strategy="local_sgd"`: the groups' weights averaged every `sync_every` inner steps
+    (arXiv 1805.09767), on torchft's `LocalSGD`.
+
+    Args:
+        sync_every: inner steps between averages.
+        **kwargs: `ddp_ft`'s arguments, and `ddp`'s for the group.
+    """
+
+    name = "local_sgd"
+
+    def __init__(self, sync_every: int = 100, **kwargs: Any) -> None:
+        super().__init__(sync_every, **kwargs)
+
+    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
+        from torchft.local_sgd import LocalSGD
+
+        return LocalSGD(self._manager, model, optimizer, sync_every=self._sync_every)
+
+
+def _split(model: nn.Module, count: int) -> list[nn.Module]:
+    """The model as `count` fragments: itself, or its top-level children in consecutive runs."""
+    if count == 1:
+        return [model]
+    children = list(model.children())
+    if len(children) < count or any(True for _ in model.parameters(recurse=False)):
+        raise ConfigurationError(
+            f"fragments={count} needs a model with at least {count} top-level submodules and no parameters of"
+            f" its own ({type(model).__name__} has {len(children)}): lower `fragments` or nest the layers."
+        )
+    bounds = [round(i * len(children) / count) for i in range(count + 1)]
+    return [nn.ModuleList(children[bounds[i]:bounds[i + 1]]) for i in range(count)]
+
+
+_PERIODIC_KEY = "_torchft_diloco"  # DiLoCo's and LocalSGD's state in a checkpoint

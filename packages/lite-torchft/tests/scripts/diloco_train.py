@@ -1,0 +1,104 @@
+"""A user's ordinary loop under `strategy="diloco"` (one replica group; the test starts two), and
+the algorithm simulated in one plain process.
+
+Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd]
+
+(`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
+at lr 1 without momentum.)
+
+Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 rows), each group on
+its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
+to `OUT_DIR/weights-<group>.pt` and the outer steps taken (the Manager's step) to
+`OUT_DIR/steps-<group>`. `simulate` computes the same in one process without Lite or torchft.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn.functional import mse_loss
+
+from ft_train import data, model  # the same data, model and inner optimizer as the ddp_ft tests
+
+INNER_LR, INNER_MOMENTUM = 0.05, 0.9
+
+
+def inner_optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(net.parameters(), lr=INNER_LR, momentum=INNER_MOMENTUM)
+
+
+def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: int = 2,
+             sign: float = 1.0, fragments: int = 1) -> list[dict[str, torch.Tensor]]:
+    """DiLoCo in one process: `groups` inner models, each on its slice of every global batch.
+
+    Every `sync_every / fragments` steps one fragment, in turn, synchronises: its pseudo-gradients
+    (its weights at its last sync minus each inner model's, times `sign`) are averaged, an outer SGD
+    (Nesterov when it has momentum) steps its weights of the last sync, and every inner model takes
+    the result for that fragment (keeping its inner optimizer's state). The fragments are the
+    model's top-level children in `fragments` consecutive runs. Returns each inner model's weights
+    (they differ in the fragments that trained alone since their sync)."""
+    outer_model = model()
+    outer = torch.optim.SGD(outer_model.parameters(), lr=outer_lr, momentum=outer_momentum,
+                            nesterov=outer_momentum > 0)  # a parameter without a gradient is left alone
+    inner = [model() for _ in range(groups)]
+    optimizers = [inner_optimizer(net) for net in inner]
+    children = [name for name, _ in outer_model.named_children()]
+    bounds = [round(i * len(children) / fragments) for i in range(fragments + 1)]
+    fragment_of = {child: f for f in range(fragments) for child in children[bounds[f]:bounds[f + 1]]}
+    interval, syncs = sync_every // fragments, 0
+    for step, (x, y, _) in enumerate(data(), start=1):
+        for net, optimizer, xs, ys in zip(inner, optimizers, x.tensor_split(groups), y.tensor_split(groups)):
+            optimizer.zero_grad()
+            mse_loss(net(xs), ys).backward()
+            optimizer.step()
+        if step % interval:
+            continue
+        fragment, syncs = syncs % fragments, syncs + 1
+        names = [name for name, _ in outer_model.named_parameters() if fragment_of[name.split(".")[0]] == fragment]
+        weights = dict(outer_model.named_parameters())
+        with torch.no_grad():
+            for name in names:
+                local = [dict(net.named_parameters())[name] for net in inner]
+                weights[name].grad = sign * sum(weights[name] - w for w in local) / groups
+        outer.step()
+        outer.zero_grad()
+        with torch.no_grad():
+            for net in inner:
+                local = dict(net.named_parameters())
+                for name in names:
+                    local[name].copy_(weights[name])
+    return [net.state_dict() for net in inner]
+
+
+def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool) -> None:
+    from lite_core import LightningLite
+    from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
+
+    group = os.environ["REPLICA_GROUP_ID"]
+
+    class Train(LightningLite):
+        def run(self) -> None:
+            net = model()
+            net, optimizer = self.setup(net, inner_optimizer(net))
+            loader = self.setup_dataloaders(data(), split_batches=True)
+            for x, y, _ in loader:
+                optimizer.zero_grad()
+                self.backward(mse_loss(net(x), y))
+                optimizer.step()
+            torch.save(net.state_dict(), out / f"weights-{group}.pt")
+            (out / f"steps-{group}").write_text(str(self.strategy.step))
+
+    if local_sgd:
+        strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5)
+    else:
+        strategy = DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                  fragments=fragments, ft_timeout=5)
+    Train(accelerator="cpu", strategy=strategy).run()
+
+
+if __name__ == "__main__":
+    out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
+    lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:])
