@@ -70,6 +70,10 @@ class ModelParallelStrategy(FSDPStrategy):
             schedules, 1 otherwise.
         loss_fn: `loss_fn(output, target)`, averaging over its batch, for `model(x, target=y)`;
             `setup(model, optimizer, loss_fn=...)` gives it too, under every strategy.
+        activation_checkpointing: module classes whose activations are recomputed in the backward
+            pass (see `DDPStrategy`); applied to your model before `parallelize_fn` (and before the
+            pipeline cut), names and keys unchanged.
+        activation_checkpointing_policy: torch's selective per-op policy (see `DDPStrategy`).
 
     Example:
         >>> def parallelize(model, device_mesh):  # doctest: +SKIP
@@ -91,9 +95,12 @@ class ModelParallelStrategy(FSDPStrategy):
                  process_group_backend: str | None = None, pipeline_parallel_size: int = 1,
                  pipeline_schedule: str = "1F1B", microbatches: int | None = None,
                  split_points: list[str | int] | None = None, stages_per_rank: int | None = None,
-                 loss_fn: Callable[..., Any] | None = None) -> None:
+                 loss_fn: Callable[..., Any] | None = None, activation_checkpointing: Any = None,
+                 activation_checkpointing_policy: Any = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
-                         timeout=timeout, process_group_backend=process_group_backend)
+                         timeout=timeout, process_group_backend=process_group_backend,
+                         activation_checkpointing=activation_checkpointing,
+                         activation_checkpointing_policy=activation_checkpointing_policy)
         self._pipeline = _pipeline.options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
@@ -207,6 +214,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().build_precision(name)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        self._apply_recompute(module)
         if self._pipeline is not None:
             return self._setup_pipeline(module)
         if self._parallelize_fn is None:
