@@ -62,7 +62,9 @@ class ModelParallelStrategy(FSDPStrategy):
             `"Interleaved1F1B"` (several stages per process), `"LoopedBFS"`, `"InterleavedZeroBubble"`.
         microbatches: how many micro-batches each batch is cut into (it must divide the batch).
         split_points: the module names at which a new stage begins (e.g. `["blocks.2"]`; indexes
-            for an `nn.Sequential`), one fewer than the stages; `None` cuts the model's layers evenly.
+            for an `nn.Sequential`), one fewer than the stages; `None` cuts the model's largest `nn.ModuleList` /
+            `nn.Sequential` (a transformer's blocks) evenly, with what comes before it on the
+            first stage and what comes after it on the last.
         stages_per_rank: stages each process holds; `None` means 2 for the interleaved and looped
             schedules, 1 otherwise.
         loss_fn: `loss_fn(output, target)`, averaging over its batch, for `model(x, target=y)`;
