@@ -102,3 +102,14 @@ def test_classes_that_match_no_block_are_refused_at_setup() -> None:
         recompute(nn.GRU).apply(Net())
     assert str(info.value).startswith("activation_checkpointing names GRU, of which Net holds no submodule")
     assert _one_sentence(str(info.value))
+
+
+def test_a_block_checkpointed_already_is_left_as_it_is() -> None:
+    from torch.distributed._composable import checkpoint
+
+    model = Net()
+    checkpoint(model.blocks[0])  # the user's own
+    recompute({Block}).apply(model)
+    recompute({Block}).apply(model)  # a second setup of the same model
+    _step(model)
+    assert [b.calls for b in model.blocks] == [2, 2]

@@ -39,7 +39,8 @@ class Recompute:
             )
         options = {} if self.policy is None else {"context_fn": self._context_fn()}
         for block in blocks:
-            checkpoint(block, **options)
+            if checkpoint.state(block) is None:  # one checkpointed already (by you, or an earlier setup) stays
+                checkpoint(block, **options)
         return module
 
     def _context_fn(self) -> Callable[[], Any]:
