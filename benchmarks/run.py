@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
 SECTIONS = ("steps", "loader", "loader_position", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch",
-            "restart", "memory")
+            "restart", "memory", "recompute")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -106,7 +106,7 @@ TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps
               for model in ("tiny", "mlp1024")},
            "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02,
            "launch-cli": 1.05, "restart": None, "position:batch": 1.01, "position:calls": None,
-           "position:deep-resume": None}
+           "position:deep-resume": None, "recompute:memory": 0.5}
 
 
 @dataclass
@@ -571,11 +571,36 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
                       plain, lite, note=f"{delta:+.1f} MiB peak; {setup_delta:+.1f} MiB after imports+setup")
 
 
+def bench_recompute(ctx: Context) -> list[Row]:
+    """Activation memory of `ddp` on one process without and with `activation_checkpointing={Block}`:
+    the peak RSS a fresh process reaches during the steps minus its RSS after set-up (the mmap
+    threshold pinned, as in `bench_memory`, so freed activations leave the RSS). "Plain" is the run
+    without recompute, "Lite" the one with it."""
+    env = child_env(ctx.threads)
+    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    peaks: dict[str, list[float]] = {"without": [], "with": []}
+
+    def measure(arm: str) -> Callable[[], float]:
+        def fn() -> float:
+            command = [ctx.python, str(HERE / "_recompute_worker.py"), "--arm", arm,
+                       "--steps", str(ctx.config.memory_steps), "--threads", str(ctx.threads)]
+            report = json.loads(run_child(command, ctx.config.child_timeout_s, env)[1].strip().splitlines()[-1])
+            peaks[arm].append(report["peak_rss_mib"])
+            return float(report["peak_rss_mib"] - report["setup_rss_mib"])
+        return fn
+
+    without, with_ = interleave(ctx.config.memory_reps, measure("without"), measure("with"))
+    note = (f"peak RSS {statistics.median(peaks['without']):.0f} -> {statistics.median(peaks['with']):.0f} MiB;"
+            " 8 residual MLP blocks 256-1024-256, batch 2048")
+    return [paired_row("recompute:memory", "Memory the steps add, ddp on 1 proc: without vs with recompute", "MiB",
+                       without, with_, note=note)]
+
+
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
     "steps": bench_steps, "loader": bench_loader, "loader_position": bench_loader_position, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
     "deepspeed": bench_deepspeed,
     "checkpoint": bench_checkpoint, "monitor": bench_monitor, "import": bench_import,
-    "launch": bench_launch, "restart": bench_restart, "memory": bench_memory,
+    "launch": bench_launch, "restart": bench_restart, "memory": bench_memory, "recompute": bench_recompute,
 }
 
 

@@ -59,6 +59,25 @@ class Net(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
+class Transformer(nn.Module):
+    """A transformer's shape: embed, blocks (a ModuleList), norm, head. Without split points the
+    pipeline cuts the blocks evenly; a stage's forward iterates its own blocks only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x) if self.embed is not None else x
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x) if self.norm is not None else x
+        return self.head(x) if self.head is not None else x
+
+
 def sequential() -> nn.Sequential:
     return nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(3)), nn.Tanh(), nn.Linear(WIDTH, WIDTH))
 
@@ -85,7 +104,7 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def make_model(kind: str) -> nn.Module:
     torch.manual_seed(0)
-    return Net() if kind == "net" else sequential()
+    return {"net": Net, "transformer": Transformer, "sequential": sequential}[kind]()
 
 
 def make_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -265,6 +284,7 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
                                                         split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2_sequential"] = train(pipeline(world, schedule="GPipe", split_points=None), kind="sequential",
                                         clip=False)
+        results["pp2_transformer"] = train(pipeline(world, split_points=None), kind="transformer")
         for precision in ("bf16-mixed", "bf16-true"):
             results[f"pp2_{precision}"] = train(pipeline(world, precision=precision), clip=False)
         results["errors"] = bad_inputs(world)

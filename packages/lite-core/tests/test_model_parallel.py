@@ -40,7 +40,8 @@ def test_sizes_that_do_not_make_the_world_size_are_refused_at_construction(dp, t
     with pytest.raises(ConfigurationError) as info:
         _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=dp, tensor_parallel_size=tp), devices=4)
     message = str(info.value)
-    assert message.startswith(f"data_parallel_size={dp!r} x tensor_parallel_size={tp!r} does not make the world size 4")
+    assert message.startswith(f"pipeline_parallel_size=1 x data_parallel_size={dp!r} x tensor_parallel_size={tp!r}"
+                              " does not make the world size 4")
     assert _one_sentence(message)
 
 
@@ -133,3 +134,33 @@ def test_a_precision_the_pipeline_schedule_cannot_hold_is_refused(clean_env) -> 
         _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2), devices=2, precision="16-mixed")
     assert str(info.value).startswith("precision='16-mixed' scales the loss before backward")
     assert _one_sentence(str(info.value))
+
+
+@pytest.mark.parametrize(("kwargs", "devices", "sizes", "names"), [
+    ({}, 4, {"pipeline": 1, "replicate": 1, "shard": 1, "context": 1, "tensor": 4},
+     ("data_parallel", "tensor_parallel")),
+    ({"data_parallel_size": 2}, 4, {"pipeline": 1, "replicate": 1, "shard": 2, "context": 1, "tensor": 2},
+     ("data_parallel", "tensor_parallel")),
+    ({"pipeline_parallel_size": 2, "tensor_parallel_size": 2}, 8,
+     {"pipeline": 2, "replicate": 1, "shard": 2, "context": 1, "tensor": 2},
+     ("pipeline_parallel", "data_parallel", "tensor_parallel")),
+])
+def test_the_mesh_layout_names_every_dimension(kwargs, devices, sizes, names, clean_env) -> None:
+    layout = _strategy_of(ModelParallelStrategy(_identity, **kwargs), devices=devices).mesh_layout
+    assert layout.sizes() == sizes and list(layout.sizes()) == ["pipeline", "replicate", "shard", "context", "tensor"]
+    assert layout.dim_names == names and layout.world_size == devices
+    assert layout.shape == tuple(sizes[n] for n in ("pipeline",) * (len(names) == 3) + ("shard", "tensor"))
+    assert layout.data == layout.replicate * layout.shard
+
+
+@pytest.mark.parametrize(("pp", "dp", "tp"), [(1, 2, 3), (2, 3, "auto"), (2, "auto", 3), (3, "auto", "auto"),
+                                              (2, 2, 2)])
+def test_one_sentence_refuses_every_layout_that_does_not_make_the_world_size(pp, dp, tp) -> None:
+    from lite_core.strategies._mesh import resolve
+
+    with pytest.raises(ConfigurationError) as info:
+        resolve(pp, dp, tp, devices=4, num_nodes=1)
+    assert str(info.value) == (
+        f"pipeline_parallel_size={pp} x data_parallel_size={dp!r} x tensor_parallel_size={tp!r} does not make the"
+        " world size 4 (devices=4 x num_nodes=1): choose sizes whose product is the number of processes, or leave"
+        " data_parallel_size or tensor_parallel_size 'auto'.")

@@ -65,3 +65,58 @@ def test_parameters_that_no_stage_would_own_are_refused() -> None:
     model.scale = nn.Parameter(torch.ones(2))
     with pytest.raises(MisuseError, match="holds parameters of its own \\(scale\\) that no pipeline stage would own"):
         _split.assign_stages(model, ["blocks.2"], 2)
+
+
+class Transformer(nn.Module):
+    """embed, blocks (a ModuleList), norm, head: a transformer's shape."""
+
+    def __init__(self, layers: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4)) for _ in range(layers)])
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x) if self.embed is not None else x
+        for block in self.blocks:
+            x = x + block(x)
+        x = self.norm(x) if self.norm is not None else x
+        return self.head(x) if self.head is not None else x
+
+
+@pytest.mark.parametrize(("layers", "num_stages", "expected"), [
+    (4, 2, [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "norm", "head"]]),
+    (5, 2, [["embed", "blocks.0", "blocks.1", "blocks.2"], ["blocks.3", "blocks.4", "norm", "head"]]),
+    (4, 4, [["embed", "blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3", "norm", "head"]]),
+    # fewer blocks than stages: every layer (the blocks among them) spread evenly
+    (2, 3, [["embed", "blocks.0"], ["blocks.1", "norm"], ["head"]]),
+])
+def test_without_split_points_the_blocks_are_cut_evenly(layers, num_stages, expected) -> None:
+    stages, _ = _split.assign_stages(Transformer(layers), [], num_stages)
+    assert stages == expected
+
+
+def test_the_largest_container_is_cut_and_one_below_own_parameters_is_passed_over() -> None:
+    model = Net()  # embed, blocks (4), head
+    model.extra = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # smaller: not cut
+    stages, _ = _split.assign_stages(model, [], 2)
+    assert stages == [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "head", "extra"]]
+    owner = nn.Module()
+    owner.scale = nn.Parameter(torch.ones(1))
+    owner.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(8)])
+    model.owner = owner  # its 8 layers cannot be cut out of it: the 4 blocks are
+    assert _split.assign_stages(model, [], 2)[0][1][0] == "blocks.2"
+
+
+def test_a_stage_without_the_blocks_keeps_an_empty_container_its_forward_iterates() -> None:
+    model = Transformer()
+    stages, expanded = _split.assign_stages(model, ["norm"], 2)  # a top-level cut: blocks all on stage 0
+    assert stages == [["embed", "blocks"], ["norm", "head"]]
+    second = _split.part(model, set(stages[1]), expanded)
+    assert isinstance(second.blocks, nn.ModuleList) and len(second.blocks) == 0 and len(model.blocks) == 4
+    assert sorted(second.state_dict()) == ["head.bias", "head.weight", "norm.bias", "norm.weight"]
+    hidden = torch.randn(3, 4)
+    torch.testing.assert_close(second(hidden), model.head(model.norm(hidden)))
+    _split.trim(model, set(stages[1]), expanded)
+    assert len(model.blocks) == 0 and model.embed is None

@@ -112,6 +112,15 @@ def test_an_nn_sequential_is_split_evenly_without_split_points(job2):
     assert run["local_keys"] == ["0.bias", "0.weight", "1.bias", "1.weight", "2.bias", "2.weight"]
 
 
+def test_a_transformer_is_cut_inside_its_blocks_without_split_points(job2):
+    # embed, blocks (4), norm, head: the blocks are cut evenly; before, every block went to stage 0
+    # and stage 1's `for block in self.blocks` failed on None.
+    run = job2["pp2_transformer"]
+    assert_matches_one_process(run, kind="transformer")
+    assert run["local_keys"] == sorted(k for k in job_module.make_model("transformer").state_dict()
+                                       if k.startswith(("embed.", "blocks.0.", "blocks.1.")))
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "model_parallel_2d"])
 def test_the_same_loop_runs_without_a_pipeline(job2, strategy):
     assert_matches_one_process(job2[strategy])

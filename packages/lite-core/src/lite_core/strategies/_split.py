@@ -57,7 +57,10 @@ def units(model: nn.Module, split_points: list[str]) -> tuple[list[str], set[str
 def assign_stages(model: nn.Module, split_points: list[str], num_stages: int) -> tuple[list[list[str]], set[str]]:
     """The units of each of `num_stages` stages (cut at `split_points`, or evenly without them), and
     the expanded modules; refuses a split that leaves a stage empty or parameters outside every unit."""
-    names, expanded = units(model, split_points)
+    if not split_points:
+        split_points, names, expanded = _default_cut(model, num_stages)
+    else:
+        names, expanded = units(model, split_points)
     _refuse_own_parameters(model, expanded)
     if num_stages > len(names):
         raise MisuseError(
@@ -66,10 +69,8 @@ def assign_stages(model: nn.Module, split_points: list[str], num_stages: int) ->
             " split points inside a block (such as 'blocks.2')."
         )
     if not split_points:
-        base, extra = divmod(len(names), num_stages)
-        sizes = [base + (stage < extra) for stage in range(num_stages)]
-        starts = [sum(sizes[:stage]) for stage in range(num_stages)]
-        return [names[start:start + size] for start, size in zip(starts, sizes)], expanded
+        starts = [*_even_starts(len(names), num_stages), len(names)]
+        return [names[starts[i]:starts[i + 1]] for i in range(num_stages)], expanded
     if len(split_points) != num_stages - 1:
         raise MisuseError(
             f"{len(split_points)} split points make {len(split_points) + 1} stages, but the pipeline has"
@@ -90,6 +91,47 @@ def assign_stages(model: nn.Module, split_points: list[str], num_stages: int) ->
         )
     bounds = [0, *cuts, len(names)]
     return [names[bounds[i]:bounds[i + 1]] for i in range(num_stages)], expanded
+
+
+def _default_cut(model: nn.Module, num_stages: int) -> tuple[list[str], list[str], set[str]]:
+    """(split points, units, expanded modules) without split points from the user: the largest
+    `nn.ModuleList`/`nn.Sequential`/`nn.ModuleDict` (most children, then most parameters; a
+    transformer's blocks) is cut evenly, what comes before it going to the first stage and what
+    comes after it to the last. With fewer children than stages, every unit (the container's
+    children among them) is spread evenly and no split points are returned."""
+    blocks = _largest_container_children(model)
+    names, expanded = units(model, blocks[:1])
+    if len(blocks) < num_stages:
+        return [], names, expanded
+    return [blocks[start] for start in _even_starts(len(blocks), num_stages)[1:]], names, expanded
+
+
+def _largest_container_children(model: nn.Module) -> list[str]:
+    """The names of the children of the model's largest container (see `_default_cut`); `[]`
+    without one. A container below a module with parameters of its own is passed over (that module
+    would have to be cut open, leaving its parameters to no stage)."""
+    best: tuple[int, int] = (0, 0)
+    found: list[str] = []
+    owners = {name for name, module in model.named_modules() if module._parameters}
+    for name, module in model.named_modules():
+        if not isinstance(module, _CONTAINERS) or any(_encloses(owner, name) for owner in owners):
+            continue
+        size = (len(module._modules), sum(p.numel() for p in module.parameters()))
+        if size > best:
+            best = size
+            found = [f"{name}.{child}" if name else child for child in module._modules]
+    return found
+
+
+def _encloses(outer: str, name: str) -> bool:
+    """Whether module `outer` is `name` or one of its ancestors (the root `""` encloses everything)."""
+    return outer == name or outer == "" or name.startswith(outer + ".")
+
+
+def _even_starts(count: int, parts: int) -> list[int]:
+    """Where each of `parts` nearly equal runs of `count` items begins (the first runs one longer)."""
+    base, extra = divmod(count, parts)
+    return [part * base + min(part, extra) for part in range(parts)]
 
 
 def _refuse_own_parameters(model: nn.Module, expanded: set[str]) -> None:
@@ -132,10 +174,28 @@ def _copy(module: nn.Module, prefix: str, keep: set[str], expanded: set[str]) ->
 
 
 def _drop(module: nn.Module, name: str) -> None:
+    """Leave unit `name` out of `module`: a container's entry is removed, another module's child
+    becomes `None`, and a child that is a container becomes an empty one (so that the model's
+    `for block in self.blocks` runs on every stage)."""
+    child = module._modules[name]
     if isinstance(module, _CONTAINERS):
         del module._modules[name]
+    elif isinstance(child, _CONTAINERS):
+        module._modules[name] = _emptied(child)
     else:
         module._modules[name] = None
+
+
+def _emptied(container: nn.Module) -> nn.Module:
+    """A copy of `container` (its class and attributes) without its layers."""
+    new = copy.copy(container)
+    for key, value in container.__dict__.items():
+        if isinstance(value, (dict, set)):
+            new.__dict__[key] = copy.copy(value)
+    new._modules.clear()
+    new._parameters.clear()
+    new._buffers.clear()
+    return new
 
 
 def copies_of(part: nn.Module, model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:

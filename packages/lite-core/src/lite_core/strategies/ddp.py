@@ -18,6 +18,7 @@ from lite_core.environ import restore_environ
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
 from lite_core.strategies._progress import CollectiveProgress
+from lite_core.strategies._recompute import recompute
 from lite_core.strategies._settle import settle_collectives
 from lite_core.strategies.process_group import init_attempt_process_group
 from lite_core.strategies.strategy import Strategy, check_reduce_op
@@ -39,6 +40,13 @@ class DDPStrategy(Strategy):
         timeout: how long a collective may wait for the other ranks before the job fails
             (seconds or a `timedelta`); defaults to `$LITE_COLLECTIVE_TIMEOUT` or 30 minutes.
         process_group_backend: overrides the accelerator's `torch.distributed` backend.
+        activation_checkpointing: module classes (your model's blocks) whose activations are
+            recomputed in the backward pass instead of kept: less memory, one more forward pass of
+            each block. Applied with torch's composable `checkpoint`, so module names and
+            checkpoint keys stay those of your model.
+        activation_checkpointing_policy: torch's selective per-op policy for those blocks, a
+            `policy_fn(ctx, op, *args, **kwargs) -> CheckpointPolicy` or a list of ops whose outputs
+            are kept (`create_selective_checkpoint_contexts`); `None` recomputes everything.
         **ddp_kwargs: passed on to `torch.nn.parallel.DistributedDataParallel`.
     """
 
@@ -54,8 +62,10 @@ class DDPStrategy(Strategy):
     start_method: ClassVar[str | None] = None
 
     def __init__(self, timeout: float | timedelta | None = None,
-                 process_group_backend: str | None = None, **ddp_kwargs: Any) -> None:
+                 process_group_backend: str | None = None, activation_checkpointing: Any = None,
+                 activation_checkpointing_policy: Any = None, **ddp_kwargs: Any) -> None:
         super().__init__()
+        self._recompute = recompute(activation_checkpointing, activation_checkpointing_policy)
         self._timeout = _as_timedelta(timeout)
         self._backend = process_group_backend
         self._ddp_kwargs = ddp_kwargs
@@ -179,7 +189,12 @@ class DDPStrategy(Strategy):
         super().teardown(failed)
 
     # -- model ---------------------------------------------------------------------------------------
+    def _apply_recompute(self, module: nn.Module) -> nn.Module:
+        """`module` with the `activation_checkpointing` blocks recomputed (in place; names unchanged)."""
+        return module if self._recompute is None else self._recompute.apply(module)
+
     def setup_module(self, module: nn.Module) -> nn.Module:
+        module = self._apply_recompute(module)
         device = self.root_device
         device_ids = [device] if device.index is not None else None
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)

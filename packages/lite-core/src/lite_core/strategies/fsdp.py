@@ -50,6 +50,9 @@ class FSDPStrategy(DDPStrategy):
             each other (gradients are averaged across them). `None` (default) shards over every
             process. It must divide the number of processes; e.g. the number of nodes, so that
             shards are exchanged only within a node.
+        activation_checkpointing: module classes whose activations are recomputed in the backward
+            pass (see `DDPStrategy`); applied before `fully_shard`, names and keys unchanged.
+        activation_checkpointing_policy: torch's selective per-op policy (see `DDPStrategy`).
     """
 
     name = "fsdp"
@@ -63,8 +66,11 @@ class FSDPStrategy(DDPStrategy):
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
                  state_dict_type: str = "sharded", reshard_after_forward: bool | None = None,
                  timeout: float | timedelta | None = None, process_group_backend: str | None = None,
-                 mixed_precision: Any = None, replicate_size: int | None = None) -> None:
-        super().__init__(timeout=timeout, process_group_backend=process_group_backend)
+                 mixed_precision: Any = None, replicate_size: int | None = None,
+                 activation_checkpointing: Any = None, activation_checkpointing_policy: Any = None) -> None:
+        super().__init__(timeout=timeout, process_group_backend=process_group_backend,
+                         activation_checkpointing=activation_checkpointing,
+                         activation_checkpointing_policy=activation_checkpointing_policy)
         _check_policy(mixed_precision)
         _check_replicate_size(replicate_size)
         self._replicate_size = replicate_size
@@ -114,6 +120,7 @@ class FSDPStrategy(DDPStrategy):
         on_meta = _fsdp_init.has_meta_tensors(module)
         if on_meta:
             _fsdp_init.check_reinitialisable(module)
+        self._apply_recompute(module)
         options = self._shard_options()
         self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
         for submodule in reversed(list(module.modules())):

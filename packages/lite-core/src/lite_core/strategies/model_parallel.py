@@ -15,7 +15,8 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import is_sharded
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _pipeline, _pipeline_load, _split
+from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
+from lite_core.strategies._mesh import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES, MeshLayout
 from lite_core.strategies._pipeline import PipelineForward
 from lite_core.strategies.fsdp import FSDPStrategy
 
@@ -25,11 +26,7 @@ if TYPE_CHECKING:
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
 
-#: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
-#: Fabric's `ModelParallelStrategy` works unchanged.
-MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
-#: The mesh's dimensions with a pipeline (`pipeline_parallel_size > 1`), outermost first.
-PIPELINE_MESH_DIM_NAMES = ("pipeline_parallel", "data_parallel", "tensor_parallel")
+__all__ = ["MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ModelParallelStrategy"]
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -65,11 +62,17 @@ class ModelParallelStrategy(FSDPStrategy):
             `"Interleaved1F1B"` (several stages per process), `"LoopedBFS"`, `"InterleavedZeroBubble"`.
         microbatches: how many micro-batches each batch is cut into (it must divide the batch).
         split_points: the module names at which a new stage begins (e.g. `["blocks.2"]`; indexes
-            for an `nn.Sequential`), one fewer than the stages; `None` cuts the model's layers evenly.
+            for an `nn.Sequential`), one fewer than the stages; `None` cuts the model's largest `nn.ModuleList` /
+            `nn.Sequential` (a transformer's blocks) evenly, with what comes before it on the
+            first stage and what comes after it on the last.
         stages_per_rank: stages each process holds; `None` means 2 for the interleaved and looped
             schedules, 1 otherwise.
         loss_fn: `loss_fn(output, target)`, averaging over its batch, for `model(x, target=y)`;
             `setup(model, optimizer, loss_fn=...)` gives it too, under every strategy.
+        activation_checkpointing: module classes whose activations are recomputed in the backward
+            pass (see `DDPStrategy`); applied to your model before `parallelize_fn` (and before the
+            pipeline cut), names and keys unchanged.
+        activation_checkpointing_policy: torch's selective per-op policy (see `DDPStrategy`).
 
     Example:
         >>> def parallelize(model, device_mesh):  # doctest: +SKIP
@@ -91,9 +94,12 @@ class ModelParallelStrategy(FSDPStrategy):
                  process_group_backend: str | None = None, pipeline_parallel_size: int = 1,
                  pipeline_schedule: str = "1F1B", microbatches: int | None = None,
                  split_points: list[str | int] | None = None, stages_per_rank: int | None = None,
-                 loss_fn: Callable[..., Any] | None = None) -> None:
+                 loss_fn: Callable[..., Any] | None = None, activation_checkpointing: Any = None,
+                 activation_checkpointing_policy: Any = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
-                         timeout=timeout, process_group_backend=process_group_backend)
+                         timeout=timeout, process_group_backend=process_group_backend,
+                         activation_checkpointing=activation_checkpointing,
+                         activation_checkpointing_policy=activation_checkpointing_policy)
         self._pipeline = _pipeline.options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
@@ -120,7 +126,7 @@ class ModelParallelStrategy(FSDPStrategy):
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
                 device_indexes: list[int], num_nodes: int) -> None:
         super().connect(accelerator, environment, device_indexes, num_nodes)
-        _ = self.mesh_shape  # refuses sizes that do not multiply to the world size, at construction
+        _ = self.mesh_layout  # refuses sizes that do not multiply to the world size, at construction
 
     @property
     def pipeline_parallel_size(self) -> int:
@@ -128,48 +134,17 @@ class ModelParallelStrategy(FSDPStrategy):
         return 1 if self._pipeline is None else self._pipeline.size
 
     @property
+    def mesh_layout(self) -> MeshLayout:
+        """The mesh's dimensions by name (pipeline x data (replicate x shard) x context x tensor),
+        `"auto"` resolved and checked against the world size (`MeshLayout.sizes()`)."""
+        dp, tp = self._requested_sizes
+        return _mesh.resolve(self.pipeline_parallel_size, dp, tp, len(self.device_indexes), self.num_nodes)
+
+    @property
     def mesh_shape(self) -> tuple[int, ...]:
         """`(data_parallel_size, tensor_parallel_size)`, with `"auto"` resolved; with a pipeline,
         `(pipeline_parallel_size, data_parallel_size, tensor_parallel_size)`."""
-        if self._pipeline is not None:
-            return self._pipeline_mesh_shape()
-        per_node = len(self.device_indexes)
-        world = per_node * self.num_nodes
-        dp, tp = self._requested_sizes
-        if dp == "auto" and tp == "auto":
-            dp, tp = self.num_nodes, per_node
-        elif dp == "auto":
-            dp = world // tp if world % tp == 0 else 0
-        elif tp == "auto":
-            tp = world // dp if world % dp == 0 else 0
-        if dp * tp != world:
-            raise ConfigurationError(
-                f"data_parallel_size={self._requested_sizes[0]!r} x tensor_parallel_size={self._requested_sizes[1]!r}"
-                f" does not make the world size {world} (devices={per_node} x num_nodes={self.num_nodes}): choose"
-                " sizes whose product is the number of processes, or leave one of them 'auto'."
-            )
-        return int(dp), int(tp)
-
-    def _pipeline_mesh_shape(self) -> tuple[int, int, int]:
-        assert self._pipeline is not None
-        world = len(self.device_indexes) * self.num_nodes
-        pp = self._pipeline.size
-        dp, tp = self._requested_sizes
-        rest = world // pp if world % pp == 0 else 0
-        if dp == "auto" and tp == "auto":
-            dp, tp = rest, 1
-        elif dp == "auto":
-            dp = rest // tp if rest and rest % tp == 0 else 0
-        elif tp == "auto":
-            tp = rest // dp if rest and rest % dp == 0 else 0
-        if pp * dp * tp != world:
-            raise ConfigurationError(
-                f"pipeline_parallel_size={pp} x data_parallel_size={self._requested_sizes[0]!r} x"
-                f" tensor_parallel_size={self._requested_sizes[1]!r} does not make the world size {world}"
-                f" (devices={len(self.device_indexes)} x num_nodes={self.num_nodes}): choose sizes whose product"
-                " is the number of processes, or leave data_parallel_size or tensor_parallel_size 'auto'."
-            )
-        return pp, int(dp), int(tp)
+        return self.mesh_layout.shape
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -184,8 +159,8 @@ class ModelParallelStrategy(FSDPStrategy):
                 )
             from torch.distributed.device_mesh import init_device_mesh
 
-            names = MESH_DIM_NAMES if self._pipeline is None else PIPELINE_MESH_DIM_NAMES
-            self._device_mesh = init_device_mesh(self.root_device.type, self.mesh_shape, mesh_dim_names=names)
+            layout = self.mesh_layout
+            self._device_mesh = init_device_mesh(self.root_device.type, layout.shape, mesh_dim_names=layout.dim_names)
         return self._device_mesh
 
     def teardown(self, failed: bool = False) -> None:
@@ -207,6 +182,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().build_precision(name)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        self._apply_recompute(module)
         if self._pipeline is not None:
             return self._setup_pipeline(module)
         if self._parallelize_fn is None:
