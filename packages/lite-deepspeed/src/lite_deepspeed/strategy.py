@@ -61,6 +61,9 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset(_DS_ACCELERATORS)
     supported_precisions: ClassVar[frozenset[str]] = frozenset(_config.PRECISION_SECTIONS)
     backward_needs_model = True
+    #: DeepSpeed's engine writes and reads its checkpoint directories on local files only: Lite
+    #: refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
+    checkpoint_urls: ClassVar[bool] = False
 
     def __init__(self, stage: int | None = None, offload_optimizer: bool | None = None,
                  offload_parameters: bool | None = None, *, allgather_bucket_size: int | None = None,

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from lite_core.checkpoint._store import is_url, load_file, save_file
 from lite_core.errors import CheckpointError
 
 
@@ -46,6 +47,9 @@ class TorchCheckpointIO(CheckpointIO):
     """
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        if isinstance(path, str) and is_url(path):
+            save_file(checkpoint, path)  # an fsspec URL: see `lite_core.checkpoint._store`
+            return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
@@ -63,11 +67,16 @@ class TorchCheckpointIO(CheckpointIO):
         remove_stale_temporaries(target, started)
 
     def load(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
-        source = Path(path)
-        if not source.is_file():
+        remote = isinstance(path, str) and is_url(path)
+        source = path if remote else Path(path)
+        if not remote and not source.is_file():
             raise CheckpointError(f"No checkpoint file at '{source}': check the path you passed to load().")
         try:
+            if remote:
+                return load_file(path, weights_only)
             return torch.load(source, map_location="cpu", weights_only=weights_only)
+        except CheckpointError:  # the store said why (a URL)
+            raise
         except pickle.UnpicklingError as err:
             if weights_only and "Unsupported global" in str(err):
                 raise CheckpointError(
@@ -209,7 +218,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _unreadable(source: Path) -> CheckpointError:
+def _unreadable(source: Path | str) -> CheckpointError:
     return CheckpointError(
         f"The file '{source}' is truncated or is not a checkpoint written by torch.save: point"
         " load() at a complete checkpoint."

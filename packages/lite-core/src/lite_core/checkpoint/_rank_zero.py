@@ -56,7 +56,32 @@ def _attempt(action: Callable[[], T]) -> tuple[T | None, Exception | None]:
         return None, err
 
 
-def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> None:
+def raise_shard_failure(path: str, error: BaseException) -> None:
+    """Raise a `CheckpointError` for torch distributed checkpoint's `CheckpointException` (which
+    every rank of a sharded save gets): the first rank that failed and its error."""
+    rank, cause = first_failure(error)
+    _raise_for(path, rank, _describe(cause), cause if isinstance(cause, Exception) else None, url_cause=cause)
+
+
+def first_failure(error: BaseException) -> tuple[int, BaseException]:
+    """The first rank that failed in torch distributed checkpoint's `CheckpointException`, and its error."""
+    failures = getattr(error, "failures", None) or {}
+    if not failures:
+        return 0, error
+    rank = min(failures)
+    cause = failures[rank]
+    if isinstance(cause, tuple):  # (the error, its traceback)
+        cause = cause[0]
+    return rank, cause if isinstance(cause, BaseException) else RuntimeError(str(cause))
+
+
+def _raise_for(path: str, rank: int, failure: str, error: Exception | None, url_cause: object = None) -> None:
+    from lite_core.checkpoint._store import is_url, store_hint
+
+    if is_url(path):
+        cause = url_cause if isinstance(url_cause, BaseException) else error
+        fix = store_hint(cause) if cause is not None else _hint_from(failure)
+        raise CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.") from error
     raise CheckpointError(
         f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: fix that cause (free disk"
         " space, remove what is in the way, or save only tensors, plain values and objects with"
@@ -64,6 +89,14 @@ def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> N
     ) from error
 
 
-def _describe(error: Exception) -> str:
+def _hint_from(failure: str) -> str:
+    """`store_hint` on a rank that got only the failing rank's description."""
+    from lite_core.checkpoint._store import store_hint
+
+    kinds = {"PermissionError": PermissionError(), "FileNotFoundError": FileNotFoundError()}
+    return store_hint(kinds.get(failure.split(" ", 1)[0], OSError()))
+
+
+def _describe(error: BaseException) -> str:
     message = " ".join(str(error).split()).rstrip(".")
     return f"{type(error).__name__} ({message})" if message else type(error).__name__

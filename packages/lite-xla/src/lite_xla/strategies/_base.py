@@ -24,6 +24,9 @@ class XLAStrategyBase(Strategy):
 
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset({"tpu"})
     supported_precisions: ClassVar[frozenset[str]] = XLA_PRECISIONS
+    #: torch-xla writes and reads checkpoints on local files only (`xm.save`, its sharded format):
+    #: Lite refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
+    checkpoint_urls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
