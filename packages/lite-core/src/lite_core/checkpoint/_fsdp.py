@@ -17,7 +17,7 @@ from lite_core.checkpoint._background import Write, checkpoint_process_group, no
 from lite_core.checkpoint import _store
 from lite_core.checkpoint._io import remove_stale_temporaries, writer
 from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded, storage_reader, storage_writer
-from lite_core.checkpoint._rank_zero import _describe, first_failure, on_rank_zero, raise_shard_failure
+from lite_core.checkpoint._rank_zero import _describe, first_failure, on_rank_zero, shard_failure
 from lite_core.checkpoint._store import is_url
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
@@ -129,7 +129,7 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
     try:
         dcp.save(state, storage_writer=storage_writer(staging))
     except CheckpointException as err:  # raised on every rank; a BaseException
-        raise_shard_failure(path, err) from None
+        raise shard_failure(path, err) from None
     on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, path, started))
 
 
@@ -153,7 +153,7 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
         try:
             written.result()
         except CheckpointException as err:  # a BaseException: the writer thread would not report it
-            raise_shard_failure(path, err) from None
+            raise shard_failure(path, err) from None
         if strategy.global_rank == 0:
             _finish_sharded(strategy, staging, extra, path, started)
 
@@ -217,6 +217,8 @@ def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, s
          weights_only: bool) -> dict[str, Any]:
     """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
     if not _store.exists(path):
+        if is_url(path):
+            raise _store.missing(path)
         raise CheckpointError(f"No checkpoint at '{path}': check the path you passed to load().")
     if state is None:
         if is_sharded(path):

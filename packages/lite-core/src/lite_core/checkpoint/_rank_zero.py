@@ -56,11 +56,13 @@ def _attempt(action: Callable[[], T]) -> tuple[T | None, Exception | None]:
         return None, err
 
 
-def raise_shard_failure(path: str, error: BaseException) -> None:
-    """Raise a `CheckpointError` for torch distributed checkpoint's `CheckpointException` (which
-    every rank of a sharded save gets): the first rank that failed and its error."""
+def shard_failure(path: str, error: BaseException) -> CheckpointError:
+    """A `CheckpointError` for torch distributed checkpoint's `CheckpointException` (which every
+    rank of a sharded save gets): the first rank that failed and its error (as its cause)."""
     rank, cause = first_failure(error)
-    _raise_for(path, rank, _describe(cause), cause if isinstance(cause, Exception) else None, url_cause=cause)
+    failure = _error_for(path, rank, _describe(cause), cause)
+    failure.__cause__ = cause
+    return failure
 
 
 def first_failure(error: BaseException) -> tuple[int, BaseException]:
@@ -75,18 +77,21 @@ def first_failure(error: BaseException) -> tuple[int, BaseException]:
     return rank, cause if isinstance(cause, BaseException) else RuntimeError(str(cause))
 
 
-def _raise_for(path: str, rank: int, failure: str, error: Exception | None, url_cause: object = None) -> None:
-    from lite_core.checkpoint._store import is_url, store_hint
+def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> None:
+    raise _error_for(path, rank, failure, error) from error
+
+
+def _error_for(path: str, rank: int, failure: str, error: BaseException | None) -> CheckpointError:
+    from lite_core.checkpoint._store import is_url
 
     if is_url(path):
-        cause = url_cause if isinstance(url_cause, BaseException) else error
-        fix = store_hint(cause) if cause is not None else _hint_from(failure)
-        raise CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.") from error
-    raise CheckpointError(
+        fix = _hint_from(failure)  # from the text every rank has, so that every rank says the same
+        return CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.")
+    return CheckpointError(
         f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: fix that cause (free disk"
         " space, remove what is in the way, or save only tensors, plain values and objects with"
         " state_dict()) and save again."
-    ) from error
+    )
 
 
 def _hint_from(failure: str) -> str:

@@ -24,7 +24,7 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
 def storage_reader(path: str) -> Any:
     """Torch distributed checkpoint's reader for `path`: `FsspecReader` for a URL."""
     if is_url(path):
-        from torch.distributed.checkpoint import FsspecReader
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         return FsspecReader(path)
     from torch.distributed.checkpoint import FileSystemReader
@@ -36,7 +36,7 @@ def storage_writer(path: str) -> Any:
     """Torch distributed checkpoint's writer for `path`: `FsspecWriter` for a URL (no fsync: an
     object store has none, and torch would fall back to syncing this machine's every disk)."""
     if is_url(path):
-        from torch.distributed.checkpoint import FsspecWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         return FsspecWriter(path, sync_files=False)
     from torch.distributed.checkpoint import FileSystemWriter

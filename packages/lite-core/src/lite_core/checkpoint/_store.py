@@ -220,7 +220,7 @@ def load_file(url: str, weights_only: bool) -> dict[str, Any]:
         data = fs.cat_file(key)
     except (FileNotFoundError, IsADirectoryError) as err:
         require_complete(url)
-        raise CheckpointError(f"No checkpoint file at '{url}': check the URL you passed to load().") from err
+        raise missing(url) from err
     except Exception as err:
         raise unreachable(url, "Reading", err) from err
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
@@ -243,6 +243,20 @@ def require_complete(url: str) -> None:
         )
 
 
+def missing(url: str) -> CheckpointError:
+    """One sentence for a URL where nothing is, naming a missing bucket (the first part of the path)."""
+    fs, key = filesystem(url)
+    bucket = key.strip("/").split("/", 1)[0]
+    try:
+        gone = bool(bucket) and bucket != key.strip("/") and not fs.exists(bucket)
+    except Exception:  # the question is only to word the message better
+        gone = False
+    if gone:
+        return CheckpointError(f"No checkpoint at '{url}' because its bucket '{bucket}' does not exist: create"
+                               " the bucket or correct the URL you passed to load().")
+    return CheckpointError(f"No checkpoint at '{url}': check the URL you passed to load().")
+
+
 def unreachable(url: str, doing: str, err: Exception) -> CheckpointError:
     """One sentence for a store that refused or could not be reached."""
     return CheckpointError(f"{doing} '{url}' failed with {describe(err)}: {store_hint(err)}.")
@@ -251,10 +265,11 @@ def unreachable(url: str, doing: str, err: Exception) -> CheckpointError:
 def store_hint(err: BaseException) -> str:
     """What to fix when a store call failed with `err` (the end of a sentence)."""
     if isinstance(err, PermissionError):
-        return "check the credentials the store gets (environment variables or fsspec storage options)"
+        return ("check the credentials the store gets (its environment variables, such as AWS_ACCESS_KEY_ID,"
+                " or fsspec's storage options)")
     if isinstance(err, FileNotFoundError):
-        return "create the bucket or fix the URL"
-    return "check the store's endpoint and that it can be reached, then save again"
+        return "create the bucket or correct the URL"
+    return "check the store's endpoint (such as AWS_ENDPOINT_URL) and that this machine can reach it"
 
 
 def describe(error: BaseException) -> str:
