@@ -239,7 +239,7 @@ def require_complete(url: str) -> None:
     if unfinished:
         raise CheckpointError(
             f"The upload of the checkpoint '{url}' never finished (no commit marker): load the previous"
-            " checkpoint, e.g. the one lite_core.checkpoint.latest() finds under its prefix."
+            " checkpoint instead, such as the one that lite_core.checkpoint.latest() finds under its prefix."
         )
 
 
