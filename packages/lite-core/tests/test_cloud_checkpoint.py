@@ -205,6 +205,28 @@ def test_an_upload_that_fails_midway_keeps_the_previous_checkpoint_and_is_refuse
     assert latest(base) == f"{base}/step-1"
 
 
+def test_missing_ok_does_not_take_an_unfinished_upload_for_a_fresh_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _memory_base()
+    lite, model, _ = _setup()
+    _FailingWrites(monkeypatch)
+    with pytest.raises(CheckpointError):
+        lite.save({"model": model}, f"{base}/step-2")
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="never finished"):
+        lite.load(f"{base}/step-2", {"model": model}, missing_ok=True)
+
+
+def test_an_unfinished_sharded_upload_is_refused_under_a_strategy_that_writes_one_file() -> None:
+    base = _memory_base()
+    fs, key = fsspec.core.url_to_fs(base)
+    _touch_sharded(fs, f"{key}/step-1", complete=False)  # shards, no `.metadata`
+    lite, model, _ = _setup()
+    for missing_ok in (False, True):
+        with pytest.raises(CheckpointError, match="never finished") as info:
+            lite.load(f"{base}/step-1", {"model": model}, missing_ok=missing_ok)
+        _one_sentence(str(info.value))
+
+
 def test_a_server_stopped_during_an_upload_fails_the_save_and_the_next_load_says_it_never_finished(
         s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from fsspec.spec import AbstractBufferedFile
