@@ -2,7 +2,8 @@
 
     python cloud_checkpoint.py STRATEGY MODE BASE [HANDSHAKE_DIR]
 
-STRATEGY: ddp, fsdp (sharded, torch distributed checkpoint) or fsdp_full (one file).
+STRATEGY: ddp, fsdp (sharded, torch distributed checkpoint), fsdp_full (one file) or model_parallel
+(dp1 x tp2, sharded through the same torch distributed checkpoint code as fsdp).
 BASE: where checkpoints go, a local folder or a URL (`s3://bucket/run`); the S3 client is set up
 by the environment (AWS_ENDPOINT_URL, credentials), as a user's job would be.
 
@@ -10,7 +11,8 @@ MODE
 - `train`: 2 steps, a blocking save to BASE/step-2, 1 step, a background save to BASE/step-3,
   1 more step; then a fresh model and optimizer load BASE/step-2 and train 2 steps. Rank 0 prints
   `digest NAME HEX` for the state it saved and the state after resuming (equal for a local
-  BASE and a URL), and `latest LATEST`.
+  BASE and a URL), and `latest LATEST`; for sharded saves it then runs `lite consolidate` on
+  BASE/step-2 (into BASE/step-2-whole.pt) and prints `digest consolidated HEX`.
 - `fault-blocking` / `fault-background`: a save to BASE/step-1, then one to BASE/step-2 whose
   first write into the store waits for the test to stop the S3 server (HANDSHAKE_DIR/trigger ->
   HANDSHAKE_DIR/stopped). Every rank prints `rank R failed: MESSAGE`, then, once the test has
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +35,7 @@ import torch
 from torch import nn
 
 from lite_core import LightningLite
-from lite_core.checkpoint import latest
+from lite_core.checkpoint import TorchCheckpointIO, latest
 from lite_core.errors import CheckpointError
 
 torch.set_num_threads(1)
@@ -105,6 +108,14 @@ class Job(LightningLite):
             print(f"digest background {digest(loaded_background)} equal"
                   f" {digest(loaded_background) == digest(at_background_save)}", flush=True)
             print(f"latest {os.path.basename(latest(base) or 'none')}", flush=True)
+            if self.is_sharded_save():  # `lite consolidate` reads the shards from where they are
+                whole = join(base, "step-2-whole.pt")
+                subprocess.run([sys.executable, "-m", "lite_core.cli", "consolidate", join(base, "step-2"), whole],
+                               check=True, stdout=subprocess.DEVNULL)
+                print(f"digest consolidated {digest(TorchCheckpointIO().load(whole)['model'])}", flush=True)
+
+    def is_sharded_save(self) -> bool:
+        return getattr(self.strategy, "state_dict_type", None) == "sharded"
 
     def fault(self, model: nn.Module, optimizer: torch.optim.Optimizer, base: str, handshake: Path,
               blocking: bool) -> None:
@@ -173,7 +184,18 @@ def strategy(name: str) -> object:
         from lite_core.strategies.fsdp import FSDPStrategy
 
         return FSDPStrategy(state_dict_type="full")
+    if name == "model_parallel":
+        from lite_core.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(tensor_parallel, tensor_parallel_size=2)
     return name
+
+
+def tensor_parallel(model: nn.Module, device_mesh: object) -> nn.Module:
+    """dp1 x tp2: the first layer column-wise, the last row-wise over the tensor-parallel dimension."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    return parallelize_module(model, device_mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import tempfile
 import time
 import warnings
@@ -16,7 +15,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from lite_core.checkpoint._store import is_url, load_file, save_file
+from lite_core.checkpoint._store import _host, is_url, load_file, save_file, writer
 from lite_core.errors import CheckpointError
 
 
@@ -125,15 +124,6 @@ class _WritebackAhead:
         except OSError:  # a file system without it: the final fsync does all the work
             self._advise = None
         self._handed_over = self._written
-
-
-def writer() -> str:
-    """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
-    return f"{_host()}-{os.getpid()}"
-
-
-def _host() -> str:
-    return socket.gethostname().replace(".", "_")
 
 
 def remove_stale_temporaries(target: Path, started: float, folders: bool = False) -> None:

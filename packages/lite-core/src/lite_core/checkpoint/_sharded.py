@@ -52,8 +52,9 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
     (modules as full state dicts, optimizers with state keyed by parameter name).
 
     Args:
-        source: a directory written by `save` under `strategy="fsdp"` or `"model_parallel"`.
-        destination: the file to write.
+        source: a directory written by `save` under `strategy="fsdp"` or `"model_parallel"` (a
+            local path or an fsspec URL).
+        destination: the file to write (a local path or an fsspec URL).
 
     Example:
         >>> consolidate("checkpoints/step-100", "step-100.pt")  # doctest: +SKIP

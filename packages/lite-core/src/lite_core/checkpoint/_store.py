@@ -25,8 +25,10 @@ Credentials and endpoints are the fsspec back end's own: environment variables
 from __future__ import annotations
 
 import io
+import os
 import re
 import secrets
+import socket
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +66,14 @@ def as_local(path: str) -> str:
     return path
 
 
-def check_path(path: str, strategy: Any) -> None:
+def check_path(path: str, strategy: Any = None) -> None:
     """Refuse, before anything is written or read, a URL that `strategy` cannot write
     (`Strategy.checkpoint_urls`) or whose fsspec back end is missing, and a URL that
     `pathlib.Path` has flattened into a local path (`s3:/bucket/key`)."""
     if not is_url(path):
         _refuse_flattened_url(path)
         return
-    if not type(strategy).checkpoint_urls:
+    if strategy is not None and not type(strategy).checkpoint_urls:
         raise CheckpointError(
             f"strategy={strategy.name!r} writes and reads checkpoints on the local file system only, so it"
             f" cannot use '{path}': save to a local path (and copy it to the store yourself) or choose a"
@@ -118,6 +120,15 @@ def _check_backend(url: str, protocol: str) -> None:
         ) from err
 
 
+def writer() -> str:
+    """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
+    return f"{_host()}-{os.getpid()}"
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")
+
+
 # -- paths ---------------------------------------------------------------------------------------
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec file system of `url` and the path within it, with nothing about it taken from
@@ -149,8 +160,6 @@ def pending_marker(url: str) -> str:
 
 def exists(path: str) -> bool:
     """Whether anything is at `path` (a local path or a URL)."""
-    import os
-
     if not is_url(path):
         return os.path.exists(path)
     fs, key = filesystem(path)
@@ -158,8 +167,6 @@ def exists(path: str) -> bool:
 
 
 def is_file(path: str) -> bool:
-    import os
-
     if not is_url(path):
         return os.path.isfile(path)
     fs, key = filesystem(path)
@@ -170,8 +177,6 @@ def is_file(path: str) -> bool:
 def begin(url: str) -> None:
     """Rank 0, before a save to `url` writes anything: put the pending marker (which also proves
     that the bucket exists and the credentials may write)."""
-    from lite_core.checkpoint._io import writer
-
     fs, marker = filesystem(pending_marker(url))
     fs.pipe_file(marker, writer().encode())
 
@@ -196,8 +201,6 @@ def clear_sharded(url: str) -> None:
 def save_file(checkpoint: dict[str, Any], url: str) -> None:
     """Write a one-file checkpoint to `url`: a pending marker, `torch.save` streamed to a
     temporary key beside it, a copy to `url`, then the marker removed."""
-    from lite_core.checkpoint._io import writer
-
     begin(url)
     fs, key = filesystem(url)
     temporary = _beside(key, f".{_name(key)}.{writer()}.{secrets.token_hex(4)}.tmp")
@@ -314,8 +317,6 @@ def _local_filesystem(path: str) -> tuple[AbstractFileSystem, str]:
 
 
 def _join_local(folder: str, name: str) -> str:
-    import os
-
     return os.path.join(folder, name)
 
 
