@@ -122,6 +122,13 @@ def test_a_file_url_is_written_the_local_atomic_way(tmp_path: Path) -> None:
     assert lite.load(f"file://{tmp_path}/ckpt.pt")["step"] == 4
 
 
+def test_a_local_name_with_colons_stays_a_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lite, model, _ = _setup()
+    lite.save({"model": model, "step": 7}, "ckpt::v2")  # `NAME::` chains fsspec protocols only for a known NAME
+    assert torch.load(tmp_path / "ckpt::v2")["step"] == 7
+
+
 # -- the same content at a URL as at a local path ----------------------------------------------
 @pytest.mark.parametrize("store", ["memory", "s3"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])

@@ -46,7 +46,8 @@ METADATA_FILE = ".metadata"
 #: The extra (`pip install 'lite-core[EXTRA]'`) that installs the fsspec back end of a protocol.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+_CHAINED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*)::")
 #: What `pathlib.Path` makes of a URL: `s3://b/k` -> `s3:/b/k`.
 _FLATTENED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*):/(?!/)")
 _LOCAL_PROTOCOLS = ("file", "local")
@@ -55,7 +56,10 @@ _LOCAL_PROTOCOLS = ("file", "local")
 def is_url(path: str) -> bool:
     """Whether `path` names a place through an fsspec protocol (`s3://...`, `memory://...`,
     `simplecache::s3://...`) rather than a local path."""
-    return _URL.match(path) is not None
+    if _URL.match(path) is not None:
+        return True
+    chained = _CHAINED_URL.match(path)  # `NAME::...` is a URL only where fsspec knows NAME
+    return chained is not None and _known(chained["protocol"])
 
 
 def as_local(path: str) -> str:
