@@ -4,7 +4,8 @@ and to a local folder gives identical checkpoints and resumes identically, under
 (sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2); a server stopped in the
 middle of an upload fails the save on every rank, leaves the previous checkpoint loadable and
 the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
-give one sentence on every rank."""
+give one sentence on every rank; a job restarted by `lite run --max-restarts 1` after a rank died
+resumes from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,25 @@ def test_a_store_that_refuses_or_is_gone_gives_one_sentence_on_every_rank(
             assert expected[1] in message, output_of(proc)
             if what == "save":
                 assert expected[0] in message, output_of(proc)
+
+
+def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # `lite run --max-restarts 1`
+        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
+    import json
+    import sys
+
+    lite_run = [sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", "2"]
+    runs = {}
+    for how, restarts in (("live", "0"), ("die", "1")):
+        out = tmp_path / how
+        out.mkdir()
+        proc = run_script(command=[*lite_run, "--max-restarts", restarts, "cloud_resume.py", f"{s3_bucket}/{how}",
+                                   str(out), how], env=s3_server.env, timeout=300)
+        assert proc.returncode == 0, output_of(proc)
+        runs[how] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert (tmp_path / "die" / "died").exists(), "rank 1 never died: the restart was not exercised"
+    for uninterrupted, restarted in zip(runs["live"], runs["die"]):
+        assert restarted["restart"] == "1" and restarted["resumed_from"] == "epoch-1"
+        assert restarted["started_at"] == 1  # the second attempt trained epochs 1 and 2 only
+        assert uninterrupted["resumed_from"] == "" and uninterrupted["started_at"] == 0
+        assert restarted["weight"] == uninterrupted["weight"]
