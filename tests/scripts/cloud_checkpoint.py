@@ -160,14 +160,17 @@ def join(base: str, name: str) -> str:
 
 def stop_the_store_during_the_first_write_of(prefix: str, handshake: Path) -> None:
     """The first write of any rank into a file under `prefix` (a shard, or the one file) tells the
-    test to stop the S3 server and goes on once it has: the rest of that upload meets no server."""
+    test to stop the S3 server and goes on once it has: the rest of that upload meets no server
+    (under sharded fsdp in the background: torch distributed checkpoint's writer thread)."""
     from fsspec.spec import AbstractBufferedFile
 
     key = prefix.split("://", 1)[1]
     write = AbstractBufferedFile.write
 
     def write_after_the_stop(self: AbstractBufferedFile, data: bytes) -> int:
-        if key.rpartition("/")[0] in self.path and "step-2" in self.path and not handshake.joinpath("stopped").exists():
+        # A shard (or the one file), not the small `lite_extra.pt` that rank 0 writes before the shards.
+        planted = key.rpartition("/")[0] in self.path and "step-2" in self.path and "lite_extra" not in self.path
+        if planted and not handshake.joinpath("stopped").exists():
             try:
                 os.close(os.open(handshake / "trigger", os.O_CREAT | os.O_EXCL))
             except FileExistsError:
