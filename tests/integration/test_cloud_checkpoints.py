@@ -1,6 +1,7 @@
 """Checkpoints at an `s3://` URL in 2-process jobs (`tests/scripts/cloud_checkpoint.py`), against
 moto's S3 server on 127.0.0.1 (the `s3_bucket` fixture): the same training saved to the bucket
-and to a local folder gives identical checkpoints and resumes identically, under ddp, fsdp
+and to a local folder gives identical checkpoints and resumes identically (and one process loads
+what 2 saved, straight from the bucket), under ddp, fsdp
 (sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2); a server stopped in the
 middle of an upload fails the save on every rank, leaves the previous checkpoint loadable and
 the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
@@ -9,6 +10,7 @@ resumes from the latest complete checkpoint in the bucket (`tests/scripts/cloud_
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -22,6 +24,15 @@ import pytest
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
 
 STRATEGIES = ["ddp", "fsdp", "fsdp_full", "model_parallel"]
+
+
+def _digest(state: dict[str, Any]) -> str:
+    """As `cloud_checkpoint.py` digests a state dict."""
+    hasher = hashlib.sha256()
+    for name in sorted(state):
+        hasher.update(name.encode())
+        hasher.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    return hasher.hexdigest()[:16]
 
 
 def _lines(stdout: str, prefix: str) -> list[str]:
@@ -39,9 +50,14 @@ def test_a_bucket_holds_what_a_local_folder_holds_and_resumes_the_same(
     sharded = strategy in ("fsdp", "model_parallel")
     assert len(digests) == 4 + sharded and "equal False" not in remote.stdout, output_of(remote)
     assert digests == _lines(local.stdout, "digest"), output_of(remote)
+    saved = digests[0].split()[2]
     if sharded:  # `lite consolidate` read the shards from the bucket and wrote one file there
-        saved = digests[0].split()[2]
         assert digests[-1] == f"digest consolidated {saved}", output_of(remote)
+    # Saved by 2 processes under `strategy`, loaded by this one process straight from the bucket.
+    from lite_core import LightningLite
+
+    content = LightningLite(accelerator="cpu").load(f"{s3_bucket}/run/step-2")
+    assert _digest(content["model"]) == saved and content["step"] == 2
     assert "latest step-3" in remote.stdout, output_of(remote)
     assert not (Path(tmp_path) / "s3:").exists()
 
