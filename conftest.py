@@ -335,3 +335,70 @@ def set_up_model_job(run_script, tmp_path_factory, inductor_cache) -> Callable[.
         return jobs[strategy, devices]
 
     return get
+
+
+# -- a real S3 API on loopback ------------------------------------------------------------------
+class S3Server:
+    """moto's S3 server on 127.0.0.1, in this process (its buckets live here, so `stop()` and
+    `start()` again on the same port keep them). `env` holds what a client needs (credentials,
+    the endpoint, one attempt per request so that a stopped server fails a call at once); the
+    scripts get it through `script_env(**server.env)`."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server_class = ThreadedMotoServer
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint,
+                    "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}
+        self._server: Any = None
+        self._buckets = 0
+
+    def start(self) -> None:
+        if self._server is None:
+            self._server = self._server_class(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def new_bucket(self) -> str:
+        """A fresh, empty bucket's name."""
+        import fsspec
+
+        self._buckets += 1
+        name = f"bucket-{self._buckets}"
+        fsspec.filesystem("s3", endpoint_url=self.endpoint, key="testing", secret="testing",
+                          skip_instance_cache=True).mkdir(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Any:
+    """The session's `S3Server` (skipped where moto is not installed: `hatch.toml`'s `test`
+    environment installs it with s3fs)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    server = S3Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`s3://BUCKET` of a fresh bucket on the running `s3_server`; this process's S3 clients are
+    pointed at it by the environment, as a user's would be."""
+    import moto.settings
+    import s3fs
+
+    s3_server.start()
+    s3fs.S3FileSystem.clear_instance_cache()  # no connection of a server stopped by an earlier test
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", float("inf"))  # any credentials pass
+    return f"s3://{s3_server.new_bucket()}"

@@ -170,3 +170,15 @@ def test_a_background_save_falls_back_to_a_blocking_one_and_says_why():
     strategy = LightningLite(accelerator="cpu", strategy="deepspeed_stage_2", devices=2).strategy
     reason = strategy.why_no_background_save()
     assert reason is not None and "engine.save_checkpoint" in reason and "\n" not in reason
+
+
+def test_a_url_is_refused_in_one_sentence_as_deepspeed_writes_local_files_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from lite_core.errors import CheckpointError
+
+    lite = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2)
+    with pytest.raises(CheckpointError, match="strategy='deepspeed' writes and reads checkpoints on the local file"
+                                              " system only") as info:
+        lite.load("s3://bucket/run/ckpt")
+    assert str(info.value).endswith(".") and ". " not in str(info.value)
+    assert list(tmp_path.iterdir()) == []

@@ -328,3 +328,17 @@ def test_xla_fsdp_saves_shards_that_load_back_and_consolidate(tmp_path: Path) ->
     assert set(full["model"]) == set(plain.state_dict())
     torch.testing.assert_close(plain(torch.ones(3, 4)), probe, atol=1e-5, rtol=0)  # the trained model
     assert not torch.allclose(_model()(torch.ones(3, 4)), probe)
+
+
+def test_a_url_is_refused_in_one_sentence_as_torch_xla_writes_local_files_only(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from lite_core.errors import CheckpointError
+
+    monkeypatch.chdir(tmp_path)
+    lite = LightningLite(accelerator="tpu", devices=1)
+    model = lite.setup(_model())
+    for call in (lambda: lite.save({"model": model}, "memory://bucket/ckpt"), lambda: lite.load("s3://bucket/ckpt")):
+        with pytest.raises(CheckpointError, match="writes and reads checkpoints on the local file system only") as info:
+            call()
+        assert str(info.value).endswith(".") and ". " not in str(info.value)
+    assert list(tmp_path.iterdir()) == []

@@ -376,7 +376,9 @@ class LightningLite:
         Args:
             content: what to save, by key; modules, optimizers and objects with `state_dict()`
                 are saved as their state.
-            filepath: the file (or, under `fsdp`, the directory) to write.
+            filepath: the file (or, under `fsdp`, the directory) to write: a local path or an fsspec
+                URL such as `"s3://bucket/run/step-100"` (a str; see docs/cloud-checkpoints.md),
+                refused before anything is written where its back end is not installed.
             blocking: `False` returns once the state is copied to host memory and writes it in a
                 background thread while training goes on. The next `save`, `load`,
                 `wait_for_checkpoint()` and the end of `run()` wait for it, and raise a
@@ -401,7 +403,9 @@ class LightningLite:
         under any strategy and process count.
 
         Args:
-            filepath: the checkpoint file or sharded checkpoint directory.
+            filepath: the checkpoint file or sharded checkpoint directory, a local path or an
+                fsspec URL; a URL whose upload never finished is refused (`lite_core.checkpoint.latest`
+                finds the last complete one under a prefix).
             state: objects to restore in place (modules, optimizers, plain values), by key.
             strict: whether every key of `state` must be in the checkpoint, and each module's
                 weights must have exactly the keys the checkpoint holds for it (otherwise a

@@ -64,6 +64,9 @@ class DeepSpeedStrategy(DDPStrategy):
     changes_backward: ClassVar[bool] = True  # the engine runs the backward pass
     steps_optimizers_plainly: ClassVar[bool] = False  # the engine steps
     stages_checkpoints: ClassVar[bool] = False  # the engine writes its own checkpoint (see why_no_background_save)
+    #: DeepSpeed's engine writes and reads its checkpoint directories on local files only: Lite
+    #: refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
+    checkpoint_urls: ClassVar[bool] = False
 
     def __init__(self, stage: int | None = None, offload_optimizer: bool | None = None,
                  offload_parameters: bool | None = None, *, allgather_bucket_size: int | None = None,

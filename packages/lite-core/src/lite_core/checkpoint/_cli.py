@@ -14,14 +14,18 @@ def register(commands: Any) -> None:
         description="Read a sharded checkpoint in this process alone and write it as one file that"
         " torch.load and LightningLite.load read under any strategy.",
     )
-    parser.add_argument("checkpoint", help="the sharded checkpoint directory")
-    parser.add_argument("out", help="the file to write (written atomically)")
+    parser.add_argument("checkpoint", help="the sharded checkpoint directory (a path or an fsspec URL)")
+    parser.add_argument("out", help="the file to write (written atomically; a path or an fsspec URL)")
     parser.set_defaults(handler=_consolidate, command="consolidate")
 
 
 def _consolidate(args: argparse.Namespace) -> int:
     from lite_core.checkpoint._sharded import consolidate
+    from lite_core.checkpoint._store import as_local, check_path
 
-    consolidate(args.checkpoint, args.out)
+    source, out = as_local(args.checkpoint), as_local(args.out)
+    for path in (source, out):  # a URL's fsspec back end must be there before anything is read or written
+        check_path(path)
+    consolidate(source, out)
     print(f"wrote {args.out}")
     return 0

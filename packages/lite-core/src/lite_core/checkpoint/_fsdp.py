@@ -14,9 +14,11 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
+from lite_core.checkpoint import _store
 from lite_core.checkpoint._io import remove_stale_temporaries, writer
-from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded
-from lite_core.checkpoint._rank_zero import on_rank_zero
+from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded, storage_reader, storage_writer
+from lite_core.checkpoint._rank_zero import _describe, first_failure, on_rank_zero, shard_failure
+from lite_core.checkpoint._store import is_url
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
     check_module_keys,
@@ -123,11 +125,15 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
     """Every process writes its shards into a fresh directory that then replaces `path`, so a
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     started = time.time()
     state, extra, staging = _prepare_sharded(strategy, path, content)
-    dcp.save(state, checkpoint_id=staging)
-    on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, Path(path), started))
+    try:
+        dcp.save(state, storage_writer=storage_writer(staging))
+    except CheckpointException as err:  # raised on every rank; a BaseException
+        raise shard_failure(path, err) from None
+    on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, path, started))
 
 
 def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
@@ -139,16 +145,20 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
     torch's `get_model_state_dict`) returns this from its `stage_checkpoint`.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     started = time.time()
     state, extra, staging = _prepare_sharded(strategy, path, content)
     extra = stage_to_host(extra)
-    written = dcp.async_save(state, checkpoint_id=staging, process_group=checkpoint_process_group())
+    written = dcp.async_save(state, storage_writer=storage_writer(staging), process_group=checkpoint_process_group())
 
     def write() -> None:
-        written.result()
+        try:
+            written.result()
+        except CheckpointException as err:  # a BaseException: the writer thread would not report it
+            raise shard_failure(path, err) from None
         if strategy.global_rank == 0:
-            _finish_sharded(strategy, staging, extra, Path(path), started)
+            _finish_sharded(strategy, staging, extra, path, started)
 
     return write
 
@@ -158,11 +168,26 @@ def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     extra = _extra(strategy, plain)
+    if is_url(path):  # written in place, `.metadata` last (see `lite_core.checkpoint._store`)
+        on_rank_zero(strategy, path, lambda: _start_at_url(strategy, path, extra))
+        return state, extra, path
     staging = on_rank_zero(strategy, path, lambda: _staging_directory(Path(path)))
     return state, extra, staging
 
 
-def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], target: Path, started: float) -> None:
+def _start_at_url(strategy: Any, url: str, extra: dict[str, Any]) -> None:
+    """Rank 0, before the shards: the pending marker, the previous checkpoint at `url` removed,
+    the values besides modules and optimizers written."""
+    _store.begin(url)
+    _store.clear_sharded(url)
+    strategy.checkpoint_io.save(extra, _store.join(url, EXTRA_FILE))
+
+
+def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], path: str, started: float) -> None:
+    if is_url(path):  # torch wrote `.metadata`: the checkpoint is complete
+        _store.end(path)
+        return
+    target = Path(path)
     strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
     _replace(Path(staging), target)
     remove_stale_temporaries(target, started, folders=True)  # what interrupted saves left
@@ -194,7 +219,9 @@ def _replace(staging: Path, target: Path) -> None:
 def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
          weights_only: bool) -> dict[str, Any]:
     """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
-    if not os.path.exists(path):
+    if not _store.exists(path):
+        if is_url(path):
+            raise _store.missing(path)
         raise CheckpointError(f"No checkpoint at '{path}': check the path you passed to load().")
     if state is None:
         if is_sharded(path):
@@ -218,15 +245,22 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
                   weights_only: bool) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    content = strategy.checkpoint_io.load(os.path.join(path, EXTRA_FILE), weights_only=weights_only)
+    extra_file = _store.join(path, EXTRA_FILE) if is_url(path) else os.path.join(path, EXTRA_FILE)
+    content = strategy.checkpoint_io.load(extra_file, weights_only=weights_only)
     saved = _saved_entries(path)
     top_level = {fqn.split(".", 1)[0] for fqn in saved}
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
         _check_sharded_keys(objects, targets, saved)
-    dcp.load(targets, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    try:
+        dcp.load(targets, storage_reader=storage_reader(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    except CheckpointException as err:  # a BaseException
+        cause = first_failure(err)[1]
+        raise CheckpointError(f"Reading the sharded checkpoint '{path}' failed with {_describe(cause)}: point load()"
+                              " at a complete checkpoint that this process may read.") from None
     for key, value in targets.items():
         _load_into(strategy, objects[key], value, full=False, strict=strict)
     return {**content, **targets}
@@ -243,9 +277,7 @@ def _check_sharded_keys(objects: dict[str, Any], targets: dict[str, Any], saved:
 
 def _saved_entries(path: str) -> set[str]:
     """The flattened names of everything the sharded checkpoint at `path` holds."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return set(FileSystemReader(path).read_metadata().state_dict_metadata)
+    return set(storage_reader(path).read_metadata().state_dict_metadata)
 
 
 def _load_target(strategy: ShardsCheckpoints, key: str, obj: Any, saved: set[str]) -> Any:

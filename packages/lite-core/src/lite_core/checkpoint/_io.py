@@ -6,7 +6,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -16,6 +15,7 @@ from typing import Any, BinaryIO
 import torch
 
 from lite_core._user_frame import warn_user
+from lite_core.checkpoint._store import _host, is_url, load_file, save_file, writer
 from lite_core.errors import CheckpointError
 
 
@@ -46,6 +46,9 @@ class TorchCheckpointIO(CheckpointIO):
     """
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        if isinstance(path, str) and is_url(path):
+            save_file(checkpoint, path)  # an fsspec URL: see `lite_core.checkpoint._store`
+            return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
@@ -63,11 +66,16 @@ class TorchCheckpointIO(CheckpointIO):
         remove_stale_temporaries(target, started)
 
     def load(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
-        source = Path(path)
-        if not source.is_file():
+        remote = isinstance(path, str) and is_url(path)
+        source = path if remote else Path(path)
+        if not remote and not source.is_file():
             raise CheckpointError(f"No checkpoint file at '{source}': check the path you passed to load().")
         try:
+            if remote:
+                return load_file(path, weights_only)
             return torch.load(source, map_location="cpu", weights_only=weights_only)
+        except CheckpointError:  # the store said why (a URL)
+            raise
         except pickle.UnpicklingError as err:
             if weights_only and "Unsupported global" in str(err):
                 raise CheckpointError(
@@ -116,15 +124,6 @@ class _WritebackAhead:
         except OSError:  # a file system without it: the final fsync does all the work
             self._advise = None
         self._handed_over = self._written
-
-
-def writer() -> str:
-    """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
-    return f"{_host()}-{os.getpid()}"
-
-
-def _host() -> str:
-    return socket.gethostname().replace(".", "_")
 
 
 def remove_stale_temporaries(target: Path, started: float, folders: bool = False) -> None:
@@ -208,7 +207,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _unreadable(source: Path) -> CheckpointError:
+def _unreadable(source: Path | str) -> CheckpointError:
     return CheckpointError(
         f"The file '{source}' is truncated or is not a checkpoint written by torch.save: point"
         " load() at a complete checkpoint."

@@ -56,14 +56,52 @@ def _attempt(action: Callable[[], T]) -> tuple[T | None, Exception | None]:
         return None, err
 
 
+def shard_failure(path: str, error: BaseException) -> CheckpointError:
+    """A `CheckpointError` for torch distributed checkpoint's `CheckpointException` (which every
+    rank of a sharded save gets): the first rank that failed and its error (as its cause)."""
+    rank, cause = first_failure(error)
+    failure = _error_for(path, rank, _describe(cause), cause)
+    failure.__cause__ = cause
+    return failure
+
+
+def first_failure(error: BaseException) -> tuple[int, BaseException]:
+    """The first rank that failed in torch distributed checkpoint's `CheckpointException`, and its error."""
+    failures = getattr(error, "failures", None) or {}
+    if not failures:
+        return 0, error
+    rank = min(failures)
+    cause = failures[rank]
+    if isinstance(cause, tuple):  # (the error, its traceback)
+        cause = cause[0]
+    return rank, cause if isinstance(cause, BaseException) else RuntimeError(str(cause))
+
+
 def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> None:
-    raise CheckpointError(
+    raise _error_for(path, rank, failure, error) from error
+
+
+def _error_for(path: str, rank: int, failure: str, error: BaseException | None) -> CheckpointError:
+    from lite_core.checkpoint._store import is_url
+
+    if is_url(path):
+        fix = _hint_from(failure)  # from the text every rank has, so that every rank says the same
+        return CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.")
+    return CheckpointError(
         f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: fix that cause (free disk"
         " space, remove what is in the way, or save only tensors, plain values and objects with"
         " state_dict()) and save again."
-    ) from error
+    )
 
 
-def _describe(error: Exception) -> str:
+def _hint_from(failure: str) -> str:
+    """`store_hint` on a rank that got only the failing rank's description."""
+    from lite_core.checkpoint._store import store_hint
+
+    kinds = {"PermissionError": PermissionError(), "FileNotFoundError": FileNotFoundError()}
+    return store_hint(kinds.get(failure.split(" ", 1)[0], OSError()))
+
+
+def _describe(error: BaseException) -> str:
     message = " ".join(str(error).split()).rstrip(".")
     return f"{type(error).__name__} ({message})" if message else type(error).__name__

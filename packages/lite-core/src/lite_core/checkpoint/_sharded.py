@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lite_core.checkpoint._store import is_file, is_url, join
 from lite_core.errors import CheckpointError
 
 #: The file inside a sharded checkpoint that holds everything except module and optimizer tensors.
@@ -14,8 +15,33 @@ EXTRA_FILE = "lite_extra.pt"
 _METADATA_FILE = ".metadata"
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a sharded (directory) checkpoint written by Lite."""
+    """Whether `path` (a local path or an fsspec URL) is a sharded (directory) checkpoint written by Lite."""
+    if isinstance(path, str) and is_url(path):
+        return is_file(join(path, _METADATA_FILE))
     return (Path(path) / _METADATA_FILE).is_file()
+
+
+def storage_reader(path: str) -> Any:
+    """Torch distributed checkpoint's reader for `path`: `FsspecReader` for a URL."""
+    if is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(path)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(path)
+
+
+def storage_writer(path: str) -> Any:
+    """Torch distributed checkpoint's writer for `path`: `FsspecWriter` for a URL (no fsync: an
+    object store has none, and torch would fall back to syncing this machine's every disk)."""
+    if is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(path, sync_files=False)
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path)
 
 
 def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
@@ -26,8 +52,9 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
     (modules as full state dicts, optimizers with state keyed by parameter name).
 
     Args:
-        source: a directory written by `save` under `strategy="fsdp"` or `"model_parallel"`.
-        destination: the file to write.
+        source: a directory written by `save` under `strategy="fsdp"` or `"model_parallel"` (a
+            local path or an fsspec URL).
+        destination: the file to write (a local path or an fsspec URL).
 
     Example:
         >>> consolidate("checkpoints/step-100", "step-100.pt")  # doctest: +SKIP
@@ -41,7 +68,6 @@ def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[s
 
 def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = True) -> dict[str, Any]:
     """The whole content of a sharded checkpoint as full tensors, read in this process alone."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -50,11 +76,12 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
         raise CheckpointError(f"'{path}' is not a sharded checkpoint directory: pass a directory saved under strategy='fsdp'.")
     tensors: dict[str, Any] = {}
     try:
-        _load_state_dict(tensors, storage_reader=FileSystemReader(os.fspath(path)),
+        _load_state_dict(tensors, storage_reader=storage_reader(os.fspath(path)),
                          planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
         raise CheckpointError(
             f"The sharded checkpoint '{path}' is incomplete or damaged ({type(err).__name__}): point"
             " load() at a complete checkpoint."
         ) from err
-    return {**io.load(Path(path) / EXTRA_FILE, weights_only=weights_only), **tensors}
+    extra = join(path, EXTRA_FILE) if isinstance(path, str) and is_url(path) else Path(path) / EXTRA_FILE
+    return {**io.load(extra, weights_only=weights_only), **tensors}

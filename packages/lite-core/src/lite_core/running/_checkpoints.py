@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from lite_core._user_frame import warn_user
+from lite_core.checkpoint import _store
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
@@ -23,7 +24,7 @@ class Checkpoints:
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool) -> None:
         require_processes(self._strategy, "save")
         self.wait()
-        path = os.fspath(filepath)
+        path = self._checked(filepath)
         reason = None if blocking else self._strategy.why_no_background_save()
         if blocking or reason is not None:
             if reason is not None:
@@ -32,6 +33,13 @@ class Checkpoints:
             self._strategy.save_checkpoint(path, content)
             return
         self._background.start(path, self._strategy.stage_checkpoint(path, content))
+
+    def _checked(self, filepath: str | os.PathLike[str]) -> str:
+        """`filepath` as a str (`file://` URLs as local paths), refused before any write or read if it
+        is a URL this strategy cannot use or whose fsspec back end is missing."""
+        path = _store.as_local(os.fspath(filepath))
+        _store.check_path(path, self._strategy)
+        return path
 
     def wait(self) -> None:
         self._background.wait(self._strategy)
@@ -45,7 +53,11 @@ class Checkpoints:
         from lite_core.checkpoint._io import existing_or_previous
 
         self.wait()
-        path = existing_or_previous(os.fspath(filepath))
-        if missing_ok and not os.path.exists(path):
+        path = self._checked(filepath)
+        if _store.is_url(path):
+            _store.require_complete(path)  # an unfinished upload is refused, not taken for "missing"
+        else:
+            path = existing_or_previous(path)
+        if missing_ok and not _store.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)

@@ -6,7 +6,6 @@ into stages (`_split`) run by a `torch.distributed.pipelining` schedule (`_pipel
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -14,6 +13,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint import is_sharded
+from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
 from lite_core.strategies._mesh import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES, MeshLayout
@@ -289,7 +289,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
-        if self._pipeline is not None and state is not None and os.path.isfile(path) and not is_sharded(path):
+        if self._pipeline is not None and state is not None and is_file(path) and not is_sharded(path):
             return _pipeline_load.load_full(self, path, state, strict, weights_only)
         return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 

@@ -111,6 +111,11 @@ class Strategy:
     #: Modules the strategy imports when it runs, each with the command that installs it
     #: (`lite env` marks a strategy whose module is missing).
     requirements: ClassVar[dict[str, str]] = {}
+    #: Whether `save` and `load` take an fsspec URL (`s3://bucket/run/step-100`) as well as a local
+    #: path under this strategy. Core strategies write through `CheckpointIO` and torch distributed
+    #: checkpoint, which both reach any fsspec URL; a strategy whose engine writes only local
+    #: files sets `False`, and Lite then refuses a URL before anything is written.
+    checkpoint_urls: ClassVar[bool] = True
 
     @classmethod
     def why_not_on(cls, accelerator: Accelerator | type[Accelerator]) -> str | None:

@@ -27,6 +27,9 @@ class XLAStrategyBase(Strategy):
     moves_batches_plainly: ClassVar[bool] = False  # `batch_to_device` moves onto the XLA device
     steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` reduces gradients, cuts the graph
     stages_checkpoints: ClassVar[bool] = False  # `save_checkpoint` writes per host, with no staging
+    #: torch-xla writes and reads checkpoints on local files only (`xm.save`, its sharded format):
+    #: Lite refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
+    checkpoint_urls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()

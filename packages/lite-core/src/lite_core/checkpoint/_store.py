@@ -1,0 +1,356 @@
+"""Checkpoints at fsspec URLs (`s3://bucket/run/step-100`, `gs://...`, `az://...`, `memory://...`):
+how Lite tells a URL from a local path, checks that its fsspec back end is installed, writes a
+one-file checkpoint so that it is complete or absent, and tells an unfinished upload from a
+missing checkpoint.
+
+The commit rule (object stores have no atomic rename):
+
+- Before a save to a URL writes anything, rank 0 puts a small *pending marker* beside the
+  checkpoint (`.NAME.lite-pending`), and removes it once the checkpoint is complete.
+- A one-file checkpoint is uploaded to a temporary key beside it (`.NAME.HOST-PID.XXXXXXXX.tmp`)
+  and then copied to its name (on S3, GCS and Azure a copy publishes the whole object or nothing),
+  so the previous checkpoint at that name stays readable until the new one is complete.
+- A sharded checkpoint (torch distributed checkpoint, `FsspecWriter`) is complete when its
+  `.metadata` exists: torch writes it last, once every rank's shards are written. Saving over an
+  existing sharded checkpoint at a URL first removes its `.metadata`, then the rest, so that a
+  load can never mix old and new shards.
+- `load` of a name without a checkpoint but with a pending marker, or of a sharded directory
+  without `.metadata`, says that the upload never finished.
+
+Credentials and endpoints are the fsspec back end's own: environment variables
+(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...) or fsspec's configuration (`FSSPEC_S3='{...}'`,
+`fsspec.config.conf`), which every process reads when it opens the URL.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import secrets
+import socket
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lite_core.errors import CheckpointError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+#: The marker a save to a URL keeps beside the checkpoint while it uploads: `.NAME` + this.
+PENDING_SUFFIX = ".lite-pending"
+#: The file torch distributed checkpoint writes last into a sharded checkpoint.
+METADATA_FILE = ".metadata"
+#: The extra (`pip install 'lite-core[EXTRA]'`) that installs the fsspec back end of a protocol.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+           "abfss": "azure", "adl": "azure"}
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+_CHAINED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*)::")
+#: What `pathlib.Path` makes of a URL: `s3://b/k` -> `s3:/b/k`.
+_FLATTENED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*):/(?!/)")
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+def is_url(path: str) -> bool:
+    """Whether `path` names a place through an fsspec protocol (`s3://...`, `memory://...`,
+    `simplecache::s3://...`) rather than a local path."""
+    if _URL.match(path) is not None:
+        return True
+    chained = _CHAINED_URL.match(path)  # `NAME::...` is a URL only where fsspec knows NAME
+    return chained is not None and _known(chained["protocol"])
+
+
+def as_local(path: str) -> str:
+    """`file:///x` as the local path `/x` (written the local, atomic way); any other path as it is."""
+    for protocol in _LOCAL_PROTOCOLS:
+        if path.startswith(f"{protocol}://"):
+            return path[len(protocol) + 3:]
+    return path
+
+
+def check_path(path: str, strategy: Any = None) -> None:
+    """Refuse, before anything is written or read, a URL that `strategy` cannot write
+    (`Strategy.checkpoint_urls`) or whose fsspec back end is missing, and a URL that
+    `pathlib.Path` has flattened into a local path (`s3:/bucket/key`)."""
+    if not is_url(path):
+        _refuse_flattened_url(path)
+        return
+    if strategy is not None and not type(strategy).checkpoint_urls:
+        raise CheckpointError(
+            f"strategy={strategy.name!r} writes and reads checkpoints on the local file system only, so it"
+            f" cannot use '{path}': save to a local path (and copy it to the store yourself) or choose a"
+            " strategy whose checkpoints go to URLs (single_device, ddp, fsdp, model_parallel)."
+        )
+    for protocol in _protocols(path):
+        _check_backend(path, protocol)
+
+
+def _refuse_flattened_url(path: str) -> None:
+    match = _FLATTENED_URL.match(path)
+    if match is None or match["protocol"] in _LOCAL_PROTOCOLS or not _known(match["protocol"]):
+        return
+    raise CheckpointError(
+        f"'{path}' looks like a URL that pathlib.Path turned into a local path ('{match['protocol']}:/'"
+        f" instead of '{match['protocol']}://'): pass the URL as a str."
+    )
+
+
+def _protocols(url: str) -> list[str]:
+    """The protocols of a (possibly chained) URL: `simplecache::s3://b/k` -> `["simplecache", "s3"]`."""
+    return [part.split("://", 1)[0] for part in url.split("::") if part]
+
+
+def _known(protocol: str) -> bool:
+    from fsspec.registry import known_implementations, registry
+
+    return protocol in known_implementations or protocol in registry
+
+
+def _check_backend(url: str, protocol: str) -> None:
+    import fsspec
+
+    if not _known(protocol):
+        raise CheckpointError(f"fsspec knows no protocol '{protocol}://' in '{url}': check the URL, or"
+                              " install the package that registers that protocol.")
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as err:
+        extra = _EXTRAS.get(protocol)
+        install = f"pip install 'lite-core[{extra}]'" if extra else f"install fsspec's back end for '{protocol}'"
+        raise MissingDependencyError(
+            f"Checkpoints at '{url}' need the fsspec back end for '{protocol}://', which is not installed: {install}."
+        ) from err
+
+
+def writer() -> str:
+    """This process as a temporary file names its writer: `HOST-PID` (dots in the host name become `_`)."""
+    return f"{_host()}-{os.getpid()}"
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")
+
+
+# -- paths ---------------------------------------------------------------------------------------
+def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec file system of `url` and the path within it, with nothing about it taken from
+    the listings fsspec caches (another process may have written there since)."""
+    from fsspec.core import url_to_fs
+
+    fs, key = url_to_fs(url)
+    fs.invalidate_cache(key)
+    return fs, key
+
+
+def join(url: str, name: str) -> str:
+    return f"{url.rstrip('/')}/{name}"
+
+
+def _beside(url: str, name: str) -> str:
+    """The URL of `name` in the same folder as `url`."""
+    parent, _, _ = url.rstrip("/").rpartition("/")
+    return f"{parent}/{name}"
+
+
+def _name(url: str) -> str:
+    return url.rstrip("/").rpartition("/")[2]
+
+
+def pending_marker(url: str) -> str:
+    return _beside(url, f".{_name(url)}{PENDING_SUFFIX}")
+
+
+def exists(path: str) -> bool:
+    """Whether anything is at `path` (a local path or a URL)."""
+    if not is_url(path):
+        return os.path.exists(path)
+    fs, key = filesystem(path)
+    return fs.exists(key)
+
+
+def is_file(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isfile(path)
+    fs, key = filesystem(path)
+    return fs.isfile(key)
+
+
+# -- writing -------------------------------------------------------------------------------------
+def begin(url: str) -> None:
+    """Rank 0, before a save to `url` writes anything: put the pending marker (which also proves
+    that the bucket exists and the credentials may write)."""
+    fs, marker = filesystem(pending_marker(url))
+    fs.pipe_file(marker, writer().encode())
+
+
+def end(url: str) -> None:
+    """Rank 0, once the checkpoint at `url` is complete: remove the pending marker."""
+    fs, marker = filesystem(pending_marker(url))
+    with suppress(FileNotFoundError):
+        fs.rm_file(marker)
+
+
+def clear_sharded(url: str) -> None:
+    """Remove a sharded checkpoint at `url` that a new one replaces: its `.metadata` first, so that
+    whatever an interruption leaves behind is never taken for a checkpoint."""
+    fs, key = filesystem(url)
+    with suppress(FileNotFoundError):
+        fs.rm_file(join(key, METADATA_FILE))
+    if fs.exists(key):
+        fs.rm(key, recursive=True)
+
+
+def save_file(checkpoint: dict[str, Any], url: str) -> None:
+    """Write a one-file checkpoint to `url`: a pending marker, `torch.save` streamed to a
+    temporary key beside it, a copy to `url`, then the marker removed."""
+    begin(url)
+    fs, key = filesystem(url)
+    temporary = _beside(key, f".{_name(key)}.{writer()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with fs.open(temporary, "wb") as handle:
+            torch.save(checkpoint, handle)
+        fs.mv(temporary, key)
+    except BaseException:
+        with suppress(Exception):  # the store may be gone: the hidden key is never read as a checkpoint
+            fs.rm_file(temporary)
+        raise
+    end(url)
+
+
+# -- reading -------------------------------------------------------------------------------------
+def load_file(url: str, weights_only: bool) -> dict[str, Any]:
+    """`torch.load` of the one-file checkpoint at `url`, read whole into memory first."""
+    fs, key = filesystem(url)
+    try:
+        data = fs.cat_file(key)
+    except (FileNotFoundError, IsADirectoryError) as err:
+        require_complete(url)
+        raise missing(url) from err
+    except Exception as err:
+        raise unreachable(url, "Reading", err) from err
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+
+
+def require_complete(url: str) -> None:
+    """Raise when `url` holds an unfinished upload: a sharded directory without `.metadata`, or
+    nothing but a pending marker beside it. A complete checkpoint or nothing at all passes."""
+    fs, key = filesystem(url)
+    try:
+        if fs.isfile(key) or fs.isfile(join(key, METADATA_FILE)):
+            return
+        unfinished = fs.isdir(key) or fs.exists(filesystem(pending_marker(url))[1])
+    except Exception as err:
+        raise unreachable(url, "Reading", err) from err
+    if unfinished:
+        raise CheckpointError(
+            f"The upload of the checkpoint '{url}' never finished (no commit marker): load the previous"
+            " checkpoint instead, such as the one that lite_core.checkpoint.latest() finds under its prefix."
+        )
+
+
+def missing(url: str) -> CheckpointError:
+    """One sentence for a URL where nothing is, naming a missing bucket (the first part of the path)."""
+    fs, key = filesystem(url)
+    bucket = key.strip("/").split("/", 1)[0]
+    try:
+        gone = bool(bucket) and bucket != key.strip("/") and not fs.exists(bucket)
+    except Exception:  # the question is only to word the message better
+        gone = False
+    if gone:
+        return CheckpointError(f"No checkpoint at '{url}' because its bucket '{bucket}' does not exist: create"
+                               " the bucket or correct the URL you passed to load().")
+    return CheckpointError(f"No checkpoint at '{url}': check the URL you passed to load().")
+
+
+def unreachable(url: str, doing: str, err: Exception) -> CheckpointError:
+    """One sentence for a store that refused or could not be reached."""
+    return CheckpointError(f"{doing} '{url}' failed with {describe(err)}: {store_hint(err)}.")
+
+
+def store_hint(err: BaseException) -> str:
+    """What to fix when a store call failed with `err` (the end of a sentence)."""
+    if isinstance(err, PermissionError):
+        return ("check the credentials the store gets (its environment variables, such as AWS_ACCESS_KEY_ID,"
+                " or fsspec's storage options)")
+    if isinstance(err, FileNotFoundError):
+        return "create the bucket or correct the URL"
+    return "check the store's endpoint (such as AWS_ENDPOINT_URL) and that this machine can reach it"
+
+
+def describe(error: BaseException) -> str:
+    message = " ".join(str(error).split()).rstrip(".")
+    return f"{type(error).__name__} ({message})" if message else type(error).__name__
+
+
+# -- finding the latest --------------------------------------------------------------------------
+def latest(prefix: str) -> str | None:
+    """The latest complete checkpoint directly under `prefix` (a local folder or an fsspec URL),
+    or `None` when there is none.
+
+    Complete means: a sharded checkpoint directory with its `.metadata` (torch writes it last), or
+    a one-file checkpoint written by `torch.save` (a temporary file or key, whose name starts with
+    a dot, is never one). Unfinished uploads, other files (logs, metrics) and hidden names are
+    passed over. The latest is the one committed last (the time of its `.metadata`, or of the
+    file), names in natural order ("step-9" before "step-10") breaking ties.
+
+    Example:
+        >>> path = latest("s3://bucket/run1")  # doctest: +SKIP
+        >>> state = self.load(path, state) if path else {}  # doctest: +SKIP
+    """
+    prefix = as_local(prefix)
+    fs, folder = filesystem(prefix) if is_url(prefix) else _local_filesystem(prefix)
+    try:
+        entries = fs.ls(folder, detail=True)
+    except FileNotFoundError:
+        return None
+    except Exception as err:
+        raise unreachable(prefix, "Listing", err) from err
+    found = [(when, _natural(name), name) for name, when in _complete(fs, entries)]
+    if not found:
+        return None
+    name = max(found)[2]
+    return join(prefix, name) if is_url(prefix) else str(_join_local(prefix, name))
+
+
+def _local_filesystem(path: str) -> tuple[AbstractFileSystem, str]:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem(), path
+
+
+def _join_local(folder: str, name: str) -> str:
+    return os.path.join(folder, name)
+
+
+def _complete(fs: AbstractFileSystem, entries: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(name, commit time) of each complete checkpoint among `entries`."""
+    complete = []
+    for entry in entries:
+        path = entry["name"].rstrip("/")
+        name = path.rpartition("/")[2]
+        if name.startswith("."):
+            continue
+        try:
+            if entry["type"] == "directory":
+                when = fs.modified(join(path, METADATA_FILE))
+            elif _written_by_torch(fs, path):
+                when = fs.modified(path)
+            else:
+                continue
+        except FileNotFoundError:  # a directory without `.metadata`: an unfinished upload
+            continue
+        complete.append((name, when.timestamp()))
+    return complete
+
+
+def _written_by_torch(fs: AbstractFileSystem, path: str) -> bool:
+    """Whether the file at `path` starts as `torch.save` files do (a zip archive)."""
+    with fs.open(path, "rb") as handle:
+        return handle.read(4) == b"PK\x03\x04"
+
+
+def _natural(name: str) -> list[Any]:
+    """`name` split into text and numbers, so that "step-9" sorts before "step-10"."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]

@@ -1,0 +1,163 @@
+"""Checkpoints at an `s3://` URL in 2-process jobs (`tests/scripts/cloud_checkpoint.py`), against
+moto's S3 server on 127.0.0.1 (the `s3_bucket` fixture): the same training saved to the bucket
+and to a local folder gives identical checkpoints and resumes identically (and one process loads
+what 2 saved, straight from the bucket), under ddp, fsdp
+(sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2); a server stopped in the
+middle of an upload fails the save on every rank, leaves the previous checkpoint loadable and
+the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
+give one sentence on every rank; a job restarted by `lite run --max-restarts 1` after a rank died
+resumes from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# A hang guard, far above a run's duration (about 40 s on 2 shared cores); every collective
+# has the scripts' short timeout.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+
+STRATEGIES = ["ddp", "fsdp", "fsdp_full", "model_parallel"]
+
+
+def _digest(state: dict[str, Any]) -> str:
+    """As `cloud_checkpoint.py` digests a state dict."""
+    hasher = hashlib.sha256()
+    for name in sorted(state):
+        hasher.update(name.encode())
+        hasher.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    return hasher.hexdigest()[:16]
+
+
+def _lines(stdout: str, prefix: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_bucket_holds_what_a_local_folder_holds_and_resumes_the_same(
+        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path, strategy: str) -> None:
+    local = run_script("cloud_checkpoint.py", strategy, "train", tmp_path / "run", timeout=300)
+    remote = run_script("cloud_checkpoint.py", strategy, "train", f"{s3_bucket}/run", env=s3_server.env, timeout=300)
+    assert local.returncode == 0, output_of(local)
+    assert remote.returncode == 0, output_of(remote)
+    digests = _lines(remote.stdout, "digest")
+    sharded = strategy in ("fsdp", "model_parallel")
+    assert len(digests) == 4 + sharded and "equal False" not in remote.stdout, output_of(remote)
+    assert digests == _lines(local.stdout, "digest"), output_of(remote)
+    saved = digests[0].split()[2]
+    if sharded:  # `lite consolidate` read the shards from the bucket and wrote one file there
+        assert digests[-1] == f"digest consolidated {saved}", output_of(remote)
+    # Saved by 2 processes under `strategy`, loaded by this one process straight from the bucket.
+    from lite_core import LightningLite
+
+    content = LightningLite(accelerator="cpu").load(f"{s3_bucket}/run/step-2")
+    assert _digest(content["model"]) == saved and content["step"] == 2
+    assert "latest step-3" in remote.stdout, output_of(remote)
+    assert not (Path(tmp_path) / "s3:").exists()
+
+
+class _StoppedMidUpload(threading.Thread):
+    """The test's side of the script's handshake: stop the S3 server when a rank's first write of
+    `step-2` asks for it, start it again once both ranks have seen their save fail."""
+
+    def __init__(self, server: Any, handshake: Path) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.handshake = handshake
+
+    def run(self) -> None:
+        self._wait_for("trigger")
+        self.server.stop()
+        (self.handshake / "stopped").touch()
+        self._wait_for("failed-0")
+        self._wait_for("failed-1")
+        self.server.start()
+        (self.handshake / "restarted").touch()
+
+    def _wait_for(self, name: str) -> None:
+        deadline = time.monotonic() + 300  # a hang guard: the script's own timeout ends the test first
+        while not (self.handshake / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_server_stopped_mid_upload_fails_the_save_everywhere_and_keeps_the_previous_checkpoint(
+        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path, strategy: str,
+        blocking: bool) -> None:
+    handshake = tmp_path / "handshake"
+    handshake.mkdir()
+    helper = _StoppedMidUpload(s3_server, handshake)
+    helper.start()
+    mode = "fault-blocking" if blocking else "fault-background"
+    proc = run_script("cloud_checkpoint.py", strategy, mode, f"{s3_bucket}/run", handshake, env=s3_server.env,
+                      timeout=300)
+    helper.join(5)
+    s3_server.start()
+    assert proc.returncode == 0, output_of(proc)
+    assert (handshake / "trigger").exists(), "no write reached the store: the fault was never planted"
+    for rank in (0, 1):
+        failed = rf"rank {rank} failed: Saving the checkpoint '{s3_bucket}/run/step-2' failed on rank \d with \w+"
+        assert re.search(failed, proc.stdout), output_of(proc)
+        assert f"rank {rank} previous: 1" in proc.stdout, output_of(proc)
+        broken = rf"rank {rank} broken: The upload of the checkpoint '{s3_bucket}/run/step-2' never finished"
+        assert re.search(broken, proc.stdout), output_of(proc)
+        assert f"rank {rank} latest: step-1" in proc.stdout, output_of(proc)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("fault", ["missing bucket", "wrong credentials", "unreachable endpoint"])
+def test_a_store_that_refuses_or_is_gone_gives_one_sentence_on_every_rank(
+        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+        free_tcp_port: Any, strategy: str, fault: str) -> None:
+    import moto.settings
+
+    env = dict(s3_server.env)
+    base = f"{s3_bucket}/run"
+    if fault == "missing bucket":
+        base = "s3://no-such-bucket/run"
+    elif fault == "wrong credentials":
+        monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks every key now
+    else:
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_tcp_port()}"
+    proc = run_script("cloud_checkpoint.py", strategy, "errors", base, env=env, timeout=300)
+    assert proc.returncode == 0, output_of(proc)
+    expected = {"missing bucket": ("FileNotFoundError", "create the bucket"),
+                "wrong credentials": ("PermissionError", "check the credentials"),
+                "unreachable endpoint": ("EndpointConnectionError", "check the store's endpoint")}[fault]
+    for rank in (0, 1):
+        for what in ("save", "load"):  # the ranks share stdout: one rank's line may run into the other's
+            found = re.search(rf"rank {rank} {what}: (.*?\.)(?=rank \d|\n|$)", proc.stdout)
+            message = found.group(1) if found else ""
+            assert message.endswith(".") and ". " not in message, output_of(proc)
+            assert expected[1] in message, output_of(proc)
+            if what == "save":
+                assert expected[0] in message, output_of(proc)
+
+
+def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # `lite run --max-restarts 1`
+        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
+    import json
+    import sys
+
+    lite_run = [sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", "2"]
+    runs = {}
+    for how, restarts in (("live", "0"), ("die", "1")):
+        out = tmp_path / how
+        out.mkdir()
+        proc = run_script(command=[*lite_run, "--max-restarts", restarts, "cloud_resume.py", f"{s3_bucket}/{how}",
+                                   str(out), how], env=s3_server.env, timeout=300)
+        assert proc.returncode == 0, output_of(proc)
+        runs[how] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert (tmp_path / "die" / "died").exists(), "rank 1 never died: the restart was not exercised"
+    for uninterrupted, restarted in zip(runs["live"], runs["die"]):
+        assert restarted["restart"] == "1" and restarted["resumed_from"] == "epoch-1"
+        assert restarted["started_at"] == 1  # the second attempt trained epochs 1 and 2 only
+        assert uninterrupted["resumed_from"] == "" and uninterrupted["started_at"] == 0
+        assert restarted["weight"] == uninterrupted["weight"]
