@@ -133,7 +133,8 @@ def wandb_config(run_dir: Path) -> dict:
 def job(server: Server, tmp_path_factory: pytest.TempPathFactory, run_script, output_of) -> tuple[Path, Server]:
     out_dir = tmp_path_factory.mktemp("trackers_job")
     proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--nproc-per-node", "2", "--standalone",
-                               "trackers_job.py", str(out_dir), server.uri], env={"WANDB_SILENT": "true"})
+                               "trackers_job.py", str(out_dir), server.uri], env={"WANDB_SILENT": "true"},
+                      timeout=400)  # a hang guard: about 60 s on an idle machine, 2 W&B services start
     assert proc.returncode == 0, output_of(proc)
     assert (out_dir / "died").exists()  # rank 1 died once, and the restart finished the job
     return out_dir, server
