@@ -48,9 +48,9 @@ def test_environments() -> list[str]:
 
 
 #: Environments whose tests wait (on `hatch build`, pip, a Ray cluster's start, a lighthouse's
-#: heartbeats) more than they compute: they run one after another in a lane beside the others,
+#: heartbeats, an MLflow server's start) more than they compute: they run one after another in a lane beside the others,
 #: rather than after them (about 3 minutes of the fresh-clone run).
-BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-cuda")
+BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-trackers", "test-cuda")
 
 
 def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float, float]:

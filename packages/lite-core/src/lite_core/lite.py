@@ -460,6 +460,11 @@ class LightningLite:
         """Log several values to every logger (rank 0 only)."""
         self._loggers.log_dict(metrics, step)
 
+    def log_hyperparams(self, config: Any) -> None:
+        """Record the run's configuration (a dict, a dataclass or an argparse Namespace) with every
+        logger that has `log_hyperparams` (`WandbLogger`, `MLflowLogger`), from rank 0 only."""
+        self._loggers.log_hyperparams(config)
+
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call `hook_name(*args, **kwargs)` on every callback that defines it."""
         self._callbacks.call(hook_name, args, kwargs)

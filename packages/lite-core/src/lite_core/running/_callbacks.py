@@ -37,6 +37,15 @@ class Loggers:
         for logger in self._loggers:
             logger.log_metrics(metrics, step=step)
 
+    def log_hyperparams(self, config: Any) -> None:
+        """Pass the user's config to every logger that has `log_hyperparams` (rank 0 only)."""
+        if self._strategy.global_rank != 0:
+            return
+        for logger in self._loggers:
+            log_hyperparams = getattr(logger, "log_hyperparams", None)
+            if callable(log_hyperparams):
+                log_hyperparams(config)
+
     def finalize(self) -> None:
         """Flush and close every logger that can be (they reopen if the user logs again)."""
         for logger in self._loggers:

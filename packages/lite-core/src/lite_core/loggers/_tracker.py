@@ -1,0 +1,110 @@
+"""What the tracker loggers (`WandbLogger`, `MLflowLogger`) share: one run per job opened lazily
+on global rank 0, the run id and last logged step as checkpointable state, the user's config as
+flat or nested hyperparameters."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from lite_core.errors import MisuseError, MissingDependencyError
+
+
+def require_package(module: str, logger: str, extra: str) -> None:
+    """Raise `MissingDependencyError` naming the `pip install` when `module` is not installed
+    (checked without importing it: the client is imported on global rank 0 at the first log)."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(
+            f"{logger} needs the {module} package, which is not installed: run `pip install 'lite-core[{extra}]'`."
+        )
+
+
+def global_rank() -> int:
+    """This process's global rank: the process group's when one is set up, else `RANK` (0 alone)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def config_as_dict(config: Any) -> dict[str, Any]:
+    """The user's config as a dict: a mapping, a dataclass instance or an `argparse.Namespace`."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if isinstance(config, argparse.Namespace):
+        return vars(config).copy()
+    raise MisuseError(
+        f"log_hyperparams takes a dict, a dataclass instance or an argparse.Namespace, not a"
+        f" {type(config).__name__}: pass one of those."
+    )
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level with dotted keys: `{"opt": {"lr": 1}}` -> `{"opt.lr": 1}`."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class TrackerLogger:
+    """Shared base: the run id and last step (`state_dict`), steps a resume repeats skipped, and
+    every call a no-op off global rank 0 (no client import, no run)."""
+
+    _name = "TrackerLogger"
+
+    def __init__(self) -> None:
+        self._run_id: str | None = None
+        self._last_step = -1
+        self._skip_through = -1  # steps up to this one were logged before a resume: not again
+        self._opened_run_id: str | None = None  # the run this process has opened (rank 0)
+
+    @property
+    def run_id(self) -> str | None:
+        """The tracker's id of this job's run (`None` until it is opened, or restored by `load`)."""
+        return self._run_id
+
+    def state_dict(self) -> dict[str, Any]:
+        """`{"run_id": ..., "last_step": ...}`: put the logger in the state you `save`, and `load`
+        makes the resumed job append to the same tracker run."""
+        return {"run_id": self._run_id, "last_step": self._last_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the saved run: later logs go to `state["run_id"]`, and the steps up to
+        `state["last_step"]` that the resumed job repeats are not logged again (nor those the
+        tracker reports it already holds, where it can tell, see `_tracker_last_step`)."""
+        run_id = state.get("run_id")
+        if self._opened_run_id is not None and run_id != self._opened_run_id:
+            raise MisuseError(
+                f"{self._name} already opened run {self._opened_run_id!r} before loading the checkpoint of run"
+                f" {run_id!r}: call self.load(...) before the first log so that the job continues its run."
+            )
+        self._run_id = run_id
+        self._last_step = max(self._last_step, int(state.get("last_step", -1)))
+        self._skip_through = max(self._skip_through, self._last_step)
+
+    def _next_step(self, step: int | None) -> int | None:
+        """The step to log, or `None` when a resume repeats a step that was logged before it (several
+        calls for one step are fine: only steps at or below the resume point are skipped)."""
+        step = self._last_step + 1 if step is None else int(step)
+        if step <= self._skip_through:
+            return None
+        self._last_step = max(self._last_step, step)
+        return step
+
+    def _resumed_at(self, tracker_last_step: int) -> None:
+        """The reopened run already holds steps up to `tracker_last_step` (logged after the
+        checkpoint by the job that was interrupted): skip those too."""
+        self._skip_through = max(self._skip_through, tracker_last_step)
+        self._last_step = max(self._last_step, tracker_last_step)

@@ -1,0 +1,97 @@
+"""The tracker loggers without their trackers: the install line at construction, the user's config
+in its three forms, the checkpointable state, and nothing done (nothing imported) off rank 0.
+Their round trips through real MLflow and W&B are in tests/integration/trackers (test-trackers)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import pytest
+
+from lite_core import LightningLite, MLflowLogger, WandbLogger
+from lite_core.errors import MisuseError, MissingDependencyError
+from lite_core.loggers._tracker import TrackerLogger, config_as_dict, flatten
+
+
+@pytest.mark.parametrize(("logger", "module"), [(WandbLogger, "wandb"), (MLflowLogger, "mlflow")])
+def test_a_tracker_not_installed_is_named_with_its_pip_install(logger, module, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    with pytest.raises(MissingDependencyError) as info:
+        logger()
+    assert str(info.value) == (f"{logger.__name__} needs the {module} package, which is not installed: run"
+                               f" `pip install 'lite-core[{module}]'`.")
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float = 0.1
+    optimizer: dict = dataclasses.field(default_factory=lambda: {"name": "sgd", "momentum": 0.9})
+
+
+def test_the_config_is_taken_as_a_dict_a_dataclass_or_a_namespace() -> None:
+    expected = {"lr": 0.1, "optimizer": {"name": "sgd", "momentum": 0.9}}
+    assert config_as_dict(expected) == expected
+    assert config_as_dict(Config()) == expected
+    assert config_as_dict(argparse.Namespace(**expected)) == expected
+    assert flatten(expected) == {"lr": 0.1, "optimizer.name": "sgd", "optimizer.momentum": 0.9}
+    with pytest.raises(MisuseError, match=r"^log_hyperparams takes a dict, a dataclass instance or an"
+                                          r" argparse.Namespace, not a list: pass one of those.$"):
+        config_as_dict([1, 2])
+
+
+def test_steps_that_a_resume_repeats_are_skipped_but_one_step_may_be_logged_in_several_calls() -> None:
+    logger = TrackerLogger()
+    assert [logger._next_step(s) for s in (0, 1, 1, 2)] == [0, 1, 1, 2]
+    state = logger.state_dict()
+    assert state == {"run_id": None, "last_step": 2}
+    resumed = TrackerLogger()
+    resumed.load_state_dict({"run_id": "abc", "last_step": 2})
+    assert resumed.run_id == "abc"
+    assert [resumed._next_step(s) for s in (1, 2, 3, 3, None)] == [None, None, 3, 3, 4]
+
+
+def test_loading_after_a_run_was_opened_is_refused_in_one_sentence() -> None:
+    logger = TrackerLogger()
+    logger._run_id = logger._opened_run_id = "new"
+    with pytest.raises(MisuseError, match=r"^TrackerLogger already opened run 'new' before loading the checkpoint"
+                                          r" of run 'old': call self.load\(...\) before the first log"):
+        logger.load_state_dict({"run_id": "old", "last_step": 3})
+
+
+@pytest.mark.skipif(not all(m in sys.modules or __import__("importlib").util.find_spec(m) for m in ("wandb", "mlflow")),
+                    reason="needs lite-core[wandb,mlflow] installed (constructing the loggers checks for them)")
+def test_off_rank_zero_every_call_is_a_no_op_that_imports_no_client(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    for module in ("wandb", "mlflow"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    for logger in (WandbLogger(save_dir=tmp_path, mode="offline"), MLflowLogger(tracking_uri="http://127.0.0.1:9")):
+        logger.log_hyperparams({"lr": 0.1})
+        logger.log_metrics({"loss": 1.0}, step=0)
+        logger.log_artifact(__file__)
+        logger.finalize()
+        assert logger.run_id is None
+    assert "wandb" not in sys.modules and "mlflow" not in sys.modules
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lite_passes_the_config_to_the_loggers_that_take_it() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.configs: list = []
+
+        def log_metrics(self, metrics, step=None) -> None:
+            pass
+
+        def log_hyperparams(self, config) -> None:
+            self.configs.append(config)
+
+    class MetricsOnly:
+        def log_metrics(self, metrics, step=None) -> None:
+            pass
+
+    recorder = Recorder()
+    lite = LightningLite(accelerator="cpu", loggers=[recorder, MetricsOnly()])
+    lite.log_hyperparams(Config())
+    assert recorder.configs == [Config()]

@@ -1,0 +1,73 @@
+"""A 2-process job that logs to W&B (offline) and MLflow from every rank, checkpoints its loggers
+with the model every 2 steps and resumes at the top of `run()`; rank 1 dies on the first attempt.
+
+    lite run --max-restarts 1 --accelerator cpu --nproc-per-node 2 --standalone trackers_job.py OUT_DIR MLFLOW_URI
+
+Every rank logs `value` = step + 100 * rank at steps 0..7 (through `self.log`), its config (through
+`self.log_hyperparams`, before the `load`) and `OUT_DIR/summary-rank{r}.txt` as an artifact (on the
+loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`), then rank 1
+dies (`os._exit(3)`) after step 4, so the restart resumes from the checkpoint of step 3 and repeats
+step 4. W&B writes under OUT_DIR/wandb; what MLflow could not take would go to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lite_core import LightningLite, MLflowLogger, WandbLogger
+
+torch.set_num_threads(1)
+STEPS = 8
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float = 0.05
+    optimizer: dict = dataclasses.field(default_factory=lambda: {"name": "sgd", "momentum": 0.0})
+
+
+class TrackedJob(LightningLite):
+    def run(self, out_dir: str, wandb: WandbLogger, mlflow: MLflowLogger) -> None:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=Config.lr))
+        self.log_hyperparams(Config())
+        checkpoint = Path(out_dir, "last.ckpt")
+        state = {"step": 0, "model": model, "optimizer": optimizer, "wandb": wandb, "mlflow": mlflow}
+        self.load(checkpoint, state, missing_ok=True)
+        for step in range(state["step"], STEPS):
+            optimizer.zero_grad()
+            self.backward(model(torch.randn(2, 4)).pow(2).mean())
+            optimizer.step()
+            self.log("value", step + 100.0 * self.global_rank, step=step)
+            if step % 2 == 1:
+                state["step"] = step + 1
+                self.save(state, checkpoint)
+            if step == 4 and not Path(out_dir, "died").exists():
+                mlflow.flush()  # the server holds step 4, which the restart repeats
+                self.barrier()
+                if self.global_rank == 1:
+                    Path(out_dir, "died").touch()
+                    os._exit(3)
+        summary = Path(out_dir, f"summary-rank{self.global_rank}.txt")
+        summary.write_text(f"rank {self.global_rank} finished\n")
+        for logger in (wandb, mlflow):
+            logger.log_artifact(summary)  # on every rank: rank 0's alone reaches the tracker
+        self.barrier()
+
+
+def main() -> None:
+    out_dir, uri = sys.argv[1], sys.argv[2]
+    wandb = WandbLogger(project="lite-test", save_dir=Path(out_dir, "wandb"), mode="offline")
+    mlflow = MLflowLogger(experiment_name="lite-test", tracking_uri=uri, flush_every=3, fallback_dir=out_dir)
+    TrackedJob(loggers=[wandb, mlflow]).run(out_dir, wandb, mlflow)
+
+
+if __name__ == "__main__":
+    main()
