@@ -73,12 +73,15 @@ def test_mnist_style_example_sums_a_python_float_loss_on_every_rank(run_script, 
     assert set(saved) == {"model", "optimizer", "epochs"} and saved["epochs"] == 1
 
 
+@pytest.mark.timeout(700)  # hang guard: two 300 s script guards and their start-up
 def test_tensor_parallel_gpt_through_lite_equals_its_plain_pytorch_twin_on_four_processes(run_script, output_of):
-    # dp2 x tp2 on CPU; the twin is started by torchrun, Lite's version by itself.
+    # dp2 x tp2 on CPU; the twin is started by torchrun, Lite's version by itself. Four processes on
+    # two cores take about 50 s each on a lightly loaded machine and over 90 s under CI's load:
+    # each script's 300 s is a hang guard only.
     args = ("--steps", "3", "--data-parallel-size", "2")
-    lite = run_script(EXAMPLES / "gpt" / "train_tp.py", "--devices", "4", *args)
+    lite = run_script(EXAMPLES / "gpt" / "train_tp.py", "--devices", "4", *args, timeout=300)
     plain = run_script(command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                                str(EXAMPLES / "gpt" / "train_tp_plain.py"), *args])
+                                str(EXAMPLES / "gpt" / "train_tp_plain.py"), *args], timeout=300)
     assert lite.returncode == 0, output_of(lite)
     assert plain.returncode == 0, output_of(plain)
     assert "data parallel 2 x tensor parallel 2" in lite.stdout
