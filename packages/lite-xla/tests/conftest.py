@@ -21,12 +21,13 @@ def _xla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _xla_runtime_first() -> None:
-    """Start the XLA runtime before any backward pass in this process: PyTorch's autograd engine
-    sizes its per-device queues at the first backward, and an XLA device it did not count then
-    fails later (a torch/torch-xla limitation; tests that must start with no runtime run in a
-    subprocess)."""
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the XLA runtime when this conftest loads (at collection, before any test of any folder
+    runs in this process): PyTorch's autograd engine sizes its per-device queues at the first
+    backward pass, and an XLA device it did not count then fails later with an internal assert
+    (a torch/torch-xla limitation). A session fixture started it too late when a worker's first
+    tests were the matrix's, whose plain-PyTorch reference runs a CPU backward in this process.
+    Tests that must start with no runtime run in a subprocess."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch_xla
 
