@@ -54,6 +54,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """With `LITE_TEST_CPU_LOG=<folder>`, each test's CPU-seconds (this process's and those of the
+    children it waited for: a script's ranks count through the script) and wall seconds are
+    appended to `<folder>/<worker>.tsv`; `python tools/cpu_report.py <folder>` sums them per module.
+    It tells where the suite's CPU goes, which is what CI's time is made of."""
+    folder = os.environ.get("LITE_TEST_CPU_LOG")
+    if not folder:
+        yield
+        return
+    before, started = os.times(), time.monotonic()
+    yield
+    after = os.times()
+    cpu = sum(after[:4]) - sum(before[:4])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(Path(folder) / f"{worker}.tsv", "a") as log:
+        log.write(f"{item.nodeid}\t{cpu:.2f}\t{time.monotonic() - started:.2f}\n")
+
+
 @pytest.fixture(autouse=True)
 def _main_module_as_under_python_m_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pytest-xdist worker's `__main__` is execnet's bootstrap (no file, no module), where the
