@@ -42,14 +42,15 @@ def _lines(stdout: str, prefix: str) -> list[str]:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_bucket_holds_what_a_local_folder_holds_and_resumes_the_same(
         run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path, strategy: str) -> None:
-    local = run_script("cloud_checkpoint.py", strategy, "train", tmp_path / "run", timeout=300)
-    remote = run_script("cloud_checkpoint.py", strategy, "train", f"{s3_bucket}/run", env=s3_server.env, timeout=300)
-    assert local.returncode == 0, output_of(local)
+    # One job trains twice: saving to a local folder, then to the bucket.
+    remote = run_script("cloud_checkpoint.py", strategy, "train", f"{s3_bucket}/run", tmp_path / "run",
+                        env=s3_server.env, timeout=300)
     assert remote.returncode == 0, output_of(remote)
     digests = _lines(remote.stdout, "digest")
     sharded = strategy in ("fsdp", "model_parallel")
     assert len(digests) == 4 + sharded and "equal False" not in remote.stdout, output_of(remote)
-    assert digests == _lines(local.stdout, "digest"), output_of(remote)
+    assert digests[:4] == [line.removeprefix("local ") for line in _lines(remote.stdout, "local digest")]
+    assert "local latest step-3" in remote.stdout, output_of(remote)
     saved = digests[0].split()[2]
     if sharded:  # `lite consolidate` read the shards from the bucket and wrote one file there
         assert digests[-1] == f"digest consolidated {saved}", output_of(remote)
@@ -111,34 +112,50 @@ def test_a_server_stopped_mid_upload_fails_the_save_everywhere_and_keeps_the_pre
         assert f"rank {rank} latest: step-1" in proc.stdout, output_of(proc)
 
 
+class _ChecksCredentialsWhenAsked(threading.Thread):
+    """The test's side of the `errors` mode's handshake: once the script has met the missing bucket
+    and the unreachable endpoint, moto checks every key (this process runs the server)."""
+
+    def __init__(self, handshake: Path) -> None:
+        super().__init__(daemon=True)
+        self.handshake = handshake
+
+    def run(self) -> None:
+        import moto.settings
+
+        deadline = time.monotonic() + 300  # a hang guard: the script's own timeout ends the test first
+        while not (self.handshake / "credentials").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+        (self.handshake / "checking").touch()
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("fault", ["missing bucket", "wrong credentials", "unreachable endpoint"])
 def test_a_store_that_refuses_or_is_gone_gives_one_sentence_on_every_rank(
         run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
-        free_tcp_port: Any, strategy: str, fault: str) -> None:
+        tmp_path: Path, strategy: str) -> None:
     import moto.settings
 
-    env = dict(s3_server.env)
-    base = f"{s3_bucket}/run"
-    if fault == "missing bucket":
-        base = "s3://no-such-bucket/run"
-    elif fault == "wrong credentials":
-        monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks every key now
-    else:
-        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_tcp_port()}"
-    proc = run_script("cloud_checkpoint.py", strategy, "errors", base, env=env, timeout=300)
+    # The thread sets it; monkeypatch puts back the value the `s3_bucket` fixture set (any key passes).
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", moto.settings.INITIAL_NO_AUTH_ACTION_COUNT)
+    helper = _ChecksCredentialsWhenAsked(tmp_path)
+    helper.start()
+    proc = run_script("cloud_checkpoint.py", strategy, "errors", f"{s3_bucket}/run", tmp_path, env=s3_server.env,
+                      timeout=300)
+    helper.join(5)
     assert proc.returncode == 0, output_of(proc)
     expected = {"missing bucket": ("FileNotFoundError", "create the bucket"),
                 "wrong credentials": ("PermissionError", "check the credentials"),
-                "unreachable endpoint": ("EndpointConnectionError", "check the store's endpoint")}[fault]
-    for rank in (0, 1):
-        for what in ("save", "load"):  # the ranks share stdout: one rank's line may run into the other's
-            found = re.search(rf"rank {rank} {what}: (.*?\.)(?=rank \d|\n|$)", proc.stdout)
-            message = found.group(1) if found else ""
-            assert message.endswith(".") and ". " not in message, output_of(proc)
-            assert expected[1] in message, output_of(proc)
-            if what == "save":
-                assert expected[0] in message, output_of(proc)
+                "unreachable endpoint": ("EndpointConnectionError", "check the store's endpoint")}
+    for fault, (error, fix) in expected.items():
+        for rank in (0, 1):
+            for what in ("save", "load"):  # the ranks share stdout: one rank's line may run into the other's
+                found = re.search(rf"rank {rank} {fault} {what}: (.*?\.)(?=rank \d|\n|$)", proc.stdout)
+                message = found.group(1) if found else ""
+                assert message.endswith(".") and ". " not in message, output_of(proc)
+                assert fix in message, output_of(proc)
+                if what == "save":
+                    assert error in message, output_of(proc)
 
 
 def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # `lite run --max-restarts 1`

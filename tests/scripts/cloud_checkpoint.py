@@ -1,6 +1,6 @@
 """Checkpoints at a URL (or a local folder) in a 2-process job: what `tests/integration/test_cloud_checkpoints.py` runs.
 
-    python cloud_checkpoint.py STRATEGY MODE BASE [HANDSHAKE_DIR]
+    python cloud_checkpoint.py STRATEGY MODE BASE [HANDSHAKE_DIR | LOCAL_DIR]
 
 STRATEGY: ddp, fsdp (sharded, torch distributed checkpoint), fsdp_full (one file) or model_parallel
 (dp1 x tp2, sharded through the same torch distributed checkpoint code as fsdp).
@@ -10,16 +10,21 @@ by the environment (AWS_ENDPOINT_URL, credentials), as a user's job would be.
 MODE
 - `train`: 2 steps, a blocking save to BASE/step-2, 1 step, a background save to BASE/step-3,
   1 more step; then a fresh model and optimizer load BASE/step-2 and train 2 steps. Rank 0 prints
-  `digest NAME HEX` for the state it saved and the state after resuming (equal for a local
-  BASE and a URL), and `latest LATEST`; for sharded saves it then runs `lite consolidate` on
-  BASE/step-2 (into BASE/step-2-whole.pt) and prints `digest consolidated HEX`.
+  `digest NAME HEX` for the state it saved and the state after resuming, and `latest LATEST`;
+  for sharded saves it then runs `lite consolidate` on BASE/step-2 (into BASE/step-2-whole.pt)
+  and prints `digest consolidated HEX`. With LOCAL_DIR, the same training first runs in the same
+  job with LOCAL_DIR for BASE (no consolidation), its lines prefixed `local `, so that one job
+  compares a local folder with the URL.
 - `fault-blocking` / `fault-background`: a save to BASE/step-1, then one to BASE/step-2 whose
   first write into the store waits for the test to stop the S3 server (HANDSHAKE_DIR/trigger ->
   HANDSHAKE_DIR/stopped). Every rank prints `rank R failed: MESSAGE`, then, once the test has
   started the server again (HANDSHAKE_DIR/failed-R -> HANDSHAKE_DIR/restarted), `rank R
   previous: STEP`, `rank R broken: MESSAGE` and `rank R latest: LATEST`.
-- `errors`: a save and a load at BASE/ckpt; every rank prints `rank R save: MESSAGE` and
-  `rank R load: MESSAGE` (a missing bucket, refused credentials, an unreachable endpoint).
+- `errors`: a save and a load at BASE/ckpt for each of three faults, in this order; every rank
+  prints `rank R FAULT save: MESSAGE` and `rank R FAULT load: MESSAGE`. `missing bucket`: a
+  bucket that does not exist; `unreachable endpoint`: AWS_ENDPOINT_URL names a port where nothing
+  listens; `wrong credentials`: rank 0 asks the test to make the server check every key
+  (HANDSHAKE_DIR/credentials -> HANDSHAKE_DIR/checking).
 """
 
 from __future__ import annotations
@@ -62,13 +67,16 @@ def wait_for(path: Path) -> None:
 
 class Job(LightningLite):
     def run(self, mode: str, base: str, handshake: str | None) -> None:
-        model, optimizer = self.build()
         if mode == "train":
-            self.train(model, optimizer, base)
-        elif mode.startswith("fault"):
+            if handshake is not None:
+                self.train(*self.build(), handshake, prefix="local ", consolidate=False)
+            self.train(*self.build(), base)
+            return
+        model, optimizer = self.build()
+        if mode.startswith("fault"):
             self.fault(model, optimizer, base, Path(handshake or "."), blocking=mode == "fault-blocking")
         else:
-            self.errors(model, base)
+            self.errors(model, base, Path(handshake or "."))
 
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         model = make_model()
@@ -81,7 +89,8 @@ class Job(LightningLite):
         self.backward(model(x).pow(2).mean())
         optimizer.step()
 
-    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, base: str) -> None:
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, base: str, prefix: str = "",
+              consolidate: bool = True) -> None:
         for seed in range(2):
             self.step(model, optimizer, seed)
         saved = digest(self.full_state_dict(model))  # now: its tensors may be the live parameters
@@ -102,12 +111,12 @@ class Job(LightningLite):
         self.load(join(base, "step-3"), {"model": background, "optimizer": background_optimizer})
         loaded_background = digest(self.full_state_dict(background))
         if self.global_rank == 0:
-            print(f"digest saved {saved}", flush=True)
-            print(f"digest loaded {loaded} equal {loaded == saved}", flush=True)
-            print(f"digest resumed {resumed} step {content['step']}", flush=True)
-            print(f"digest background {loaded_background} equal {loaded_background == at_background_save}", flush=True)
-            print(f"latest {os.path.basename(latest(base) or 'none')}", flush=True)
-            if self.is_sharded_save():  # `lite consolidate` reads the shards from where they are
+            print(f"{prefix}digest saved {saved}", flush=True)
+            print(f"{prefix}digest loaded {loaded} equal {loaded == saved}", flush=True)
+            print(f"{prefix}digest resumed {resumed} step {content['step']}", flush=True)
+            print(f"{prefix}digest background {loaded_background} equal {loaded_background == at_background_save}", flush=True)
+            print(f"{prefix}latest {os.path.basename(latest(base) or 'none')}", flush=True)
+            if consolidate and self.is_sharded_save():  # `lite consolidate` reads the shards from where they are
                 whole = join(base, "step-2-whole.pt")
                 subprocess.run([sys.executable, "-m", "lite_core.cli", "consolidate", join(base, "step-2"), whole],
                                check=True, stdout=subprocess.DEVNULL)
@@ -142,16 +151,40 @@ class Job(LightningLite):
             print(f"rank {rank} broken: {err}", flush=True)
         print(f"rank {rank} latest: {os.path.basename(latest(base) or 'none')}", flush=True)
 
-    def errors(self, model: nn.Module, base: str) -> None:
+    def errors(self, model: nn.Module, base: str, handshake: Path) -> None:
+        import s3fs
+
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+        for fault in ("missing bucket", "unreachable endpoint", "wrong credentials"):
+            path = join(base, "ckpt")
+            if fault == "missing bucket":
+                path = "s3://no-such-bucket/run/ckpt"
+            os.environ["AWS_ENDPOINT_URL"] = endpoint_where_nothing_listens() if "endpoint" in fault else endpoint
+            if fault == "wrong credentials":
+                self.barrier()
+                if self.global_rank == 0:
+                    (handshake / "credentials").touch()
+                wait_for(handshake / "checking")
+            s3fs.S3FileSystem.clear_instance_cache()  # a client made now reads the environment again
+            self.try_save_and_load(model, path, fault)
+
+    def try_save_and_load(self, model: nn.Module, path: str, fault: str) -> None:
         rank = self.global_rank
-        path = join(base, "ckpt")
         for what, call in (("save", lambda: self.save({"model": model}, path)),
                            ("load", lambda: self.load(path, {"model": model}))):
             try:
                 call()
-                print(f"rank {rank} {what}: worked", flush=True)
+                print(f"rank {rank} {fault} {what}: worked", flush=True)
             except CheckpointError as err:
-                print(f"rank {rank} {what}: {err}", flush=True)
+                print(f"rank {rank} {fault} {what}: {err}", flush=True)
+
+
+def endpoint_where_nothing_listens() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def join(base: str, name: str) -> str:
