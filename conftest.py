@@ -172,6 +172,20 @@ def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+def _signals_as_in_a_terminal() -> None:
+    """In a test's child, before it runs: SIGINT back to its default. A pytest started in the
+    background by a non-interactive shell (`pytest ... &`, as CI or `nohup` may) ignores SIGINT,
+    its children inherit that, and Python then installs no KeyboardInterrupt handler: a test of what
+    Ctrl-C does would fail there only."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session")
+def signals_as_in_a_terminal() -> Callable[[], None]:
+    """The `preexec_fn` that a test's own `Popen` passes (as `start_script` does)."""
+    return _signals_as_in_a_terminal
+
+
 @pytest.fixture
 def start_script() -> Any:
     """`start_script("name.py", *args, env=...)` -> Popen, for jobs that must run concurrently.
@@ -185,7 +199,7 @@ def start_script() -> Any:
               python_args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
         proc = subprocess.Popen(_command(script, args, python_args), env=script_env(**(env or {})),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=SCRIPTS,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_signals_as_in_a_terminal)
         started.append(proc)
         return proc
 
