@@ -186,10 +186,12 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
-def skip_reason(cell: Cell) -> str | None:
-    """Why this cell cannot run in this environment, or None if it can."""
+def skip_reason(cell: Cell, everywhere: bool = True) -> str | None:
+    """Why this cell cannot run in this environment, or None if it can. With `everywhere=False`
+    (a test that checks Lite itself rather than Lite beside a backend, e.g. the fidelity
+    observations) a backend environment runs its own backend's cells only."""
     focus = os.environ.get("LITE_MATRIX_FOCUS")
-    if focus and cell.backend != focus and not cell.everywhere:
+    if focus and cell.backend != focus and not (cell.everywhere and everywhere):
         return _elsewhere(cell.backend, focus)
     return missing_reason(cell)
 
