@@ -370,6 +370,25 @@ class LightningLite:
         """
         return self._strategy.full_module_state_dict(model)
 
+    def export_safetensors(self, model: nn.Module, folder: str | os.PathLike[str],
+                           max_file_bytes: int = 5 * 10**9) -> None:
+        """Write the set-up model's weights as Hugging Face safetensors, which `transformers`'
+        `from_pretrained` loads once the model's `config.json` is beside them.
+
+        Under every strategy (sharded ones gather the weights to rank 0, which writes them),
+        through torch distributed checkpoint's `HuggingFaceStorageWriter`. A weight tied to an
+        earlier one (a language model's head) is left out, as `transformers` leaves it out. Call it
+        on every rank; a failure raises a `CheckpointError` on every rank.
+
+        Args:
+            model: the set-up model.
+            folder: where the files go, a local folder or an fsspec URL (the files are written
+                locally and put into the store, the index last):
+                `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`.
+            max_file_bytes: the largest file; a tensor larger than that gets a file of its own.
+        """
+        self._checkpoints.export_safetensors(model, folder, max_file_bytes)
+
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0.
 

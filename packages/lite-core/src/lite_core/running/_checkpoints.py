@@ -4,12 +4,14 @@ previous checkpoint read where a sharded save was interrupted while replacing it
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 from lite_core._user_frame import warn_user
 from lite_core.checkpoint import _store
 from lite_core.checkpoint._background import BackgroundSaves
+from lite_core.errors import ConfigurationError, MissingDependencyError
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
 
@@ -43,6 +45,24 @@ class Checkpoints:
 
     def wait(self) -> None:
         self._background.wait(self._strategy)
+
+    def export_safetensors(self, module: Any, folder: str | os.PathLike[str], max_file_bytes: int) -> None:
+        """The set-up model's whole state gathered to rank 0, which writes it as safetensors."""
+        from lite_core.checkpoint import on_rank_zero
+        from lite_core.checkpoint._export import export, tied_names
+
+        require_processes(self._strategy, "export_safetensors")
+        if importlib.util.find_spec("safetensors") is None:
+            raise MissingDependencyError("export_safetensors needs the safetensors package, which is not installed:"
+                                         " run `pip install 'lite-core[hf]'`.")
+        if max_file_bytes <= 0:
+            raise ConfigurationError(f"max_file_bytes={max_file_bytes} is not a size: pass a positive number of bytes.")
+        path = _store.as_local(os.fspath(folder))
+        _store.check_path(path)  # every strategy can export to a URL: rank 0 writes the whole state
+        self.wait()
+        tied = tied_names(module)
+        state = self._strategy.full_module_state_dict(module)
+        on_rank_zero(self._strategy, path, lambda: export(state, path, max_file_bytes, tied))
 
     def abandon(self) -> None:
         """Forget the save in flight (the run failed): its thread finishes on its own."""
