@@ -5,8 +5,9 @@ what 2 saved, straight from the bucket), under ddp, fsdp
 (sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2); a server stopped in the
 middle of an upload fails the save on every rank, leaves the previous checkpoint loadable and
 the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
-give one sentence on every rank; a job restarted by `lite run --max-restarts 1` after a rank died
-resumes from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`)."""
+give one sentence on every rank; a job of two `lite run` nodes (c10d on loopback, each node with
+a folder of its own, no common path) restarted by `--max-restarts 1` after a rank died resumes
+from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`)."""
 
 from __future__ import annotations
 
@@ -158,23 +159,41 @@ def test_a_store_that_refuses_or_is_gone_gives_one_sentence_on_every_rank(
                     assert error in message, output_of(proc)
 
 
-def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # `lite run --max-restarts 1`
-        run_script: Any, output_of: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
-    import json
-    import sys
+def _start_node(start_script: Any, port: int, node: int, base: str, out: Path, how: str, restarts: str,
+                env: dict[str, str]) -> Any:
+    """One `lite run` node of one process; node 0 hosts the c10d rendezvous store."""
+    options = ("-m", "lite_core.cli", "run", "--accelerator", "cpu", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bucket-{how}",
+               "--rdzv-conf", f"join_timeout=60,last_call_timeout=1,close_timeout=5,is_host={int(node == 0)}",
+               "--max-restarts", restarts)
+    return start_script("cloud_resume.py", base, out, how, env=env, python_args=options)
 
-    lite_run = [sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", "2"]
+
+def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # 2 nodes, `--max-restarts 1`
+        start_script: Any, free_tcp_port: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
+    """Two `lite run` nodes on loopback, each with a folder of its own and no common path: a rank
+    that dies restarts both, and the job resumes from the bucket alone."""
+    import json
+
     runs = {}
     for how, restarts in (("live", "0"), ("die", "1")):
-        out = tmp_path / how
-        out.mkdir()
-        proc = run_script(command=[*lite_run, "--max-restarts", restarts, "cloud_resume.py", f"{s3_bucket}/{how}",
-                                   str(out), how], env=s3_server.env, timeout=300)
-        assert proc.returncode == 0, output_of(proc)
-        runs[how] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert (tmp_path / "die" / "died").exists(), "rank 1 never died: the restart was not exercised"
+        outs = [tmp_path / how / f"node{node}" for node in (0, 1)]
+        port = free_tcp_port()
+        nodes = []
+        for node, out in enumerate(outs):
+            out.mkdir(parents=True)
+            nodes.append(_start_node(start_script, port, node, f"{s3_bucket}/{how}", out, how, restarts, s3_server.env))
+        for node in nodes:
+            stdout, stderr = node.communicate(timeout=300)  # a hang guard: the job takes about 30 s
+            assert node.returncode == 0, f"{stdout}\n{stderr}"
+        records = {}
+        for out in outs:  # a rank writes into the folder of the node it ran on
+            records.update({path.name: json.loads(path.read_text()) for path in out.glob("rank*.json")})
+        runs[how] = [records[f"rank{rank}.json"] for rank in (0, 1)]
+    assert any((tmp_path / "die" / f"node{node}" / "died").exists() for node in (0, 1)), \
+        "rank 1 never died: the restart was not exercised"
     for uninterrupted, restarted in zip(runs["live"], runs["die"]):
-        assert restarted["restart"] == "1" and restarted["resumed_from"] == "epoch-1"
+        assert restarted["resumed_from"] == "epoch-1"  # the attempt after the death, on both nodes
         assert restarted["started_at"] == 1  # the second attempt trained epochs 1 and 2 only
         assert uninterrupted["resumed_from"] == "" and uninterrupted["started_at"] == 0
         assert restarted["weight"] == uninterrupted["weight"]

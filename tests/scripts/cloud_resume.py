@@ -4,10 +4,12 @@ makes a rank's death invisible without any shared folder.
 
     lite run --max-restarts 1 --accelerator cpu --devices 2 cloud_resume.py BASE OUT_DIR HOW
 
-BASE: an `s3://bucket/run` prefix (the S3 client is set up by the environment). HOW: `die` makes
-rank 1 exit in the middle of the second epoch on the first attempt only (OUT_DIR/died marks that
-it did); `live` runs through. Each rank writes OUT_DIR/rank{r}.json with its final weights, the
-checkpoint it resumed from, the epoch it started at and the attempt (`LITE_RESTART_COUNT`) it finished in.
+(or one process on each of two `lite run` nodes, each with an OUT_DIR of its own). BASE: an
+`s3://bucket/run` prefix (the S3 client is set up by the environment). HOW: `die` makes rank 1
+exit in the middle of the second epoch on the attempt that started from scratch only
+(OUT_DIR/died marks that it did); `live` runs through. Each rank writes OUT_DIR/rank{r}.json with
+its final weights, the checkpoint it resumed from, the epoch it started at and the attempt
+(`LITE_RESTART_COUNT`) it finished in.
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ class FromTheBucket(LightningLite):
         started_at = state["epoch"]
         for epoch in range(state["epoch"], EPOCHS):
             for step, (x, y) in enumerate(loader):
-                if how == "die" and epoch == 1 and step == 1 and self.global_rank == 1:
-                    died = Path(out_dir, "died")
-                    if not died.exists():
-                        died.touch()
-                        os._exit(3)
+                # Only an attempt that started from scratch dies: each node counts its own
+                # restarts (a node restarted only because the other's rank died counts none).
+                if how == "die" and epoch == 1 and step == 1 and self.global_rank == 1 and resumed_from is None:
+                    Path(out_dir, "died").touch()
+                    os._exit(3)
                 optimizer.zero_grad()
                 self.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()
