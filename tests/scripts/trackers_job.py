@@ -7,7 +7,9 @@ Every rank logs `value` = step + 100 * rank at steps 0..7 (through `self.log`), 
 `self.log_hyperparams`, before the `load`) and `OUT_DIR/summary-rank{r}.txt` as an artifact (on the
 loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`), then rank 1
 dies (`os._exit(3)`) after step 4, so the restart resumes from the checkpoint of step 3 and repeats
-step 4. W&B writes under OUT_DIR/wandb; what MLflow could not take would go to OUT_DIR.
+step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
+measured two steps), each with the checkpoints' stall since the row before. W&B writes under OUT_DIR/wandb; what MLflow could not
+take would go to OUT_DIR.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lite_core import LightningLite, MLflowLogger, WandbLogger
+from lite_core import LightningLite, MLflowLogger, ThroughputMonitor, WandbLogger
 
 torch.set_num_threads(1)
 STEPS = 8
@@ -41,11 +43,13 @@ class TrackedJob(LightningLite):
         checkpoint = Path(out_dir, "last.ckpt")
         state = {"step": 0, "model": model, "optimizer": optimizer, "wandb": wandb, "mlflow": mlflow}
         self.load(checkpoint, state, missing_ok=True)
+        monitor = ThroughputMonitor(self, log_every_n_steps=2)  # its rows go to the trackers too
         for step in range(state["step"], STEPS):
             optimizer.zero_grad()
             self.backward(model(torch.randn(2, 4)).pow(2).mean())
             optimizer.step()
             self.log("value", step + 100.0 * self.global_rank, step=step)
+            monitor.step(batch_size=2, step=step)  # rows at the steps this loop logs at
             if step % 2 == 1:
                 state["step"] = step + 1
                 self.save(state, checkpoint)

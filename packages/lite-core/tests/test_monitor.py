@@ -196,3 +196,23 @@ def test_a_peak_that_is_not_a_positive_number_is_one_sentence(peak: Any) -> None
 def test_the_monitor_is_exported_lazily_from_the_package_root() -> None:
     assert {"ThroughputMonitor", "measure_flops"} <= set(lite_core.__all__)
     assert lite_core.ThroughputMonitor is ThroughputMonitor
+
+
+def test_each_row_holds_the_checkpoints_stall_since_the_row_before(tmp_path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import lite_core.running._checkpoints as checkpoints
+
+    readings = iter(range(0, 300, 3))  # each clock reading 3 s after the one before: every save stalls 3 s
+    monkeypatch.setattr(checkpoints, "time", SimpleNamespace(perf_counter=lambda: float(next(readings))))
+    logger = RecordingLogger()
+    lite = LightningLite(accelerator="cpu", loggers=logger)
+    model = lite.setup(nn.Linear(2, 2))
+    monitor = ThroughputMonitor(lite, log_every_n_steps=2)
+    for step in range(1, 7):
+        if step in (1, 2, 5):
+            lite.save({"model": model}, tmp_path / f"step-{step}.pt")
+        monitor.step(batch_size=4)
+    rows = [(metrics["checkpoint/stall_seconds"], metrics["checkpoint/saves"]) for metrics, _ in logger.logged]
+    assert rows == [(6.0, 2.0), (0.0, 0.0), (3.0, 1.0)]
+    assert lite.checkpoint_stall == (9.0, 3)

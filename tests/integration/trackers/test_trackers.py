@@ -154,17 +154,31 @@ def test_mlflow_holds_one_run_with_each_step_once_the_config_and_rank_zeros_arti
     assert not list(out_dir.glob("mlflow-unsent-*"))
 
 
+def test_the_monitors_rows_and_the_checkpoints_stall_reach_mlflow_once_each(job) -> None:
+    _, server = job
+    client = mlflow.MlflowClient(tracking_uri=server.uri)
+    [run] = client.search_runs([client.get_experiment_by_name("lite-test").experiment_id])
+    run_id = run.info.run_id
+    assert [step for step, _ in history(client, run_id, "throughput/samples_per_sec")] == [2, 4, 6]
+    # A save after steps 1 and 3 (first attempt) and 5 (after the restart, whose monitor starts anew).
+    assert history(client, run_id, "checkpoint/saves") == [(2, 1.0), (4, 1.0), (6, 1.0)]
+    stalls = dict(history(client, run_id, "checkpoint/stall_seconds"))
+    assert sorted(stalls) == [2, 4, 6] and all(seconds > 0 for seconds in stalls.values())
+
+
 def test_wandb_continues_one_run_across_the_restart_with_the_config_and_rank_zeros_file(job) -> None:
     out_dir, _ = job
     runs = wandb_runs(out_dir / "wandb")
     assert len(runs) == 2, runs  # one directory per attempt ...
     assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # ... of one run id, which sync joins
-    steps = [[row["_step"] for row in wandb_history(run)] for run in runs]
-    values = [row["value"] for run in runs for row in wandb_history(run)]
+    steps = [[row["_step"] for row in wandb_history(run) if "value" in row] for run in runs]
+    values = [row["value"] for run in runs for row in wandb_history(run) if "value" in row]
     # The first attempt logged steps 0..4; the restart resumed from the checkpoint of step 3.
     # Offline, W&B cannot tell that step 4 was logged after that checkpoint (see docs/logging.md).
     assert steps == [[0, 1, 2, 3, 4], [4, 5, 6, 7]]
     assert set(values) == {float(s) for s in range(STEPS)}  # rank 0's values only
+    monitored = [[row["_step"] for row in wandb_history(run) if "checkpoint/saves" in row] for run in runs]
+    assert monitored == [[2, 4], [6]]  # the ThroughputMonitor's rows, with the checkpoints' stall
     for run in runs:
         assert wandb_config(run) == {"lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}
     assert sorted(p.name for run in runs for p in (run / "files").glob("summary-rank*")) == ["summary-rank0.txt"]

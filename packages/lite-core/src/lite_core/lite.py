@@ -406,6 +406,13 @@ class LightningLite:
         """
         self._checkpoints.save(content, filepath, blocking)
 
+    @property
+    def checkpoint_stall(self) -> tuple[float, int]:
+        """`(seconds, saves)`: how long this process's loop has spent inside `save` so far (the
+        whole write when blocking; with `blocking=False` the copy to host memory and any wait for
+        the save before it), and how many saves it made. `ThroughputMonitor` logs both per row."""
+        return self._checkpoints.stalled_seconds, self._checkpoints.saves
+
     def wait_for_checkpoint(self) -> None:
         """Wait until the checkpoint that `save(..., blocking=False)` is writing is complete.
 

@@ -136,7 +136,11 @@ class ThroughputMonitor:
 
     Call `step()` once per batch with the number of samples (and items, e.g. tokens) this
     process's batch held. Every `log_every_n_steps` steps the monitor sends its metrics to Lite's
-    loggers (`lite.log_dict`, rank 0) and, if given one, to a progress bar.
+    loggers (`lite.log_dict`, rank 0: CSV, TensorBoard, W&B, MLflow) and, if given one, to a
+    progress bar. Each row also holds what the checkpoints cost the loop since the row before:
+    `checkpoint/stall_seconds`, the time spent inside `lite.save` (the whole write when blocking;
+    the copy to host memory, and any wait for the save before, with `blocking=False`), and
+    `checkpoint/saves`.
 
     Under gradient accumulation, call `step()` after every micro-batch and pass the optimizer
     steps taken so far, the step you log your own metrics at (`step=optimizer_step`). The rates
@@ -202,6 +206,7 @@ class ThroughputMonitor:
         self.step_count = 0
         self._next_log = log_every_n_steps if log_every_n_steps > 0 else -1
         self._logged_step: int | None = None  # the last optimizer step logged, with step= given
+        self._checkpoints_at_last_row = (0.0, 0)  # (stalled seconds, saves) when the last row was logged
 
     def _accelerator_peak(self, dtype: str | None) -> float | None:
         strategy = self._lite.strategy
@@ -263,6 +268,7 @@ class ThroughputMonitor:
     def _log(self, step: int) -> dict[str, float]:
         metrics = self.compute()
         if metrics:
+            metrics.update(self._checkpoint_stall())
             self._lite.log_dict(metrics, step=step)
             self._show(metrics)
         return metrics
@@ -293,6 +299,12 @@ class ThroughputMonitor:
             if self.peak_flops is not None:
                 metrics["throughput/mfu"] = flops / (self.devices * self.peak_flops)
         return metrics
+
+    def _checkpoint_stall(self) -> dict[str, float]:
+        """The seconds the loop spent in `save` and the saves since the last row this monitor logged."""
+        before_seconds, before_saves = self._checkpoints_at_last_row
+        self._checkpoints_at_last_row = now_seconds, now_saves = self._lite.checkpoint_stall
+        return {"checkpoint/stall_seconds": now_seconds - before_seconds, "checkpoint/saves": float(now_saves - before_saves)}
 
     def _peak_memory(self) -> int:
         strategy = self._lite.strategy

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from typing import Any
 
 from lite_core._user_frame import warn_user
@@ -22,8 +23,21 @@ class Checkpoints:
     def __init__(self, strategy: Strategy) -> None:
         self._strategy = strategy
         self._background = BackgroundSaves()
+        #: Seconds the loop spent inside `save` (a blocking write, or a background save's copy to
+        #: host memory and its wait for the save before it) and the saves so far: what
+        #: `ThroughputMonitor` reports as the checkpoints' stall.
+        self.stalled_seconds = 0.0
+        self.saves = 0
 
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool) -> None:
+        started = time.perf_counter()
+        try:
+            self._save(content, filepath, blocking)
+        finally:
+            self.stalled_seconds += time.perf_counter() - started
+        self.saves += 1
+
+    def _save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool) -> None:
         require_processes(self._strategy, "save")
         self.wait()
         path = self._checked(filepath)
