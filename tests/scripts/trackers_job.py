@@ -5,7 +5,8 @@ with the model every 2 steps and resumes at the top of `run()`; rank 1 dies on t
 
 Every rank logs `value` = step + 100 * rank at steps 0..7 (through `self.log`), its config (through
 `self.log_hyperparams`, before the `load`) and `OUT_DIR/summary-rank{r}.txt` as an artifact (on the
-loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`), then rank 1
+loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`) and finishes
+its W&B run (`finalize()`, so that W&B's service writes it before the kill), then rank 1
 dies (`os._exit(3)`) after step 4, so the restart resumes from the checkpoint of step 3 and repeats
 step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
 measured two steps), each with the checkpoints' stall since the row before. W&B writes under OUT_DIR/wandb; what MLflow could not
@@ -55,6 +56,9 @@ class TrackedJob(LightningLite):
                 self.save(state, checkpoint)
             if step == 4 and not Path(out_dir, "died").exists():
                 mlflow.flush()  # the server holds step 4, which the restart repeats
+                # W&B offline writes what its service holds to disk only at finish: a job killed
+                # before then loses it (seen under load: the first attempt's file held no step).
+                wandb.finalize()
                 self.barrier()
                 if self.global_rank == 1:
                     Path(out_dir, "died").touch()
