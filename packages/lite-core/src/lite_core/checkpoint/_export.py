@@ -29,9 +29,9 @@ def tied_names(module: torch.nn.Module) -> frozenset[str]:
 def export(state: dict[str, Any], path: str, max_file_bytes: int = DEFAULT_FILE_BYTES,
            tied: frozenset[str] = frozenset()) -> list[str]:
     """`write_safetensors` of `state` without the `tied` names into `path`, a local folder or an
-    fsspec URL. For a URL the files are
-    written into a local temporary folder and put into the store by its fsspec file system, the
-    index last, so that a folder without its index is never taken for a whole export."""
+    fsspec URL. For a URL the files are written into a local temporary folder and put into the
+    store by its fsspec file system, the index last, so that a folder without its index is never
+    taken for a whole export."""
     state = {name: value for name, value in state.items() if name not in tied}
     if not _store.is_url(path):
         return write_safetensors(state, path, max_file_bytes)
