@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
-from lite_core import LightningLite, MLflowLogger, WandbLogger
+from lite_core import LightningLite, MLflowLogger, TrackioLogger, WandbLogger
 from lite_core.errors import MisuseError, MissingDependencyError
 from lite_core.loggers._tracker import TrackerLogger, config_as_dict, flatten
 
 
-@pytest.mark.parametrize(("logger", "module"), [(WandbLogger, "wandb"), (MLflowLogger, "mlflow")])
+@pytest.mark.parametrize(("logger", "module"), [(WandbLogger, "wandb"), (MLflowLogger, "mlflow"),
+                                                 (TrackioLogger, "trackio")])
 def test_a_tracker_not_installed_is_named_with_its_pip_install(logger, module, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
     with pytest.raises(MissingDependencyError) as info:
@@ -60,19 +61,26 @@ def test_loading_after_a_run_was_opened_is_refused_in_one_sentence() -> None:
         logger.load_state_dict({"run_id": "old", "last_step": 3})
 
 
-@pytest.mark.skipif(not all(m in sys.modules or __import__("importlib").util.find_spec(m) for m in ("wandb", "mlflow")),
-                    reason="needs lite-core[wandb,mlflow] installed (constructing the loggers checks for them)")
+CLIENTS = ("wandb", "mlflow", "trackio")
+
+
+@pytest.mark.trackers  # test-trackers runs it, where the clients are installed
+@pytest.mark.skipif(not all(m in sys.modules or __import__("importlib").util.find_spec(m) for m in CLIENTS),
+                    reason="needs lite-core[wandb,mlflow,trackio] installed (constructing the loggers checks for them)")
 def test_off_rank_zero_every_call_is_a_no_op_that_imports_no_client(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
-    for module in ("wandb", "mlflow"):
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path))
+    for module in CLIENTS:
         monkeypatch.delitem(sys.modules, module, raising=False)
-    for logger in (WandbLogger(save_dir=tmp_path, mode="offline"), MLflowLogger(tracking_uri="http://127.0.0.1:9")):
+    loggers = (WandbLogger(save_dir=tmp_path, mode="offline"), MLflowLogger(tracking_uri="http://127.0.0.1:9"),
+               TrackioLogger())
+    for logger in loggers:
         logger.log_hyperparams({"lr": 0.1})
         logger.log_metrics({"loss": 1.0}, step=0)
         logger.log_artifact(__file__)
         logger.finalize()
         assert logger.run_id is None
-    assert "wandb" not in sys.modules and "mlflow" not in sys.modules
+    assert not any(module in sys.modules for module in CLIENTS)
     assert list(tmp_path.iterdir()) == []
 
 

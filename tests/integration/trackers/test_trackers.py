@@ -1,6 +1,7 @@
-"""WandbLogger and MLflowLogger against their real clients: MLflow's own tracking server, started
-here on loopback with a SQLite store and read back through `mlflow.MlflowClient`, and W&B in
-offline mode, its run files read back with wandb's own datastore reader.
+"""WandbLogger, MLflowLogger and TrackioLogger against their real clients: MLflow's own tracking
+server, started here on loopback with a SQLite store and read back through `mlflow.MlflowClient`,
+W&B in offline mode, its run files read back with wandb's own datastore reader, and trackio's local
+store (a SQLite file per project under TRACKIO_DIR), read back through its `SQLiteStorage`.
 
 One 2-process `lite run --max-restarts 1` job covers one run per job (every rank logs), each step
 logged once (the restart repeats a step the server already holds), the hyperparameters and the
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +25,14 @@ import pytest
 
 mlflow = pytest.importorskip("mlflow", reason="needs lite-core[mlflow]: these tests run in the test-trackers environment")
 wandb = pytest.importorskip("wandb", reason="needs lite-core[wandb]: these tests run in the test-trackers environment")
+# trackio reads TRACKIO_DIR once, when it is imported: this process and the jobs share one store.
+TRACKIO_DIR = Path(tempfile.mkdtemp(prefix="lite-trackio-"))
+os.environ["TRACKIO_DIR"] = str(TRACKIO_DIR)
+trackio = pytest.importorskip("trackio", reason="needs lite-core[trackio]: these tests run in the test-trackers environment")
+from trackio.sqlite_storage import SQLiteStorage  # noqa: E402
 
-from lite_core import LightningLite, MLflowLogger  # noqa: E402
+from lite_core import LightningLite, MLflowLogger, TrackioLogger  # noqa: E402
+from lite_core.errors import MisuseError  # noqa: E402
 
 # A hang guard, not a speed check: the job and the servers start in about 30 s on an idle machine.
 pytestmark = [pytest.mark.trackers, pytest.mark.timeout(600)]
@@ -133,7 +141,8 @@ def wandb_config(run_dir: Path) -> dict:
 def job(server: Server, tmp_path_factory: pytest.TempPathFactory, run_script, output_of) -> tuple[Path, Server]:
     out_dir = tmp_path_factory.mktemp("trackers_job")
     proc = run_script(command=[*LITE_RUN, "--max-restarts", "1", "--nproc-per-node", "2", "--standalone",
-                               "trackers_job.py", str(out_dir), server.uri], env={"WANDB_SILENT": "true"},
+                               "trackers_job.py", str(out_dir), server.uri],
+                      env={"WANDB_SILENT": "true", "TRACKIO_DIR": str(TRACKIO_DIR)},
                       timeout=400)  # a hang guard: about 60 s on an idle machine, 2 W&B services start
     assert proc.returncode == 0, output_of(proc)
     assert (out_dir / "died").exists()  # rank 1 died once, and the restart finished the job
@@ -182,6 +191,41 @@ def test_wandb_continues_one_run_across_the_restart_with_the_config_and_rank_zer
     for run in runs:
         assert wandb_config(run) == {"lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}
     assert sorted(p.name for run in runs for p in (run / "files").glob("summary-rank*")) == ["summary-rank0.txt"]
+
+
+def trackio_steps(run: str, key: str = "value", project: str = "lite-test") -> list[tuple[int, float]]:
+    return [(row["step"], row[key]) for row in SQLiteStorage.get_logs(project, run) if key in row]
+
+
+def test_trackio_continues_one_run_with_each_step_once_the_config_and_rank_zeros_artifact(job) -> None:
+    assert trackio.utils.TRACKIO_DIR == TRACKIO_DIR  # the store this module set, not the user's
+    [run] = SQLiteStorage.get_runs("lite-test")  # not one per rank, not one per attempt
+    # The restart resumed from the checkpoint of step 3; the store held step 4 already, so it was skipped.
+    assert trackio_steps(run) == [(s, float(s)) for s in range(STEPS)]  # rank 0's, once each
+    assert [step for step, _ in trackio_steps(run, "checkpoint/saves")] == [2, 4, 6]
+    config = SQLiteStorage.get_run_config("lite-test", run)
+    assert {k: v for k, v in config.items() if not k.startswith("_")} == {
+        "lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}
+    artifacts = SQLiteStorage.get_run_artifacts("lite-test", run, None)["output"]
+    assert [a["name"] for a in artifacts] == ["summary-rank0.txt"], artifacts
+
+
+def test_trackio_refuses_the_config_after_the_first_value_and_keeps_it_across_a_resume() -> None:
+    logger = TrackioLogger(project="config")
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_metrics({"value": 0.0}, step=0)
+    with pytest.raises(MisuseError, match=r"^TrackioLogger sends the config with the run's first value, which was"
+                                          r" already logged: call log_hyperparams before the first log.$"):
+        logger.log_hyperparams({"lr": 0.2})
+    state = logger.state_dict()
+    logger.finalize()
+    resumed = TrackioLogger(project="config")  # a resumed job that does not log its config again
+    resumed.load_state_dict(state)
+    resumed.log_metrics({"value": 1.0}, step=1)
+    resumed.finalize()
+    assert SQLiteStorage.get_runs("config") == [logger.run_id] == [resumed.run_id]
+    assert trackio_steps(logger.run_id, project="config") == [(0, 0.0), (1, 1.0)]
+    assert SQLiteStorage.get_run_config("config", logger.run_id)["lr"] == 0.1
 
 
 def test_logging_after_finalize_reopens_the_same_mlflow_run(server, tmp_path) -> None:

@@ -12,12 +12,12 @@ from lite_core.__about__ import __version__
 if TYPE_CHECKING:
     from lite_core.seed import seed_everything
     from lite_core.lite import LightningLite
-    from lite_core.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger, WandbLogger
+    from lite_core.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger, TrackioLogger, WandbLogger
     from lite_core.monitor import ThroughputMonitor, measure_flops
     from lite_core.progress import progress_bar
 
 __all__ = ["CSVLogger", "LightningLite", "Logger", "MLflowLogger", "TensorBoardLogger", "ThroughputMonitor",
-           "WandbLogger", "__version__", "measure_flops", "progress_bar", "seed_everything"]
+           "TrackioLogger", "WandbLogger", "__version__", "measure_flops", "progress_bar", "seed_everything"]
 
 _LAZY = {
     "LightningLite": "lite_core.lite",
@@ -26,6 +26,7 @@ _LAZY = {
     "Logger": "lite_core.loggers",
     "TensorBoardLogger": "lite_core.loggers",
     "MLflowLogger": "lite_core.loggers",
+    "TrackioLogger": "lite_core.loggers",
     "WandbLogger": "lite_core.loggers",
     "progress_bar": "lite_core.progress",
     "ThroughputMonitor": "lite_core.monitor",
