@@ -11,8 +11,9 @@ loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`
 W&B and trackio runs (`finalize()`, so that their writers store them before the kill), then rank 1
 dies (`os._exit(3)`) after step 4, so the restart resumes from the checkpoint of step 3 and repeats
 step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
-measured two steps), each with the checkpoints' stall since the row before. W&B writes under
-OUT_DIR/wandb, trackio under TRACKIO_DIR; what MLflow could not take would go to OUT_DIR.
+measured two steps), each with the checkpoints' stall since the row before and the restarts. W&B
+writes under OUT_DIR/wandb, trackio under TRACKIO_DIR; what MLflow could not take would go to
+OUT_DIR.
 """
 
 from __future__ import annotations

@@ -216,3 +216,19 @@ def test_each_row_holds_the_checkpoints_stall_since_the_row_before(tmp_path, mon
     rows = [(metrics["checkpoint/stall_seconds"], metrics["checkpoint/saves"]) for metrics, _ in logger.logged]
     assert rows == [(6.0, 2.0), (0.0, 0.0), (3.0, 1.0)]
     assert lite.checkpoint_stall == (9.0, 3)
+
+
+def test_rows_hold_the_restarts_under_lite_run_and_what_the_strategy_knows_of_failures(monkeypatch) -> None:
+    logger = RecordingLogger()
+    lite = LightningLite(accelerator="cpu", loggers=logger)
+    monitor = ThroughputMonitor(lite, log_every_n_steps=2)
+    for _ in range(2):
+        monitor.step(batch_size=4)
+    assert not any(name.startswith("fault/") for name in logger.logged[-1][0])  # not under lite run: none
+    monkeypatch.setenv("LITE_RESTART_COUNT", "2")  # the third attempt of a `lite run --max-restarts` job
+    monkeypatch.setattr(lite.strategy, "fault_tolerance_figures", lambda: {"fault/replica_groups": 3.0})
+    for _ in range(2):
+        monitor.step(batch_size=4)
+    row = logger.logged[-1][0]
+    assert {name: value for name, value in row.items() if name.startswith("fault/")} == {
+        "fault/restarts": 2.0, "fault/replica_groups": 3.0}

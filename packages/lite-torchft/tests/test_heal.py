@@ -5,11 +5,15 @@ one process each under `ddp_ft`, two under `fsdp_ft`; SIGKILL goes to the group'
 whose launcher takes its second one down). Group 0 must finish without a restart; both groups must end with bit-identical
 weights, and with `setup_dataloaders(loader, split_batches=True)` (the user's own call, as under `ddp`)
 equal to one plain PyTorch process over the same loader; an
-evaluation pass afterwards, summed over a group's processes, equals the plain process's.
+evaluation pass afterwards, summed over a group's processes, equals the plain process's. The
+`ThroughputMonitor`'s rows show the failure: the survivor's replica groups drop to one and come
+back, and the restarted group's rows count its heal.
 """
 
 from __future__ import annotations
 
+import csv
+import itertools
 import os
 import signal
 import subprocess
@@ -114,6 +118,12 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
         evaluated = _weights(tmp_path / f"eval-{group}.pt")
         assert evaluated[1].item() == plain_eval[1].item() == 10, f"group {group} counted {evaluated[1].item()} samples"
         torch.testing.assert_close(evaluated, plain_eval, rtol=1e-6, atol=0)  # float32 sums in another order
+    # the monitor's rows (ft_train.py logs one per committed step) tell the dashboard what happened
+    survivor = _rows(tmp_path, 0)[-1]
+    groups = [row["fault/replica_groups"] for row in survivor]
+    assert [value for value, _ in itertools.groupby(groups)][-3:] == [2.0, 1.0, 2.0], groups
+    restarted = _rows(tmp_path, 1)[-1]  # the second life's rows
+    assert restarted and all(row["fault/heals"] >= 1.0 for row in restarted), restarted
 
 
 @pytest.mark.timeout(150)
@@ -129,6 +139,13 @@ def test_without_split_batches_no_committed_step_repeats_or_skips_a_sample(light
     # step's processes, stays unused (as drop_last drops it), none in between
     unused = (counts == 0).nonzero().flatten().tolist()
     assert unused == list(range(STEPS * 4 - len(unused), STEPS * 4)) and len(unused) < 2 * 4, counts.tolist()
+
+
+def _rows(out: Path, group: int) -> list[list[dict[str, float]]]:
+    """The monitor's rows of each life of the group (a CSVLogger version each), in order."""
+    folders = sorted((out / "rows" / f"group-{group}").glob("version_*"), key=lambda f: int(f.name.split("_")[1]))
+    return [[{name: float(value) for name, value in row.items() if value} for row in csv.DictReader(f.open())]
+            for f in (folder / "metrics.csv" for folder in folders) if f.exists()]
 
 
 def _records(out: Path, group: int) -> list[tuple[int, int, list[int]]]:

@@ -163,7 +163,7 @@ def test_mlflow_holds_one_run_with_each_step_once_the_config_and_rank_zeros_arti
     assert not list(out_dir.glob("mlflow-unsent-*"))
 
 
-def test_the_monitors_rows_and_the_checkpoints_stall_reach_mlflow_once_each(job) -> None:
+def test_the_monitors_rows_the_checkpoints_stall_and_the_restart_reach_mlflow_once_each(job) -> None:
     _, server = job
     client = mlflow.MlflowClient(tracking_uri=server.uri)
     [run] = client.search_runs([client.get_experiment_by_name("lite-test").experiment_id])
@@ -173,6 +173,8 @@ def test_the_monitors_rows_and_the_checkpoints_stall_reach_mlflow_once_each(job)
     assert history(client, run_id, "checkpoint/saves") == [(2, 1.0), (4, 1.0), (6, 1.0)]
     stalls = dict(history(client, run_id, "checkpoint/stall_seconds"))
     assert sorted(stalls) == [2, 4, 6] and all(seconds > 0 for seconds in stalls.values())
+    # The restart is on the dashboard: rows of the second attempt say one restart before it.
+    assert history(client, run_id, "fault/restarts") == [(2, 0.0), (4, 0.0), (6, 1.0)]
 
 
 def test_wandb_continues_one_run_across_the_restart_with_the_config_and_rank_zeros_file(job) -> None:
@@ -202,7 +204,7 @@ def test_trackio_continues_one_run_with_each_step_once_the_config_and_rank_zeros
     [run] = SQLiteStorage.get_runs("lite-test")  # not one per rank, not one per attempt
     # The restart resumed from the checkpoint of step 3; the store held step 4 already, so it was skipped.
     assert trackio_steps(run) == [(s, float(s)) for s in range(STEPS)]  # rank 0's, once each
-    assert [step for step, _ in trackio_steps(run, "checkpoint/saves")] == [2, 4, 6]
+    assert trackio_steps(run, "fault/restarts") == [(2, 0.0), (4, 0.0), (6, 1.0)]  # the monitor's rows
     config = SQLiteStorage.get_run_config("lite-test", run)
     assert {k: v for k, v in config.items() if not k.startswith("_")} == {
         "lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}

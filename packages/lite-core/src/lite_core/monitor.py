@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,7 @@ from torch.utils._pytree import tree_map_only
 
 from lite_core.model._module import STATE_KEY, user_class_of
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.launchers.rank import RESTART_VARIABLE
 from lite_core.profiler import active_profiles
 
 if TYPE_CHECKING:
@@ -140,7 +142,10 @@ class ThroughputMonitor:
     progress bar. Each row also holds what the checkpoints cost the loop since the row before:
     `checkpoint/stall_seconds`, the time spent inside `lite.save` (the whole write when blocking;
     the copy to host memory, and any wait for the save before, with `blocking=False`), and
-    `checkpoint/saves`.
+    `checkpoint/saves`; and what is known of failures: under `lite run`, `fault/restarts` (the
+    restarts of the job before this attempt), and whatever the strategy reports
+    (`Strategy.fault_tolerance_figures`: under `ddp_ft`/`fsdp_ft` the replica groups in the last
+    quorum, `fault/replica_groups`, and this group's heals from a peer, `fault/heals`).
 
     Under gradient accumulation, call `step()` after every micro-batch and pass the optimizer
     steps taken so far, the step you log your own metrics at (`step=optimizer_step`). The rates
@@ -269,6 +274,7 @@ class ThroughputMonitor:
         metrics = self.compute()
         if metrics:
             metrics.update(self._checkpoint_stall())
+            metrics.update(self._faults())
             self._lite.log_dict(metrics, step=step)
             self._show(metrics)
         return metrics
@@ -305,6 +311,15 @@ class ThroughputMonitor:
         before_seconds, before_saves = self._checkpoints_at_last_row
         self._checkpoints_at_last_row = now_seconds, now_saves = self._lite.checkpoint_stall
         return {"checkpoint/stall_seconds": now_seconds - before_seconds, "checkpoint/saves": float(now_saves - before_saves)}
+
+    def _faults(self) -> dict[str, float]:
+        """The job's restarts so far under `lite run` (`fault/restarts`, this attempt's number) and
+        what the strategy knows of failures (a fault-tolerant strategy's replica groups and heals)."""
+        figures = dict(self._lite.strategy.fault_tolerance_figures())
+        restarts = os.environ.get(RESTART_VARIABLE)
+        if restarts is not None:
+            figures["fault/restarts"] = float(restarts)
+        return figures
 
     def _peak_memory(self) -> int:
         strategy = self._lite.strategy

@@ -22,6 +22,7 @@ class HealingState:
         self.optimizers: list[Optimizer] = []
         self.streams: list[LoaderStream] = []
         self._waiting_loaders: list[dict[str, int]] = []
+        self.heals = 0  # the peer states this group took over (torchft's first sync of a new group too)
 
     def add_stream(self, stream: LoaderStream) -> None:
         """Register a loader at its first pass (it resumes a peer's position received earlier)."""
@@ -40,6 +41,7 @@ class HealingState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take over a peer's state (models and optimizers in place, loader positions)."""
+        self.heals += 1
         for module, module_state in zip(self.modules, state["modules"], strict=True):
             module.load_state_dict(module_state)
         for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"], strict=True):

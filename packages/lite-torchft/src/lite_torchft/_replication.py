@@ -138,6 +138,14 @@ class FaultTolerantReplication:
         """Committed steps of the whole job (a healed group takes its peer's count)."""
         return 0 if self._manager is None else self._manager.current_step()
 
+    def fault_tolerance_figures(self) -> dict[str, float]:
+        """`fault/replica_groups`, the groups in the last quorum (fewer while a group is down), and
+        `fault/heals`, the times this group took its state from a peer: `ThroughputMonitor` logs both."""
+        if self._manager is None:
+            return {}
+        return {"fault/replica_groups": float(self._manager.num_participants()),
+                "fault/heals": float(self._healing.heals)}
+
     # -- the step ----------------------------------------------------------------------------------
     def _begin_step(self) -> tuple[int, int]:
         """Open the step's quorum once (healing from a peer if due); returns this process's index

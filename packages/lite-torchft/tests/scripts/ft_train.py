@@ -10,7 +10,8 @@ survivor until the restarted group is ready to join); at the end the weights go 
 `OUT_DIR/weights-<group>.pt`, and an evaluation pass over a second loader (under `torch.no_grad()`
 and `model.eval()`) writes its summed error and sample count to `OUT_DIR/eval-<group>.pt`. With
 `plain`, the same loop runs in plain PyTorch (one process, no Lite) and writes
-`OUT_DIR/weights-plain.pt` and `OUT_DIR/eval-plain.pt`.
+`OUT_DIR/weights-plain.pt` and `OUT_DIR/eval-plain.pt`. A `ThroughputMonitor` logs a row at each
+committed step to a `CSVLogger` in `OUT_DIR/rows/group-<group>/version_<life>/metrics.csv`.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _held(out: Path, group: str, step: int) -> bool:
 
 
 def lite(out: Path, split: bool, fsdp: bool) -> None:
-    from lite_core import LightningLite
+    from lite_core import CSVLogger, LightningLite, ThroughputMonitor
 
     group = os.environ["REPLICA_GROUP_ID"]
 
@@ -92,6 +93,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
             loader, evaluation = self.setup_dataloaders(data(), eval_data(), split_batches=split)
+            monitor = ThroughputMonitor(self, log_every_n_steps=1)  # a row at each committed step
             (out / f"ready-{group}-{os.getpid()}").touch()
             for x, y, index in loader:
                 optimizer.zero_grad()
@@ -102,6 +104,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
                     rows = " ".join(str(int(i)) for i in index.flatten().tolist())
                     with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
                         f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
+                    monitor.step(batch_size=len(x), step=self.strategy.step)
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
                 while _held(out, group, self.strategy.step):  # the test holds this group between steps
                     time.sleep(0.05)
@@ -115,10 +118,11 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
     from lite_torchft import DDPFTStrategy
     from lite_torchft.fsdp import FSDPFTStrategy
 
+    rows = CSVLogger(out / "rows", name=f"group-{group}", flush_every=1)  # a row survives a SIGKILL
     if fsdp:  # two processes per group, each holding half of every parameter
-        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5)).run()
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5), loggers=rows).run()
     else:
-        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).run()
+        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=rows).run()
 
 
 if __name__ == "__main__":

@@ -407,6 +407,12 @@ class Strategy:
         """
         return False
 
+    def fault_tolerance_figures(self) -> dict[str, float]:
+        """What this strategy knows of the job's failures and recoveries, by metric name (e.g. a
+        fault-tolerant strategy's `fault/replica_groups` in the last quorum and `fault/heals`):
+        `ThroughputMonitor` puts them in each row it logs. The default: none."""
+        return {}
+
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other
