@@ -12,8 +12,10 @@ back, and the restarted group's rows count its heal.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -34,7 +36,8 @@ STEPS = 24  # ft_train.STEPS
 
 def _start(group: int, lighthouse: str, out: Path, mode: str, log: Path) -> subprocess.Popen[str]:
     env = script_env(LITE_COLLECTIVE_TIMEOUT="10", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), FT_STEP_SLEEP="0.1")
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), FT_STEP_SLEEP="0.1",
+                     TRACKIO_DIR=str(out / "trackio"), LITE_JOB_ID=f"heal-{out.name}")  # one job for both groups
     return subprocess.Popen([sys.executable, str(SCRIPT), str(out), *mode.split()], env=env, text=True,
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 
@@ -63,33 +66,43 @@ def _hold(out: Path, group: int, at_step: int) -> None:
     part.replace(out / f"hold-{group}")  # the group never reads a half-written file
 
 
-def _kill_and_restart(lighthouse: str, out: Path, mode: str) -> None:
+def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
+                      ready_to_kill: Callable[[], bool] | None = None) -> None:
+    """Both groups run; `victim` is SIGKILLed after its step 5 and started again while the survivor
+    goes on alone for three steps and then waits for it. With `ready_to_kill`, the victim waits
+    after its step 5 until `ready_to_kill()` holds, and is killed there."""
+    survivor = 1 - victim
     logs = [out / "group-0.log", out / "group-1.log"]
-    group0, group1 = (_start(g, lighthouse, out, mode, logs[g]) for g in (0, 1))
+    if ready_to_kill is not None:
+        _hold(out, victim, 5)
+    procs = [_start(g, lighthouse, out, mode, logs[g]) for g in (0, 1)]
     try:
-        _wait_for_step(out, 1, 5, group1, logs[1])
-        # group 0 goes on alone for three steps, then waits until group 1 is back (its start-up is slow
-        # on a busy machine). The hold is set before the kill: set after watching group 0 reach a step,
-        # a test process starved of CPU for two seconds let group 0 run to the end first.
-        held_at = _committed(out, 0) + 3
-        _hold(out, 0, held_at)
-        os.kill(group1.pid, signal.SIGKILL)
-        group1.wait()
-        _wait_for_step(out, 0, held_at, group0, logs[0])
+        _wait_for_step(out, victim, 5, procs[victim], logs[victim])
+        if ready_to_kill is not None:
+            _wait_for(ready_to_kill, procs[victim], logs[victim])
+        # the survivor goes on alone for three steps, then waits until the victim is back (its start-up
+        # is slow on a busy machine). The hold is set before the kill: set after watching the survivor
+        # reach a step, a test process starved of CPU for two seconds let it run to the end first.
+        held_at = _committed(out, survivor) + 3
+        _hold(out, survivor, held_at)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait()
+        (out / f"hold-{victim}").unlink(missing_ok=True)  # its second life runs free
+        _wait_for_step(out, survivor, held_at, procs[survivor], logs[survivor])
         time.sleep(1)
-        group1 = _start(1, lighthouse, out, mode, logs[1])
-        _wait_for(lambda: any(out.glob(f"ready-1-{group1.pid}")), group1, logs[1])
-        (out / "hold-0").unlink()
-        for group, proc in ((0, group0), (1, group1)):
+        procs[victim] = _start(victim, lighthouse, out, mode, logs[victim])
+        _wait_for(lambda: any(out.glob(f"ready-{victim}-{procs[victim].pid}")), procs[victim], logs[victim])
+        (out / f"hold-{survivor}").unlink()
+        for group, proc in enumerate(procs):
             assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
     finally:
-        for proc in (group0, group1):
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    # the restarted group healed from group 0 and went on from group 0's step, not from 1
-    second_life = [step for step, pid, _ in _records(out, 1) if pid == group1.pid]
-    assert second_life and second_life[0] > held_at, f"group 1 did not resume at its peer's step: {second_life}"
-    assert second_life[-1] == _records(out, 0)[-1][0]
+    # the restarted group healed from the survivor and went on from its step, not from 1
+    second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].pid]
+    assert second_life and second_life[0] > held_at, f"group {victim} did not resume at its peer's step: {second_life}"
+    assert second_life[-1] == _records(out, survivor)[-1][0]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -118,12 +131,12 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
         evaluated = _weights(tmp_path / f"eval-{group}.pt")
         assert evaluated[1].item() == plain_eval[1].item() == 10, f"group {group} counted {evaluated[1].item()} samples"
         torch.testing.assert_close(evaluated, plain_eval, rtol=1e-6, atol=0)  # float32 sums in another order
-    # the monitor's rows (ft_train.py logs one per committed step) tell the dashboard what happened
-    survivor = _rows(tmp_path, 0)[-1]
+    # the monitor's rows (ft_train.py logs one per committed step, from the group that logs: group 0,
+    # never killed) tell the dashboard what happened: the replica groups dip while group 1 is down
+    [survivor] = _rows(tmp_path, 0)
     groups = [row["fault/replica_groups"] for row in survivor]
     assert [value for value, _ in itertools.groupby(groups)][-3:] == [2.0, 1.0, 2.0], groups
-    restarted = _rows(tmp_path, 1)[-1]  # the second life's rows
-    assert restarted and all(row["fault/heals"] >= 1.0 for row in restarted), restarted
+    assert _rows(tmp_path, 1) == [], "group 1 logged, but only the first group of the quorum logs"
 
 
 @pytest.mark.timeout(150)
@@ -141,11 +154,60 @@ def test_without_split_batches_no_committed_step_repeats_or_skips_a_sample(light
     assert unused == list(range(STEPS * 4 - len(unused), STEPS * 4)) and len(unused) < 2 * 4, counts.tolist()
 
 
+@pytest.mark.timeout(240)
+def test_the_job_logs_one_tracker_run_whose_logging_moves_to_a_live_group(lighthouse: str, tmp_path: Path) -> None:
+    pytest.importorskip("trackio", reason="needs lite-core[trackio] (installed in test-torchft)")
+    # the group that logs dies after its step 5, once trackio's writer thread has stored some of its rows
+    _kill_and_restart(lighthouse, tmp_path, "split trackio", victim=0,
+                      ready_to_kill=lambda: _stored_rows(tmp_path / "trackio" / "ft.db") >= 3)
+    runs, rows = _trackio_store(tmp_path / "trackio", "ft")
+    assert len(runs) == 1, runs  # not a run per group, nor one for the takeover
+    logs = [row for row in rows if "group" in row]  # the loop's own rows (the monitor's come apart)
+    steps = [row["step"] for row in logs]
+    assert steps == sorted(set(steps)) and steps[-1] == STEPS, steps  # no step logged twice
+    by = [int(group) for group, _ in itertools.groupby(row["group"] for row in logs)]
+    # group 0 logs, group 1 takes over while it is down, and group 0 (first in the quorum again once
+    # it has healed) takes the logging back
+    assert by == [0, 1, 0], [(row["step"], row["group"]) for row in logs]
+    # what the dead group's tracker thread had not written before the kill is lost (at most the
+    # half-second before it); every step from the takeover on is there
+    takeover = next(row["step"] for row in logs if row["group"] == 1.0)
+    assert steps[steps.index(takeover):] == list(range(takeover, STEPS + 1)), steps
+    # the monitor's rows: one group while group 0 was down, and group 0's heal once it logs again
+    monitor = [row for row in rows if "fault/heals" in row]
+    back = next(row["step"] for row in logs if row["step"] > takeover and row["group"] == 0.0)
+    assert {row["fault/replica_groups"] for row in monitor if takeover < row["step"] <= back - 2} == {1.0}, monitor
+    assert all(row["fault/heals"] >= 1.0 for row in monitor if row["step"] > back), monitor
+
+
+def _stored_rows(database: Path) -> int:
+    """The metric rows trackio's SQLite store holds so far (0 before it exists)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5)) as db:
+            return int(db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def _trackio_store(folder: Path, project: str) -> tuple[list[str], list[dict]]:
+    """The runs of `project` in trackio's store at `folder`, and the first run's logged rows (read in
+    a process of its own: trackio reads TRACKIO_DIR once, when it is imported)."""
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; runs = S.get_runs(sys.argv[1]);"
+            " print(json.dumps([runs, S.get_logs(sys.argv[1], runs[0]) if runs else []], default=str))")
+    done = subprocess.run([sys.executable, "-c", code, project], env=dict(os.environ, TRACKIO_DIR=str(folder)),
+                          capture_output=True, text=True, timeout=120, check=True)
+    runs, logs = json.loads(done.stdout.strip().splitlines()[-1])
+    return runs, logs
+
+
 def _rows(out: Path, group: int) -> list[list[dict[str, float]]]:
-    """The monitor's rows of each life of the group (a CSVLogger version each), in order."""
+    """The monitor's rows of each life of the group that logged (a CSVLogger version each), in order."""
     folders = sorted((out / "rows" / f"group-{group}").glob("version_*"), key=lambda f: int(f.name.split("_")[1]))
-    return [[{name: float(value) for name, value in row.items() if value} for row in csv.DictReader(f.open())]
-            for f in (folder / "metrics.csv" for folder in folders) if f.exists()]
+    lives = [[{name: float(value) for name, value in row.items() if value} for row in csv.DictReader(f.open())]
+             for f in (folder / "metrics.csv" for folder in folders) if f.exists()]
+    return [monitor for life in lives if (monitor := [row for row in life if "fault/heals" in row])]
 
 
 def _records(out: Path, group: int) -> list[tuple[int, int, list[int]]]:

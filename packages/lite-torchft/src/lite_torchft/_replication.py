@@ -84,6 +84,7 @@ class FaultTolerantReplication:
         self._open = False  # a quorum was started for the step in progress
         self._decision: bool | None = None  # the step's commit vote, once taken
         self._share = (0, 1)  # this process's index among the step's processes, and their number
+        self._first_group = False  # whether this is group 0 (the logging group until the first quorum)
 
     # -- environment -------------------------------------------------------------------------------
     def connect(self, *args: Any, **kwargs: Any) -> None:
@@ -97,6 +98,7 @@ class FaultTolerantReplication:
         if self.global_rank == 0 or self.launcher is None:
             check_lighthouse(variables.lighthouse, self._connect_timeout.total_seconds())
         super().setup_environment()
+        self._first_group = variables.group_id == 0
         self._manager = self._build_manager(variables.group_id, variables.lighthouse)
 
     def _build_manager(self, group_id: int, lighthouse: str) -> Any:
@@ -137,6 +139,14 @@ class FaultTolerantReplication:
     def step(self) -> int:
         """Committed steps of the whole job (a healed group takes its peer's count)."""
         return 0 if self._manager is None else self._manager.current_step()
+
+    def is_logging_process(self) -> bool:
+        """Rank 0 of the group that is first in the last quorum (group 0 before any), so that the job
+        logs once and the logging moves to a live group when that one dies (and back when it returns)."""
+        if self.global_rank != 0:
+            return False
+        first = None if self._manager is None else self._manager.participating_rank()
+        return self._first_group if first is None else first == 0
 
     def fault_tolerance_figures(self) -> dict[str, float]:
         """`fault/replica_groups`, the groups in the last quorum (fewer while a group is down), and

@@ -1,7 +1,9 @@
 """`lite run --replica-groups N`: a torchft lighthouse and N replica groups on this machine.
 
 Each group is its own `lite run` (the remaining arguments, on a free port of its own) with
-`REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS` and `TORCHFT_LIGHTHOUSE` set. The lighthouse runs in this
+`REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS` and `TORCHFT_LIGHTHOUSE` set, and every group (a restarted
+one too) has the same `LITE_JOB_ID` (yours if set, else a new one), by which the tracker loggers of
+whichever group logs find the job's one run. The lighthouse runs in this
 process, so it lives as long as the job. A group that exits with an error is started again (it
 heals from a peer at its next quorum), up to `LITE_GROUP_RESTARTS` times (3 by default); then it
 is given up and the others go on. The job's exit code is 0 when every group finished.
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 #: How often one group may be started again after it failed (`LITE_GROUP_RESTARTS` overrides it).
 GROUP_RESTARTS = 3
@@ -30,6 +33,7 @@ def run_replica_groups(groups: int, argv: list[str], name: str = "lite run") -> 
                                   heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     address = f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}"
     restarts = int(os.environ.get("LITE_GROUP_RESTARTS", GROUP_RESTARTS))
+    os.environ.setdefault("LITE_JOB_ID", uuid.uuid4().hex)  # lite-core's tracker loggers read it
     try:
         return _supervise(groups, argv, address, restarts, name)
     finally:

@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -11,7 +11,9 @@ survivor until the restarted group is ready to join); at the end the weights go 
 and `model.eval()`) writes its summed error and sample count to `OUT_DIR/eval-<group>.pt`. With
 `plain`, the same loop runs in plain PyTorch (one process, no Lite) and writes
 `OUT_DIR/weights-plain.pt` and `OUT_DIR/eval-plain.pt`. A `ThroughputMonitor` logs a row at each
-committed step to a `CSVLogger` in `OUT_DIR/rows/group-<group>/version_<life>/metrics.csv`.
+committed step to a `CSVLogger` in `OUT_DIR/rows/group-<group>/version_<life>/metrics.csv`. With
+`trackio`, a `TrackioLogger` (project `ft`, its store in TRACKIO_DIR) also gets, at each committed
+step, the loss and the id of the group that logged it.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def _held(out: Path, group: str, step: int) -> bool:
     return not text or step >= int(text)
 
 
-def lite(out: Path, split: bool, fsdp: bool) -> None:
-    from lite_core import CSVLogger, LightningLite, ThroughputMonitor
+def lite(out: Path, split: bool, fsdp: bool, trackio: bool) -> None:
+    from lite_core import CSVLogger, LightningLite, ThroughputMonitor, TrackioLogger
 
     group = os.environ["REPLICA_GROUP_ID"]
 
@@ -97,7 +99,8 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
             (out / f"ready-{group}-{os.getpid()}").touch()
             for x, y, index in loader:
                 optimizer.zero_grad()
-                self.backward(torch.nn.functional.mse_loss(net(x), y))
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                self.backward(loss)
                 before = self.strategy.step
                 optimizer.step()
                 if self.strategy.step > before:  # the step committed: record it at once
@@ -105,6 +108,7 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
                     with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
                         f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
                     monitor.step(batch_size=len(x), step=self.strategy.step)
+                    self.log_dict({"loss": loss, "group": float(group)}, step=self.strategy.step)
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
                 while _held(out, group, self.strategy.step):  # the test holds this group between steps
                     time.sleep(0.05)
@@ -119,10 +123,11 @@ def lite(out: Path, split: bool, fsdp: bool) -> None:
     from lite_torchft.fsdp import FSDPFTStrategy
 
     rows = CSVLogger(out / "rows", name=f"group-{group}", flush_every=1)  # a row survives a SIGKILL
+    loggers = [rows, TrackioLogger(project="ft")] if trackio else [rows]
     if fsdp:  # two processes per group, each holding half of every parameter
-        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5), loggers=rows).run()
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5), loggers=loggers).run()
     else:
-        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=rows).run()
+        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=loggers).run()
 
 
 if __name__ == "__main__":
@@ -130,4 +135,4 @@ if __name__ == "__main__":
     if "plain" in sys.argv[2:]:
         plain(out)
     else:
-        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:])
+        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:])

@@ -1,14 +1,16 @@
-"""What the tracker loggers (`WandbLogger`, `MLflowLogger`) share: one run per job opened lazily
-on global rank 0, the run id and last logged step as checkpointable state, the user's config as
-flat or nested hyperparameters."""
+"""What the tracker loggers (`WandbLogger`, `MLflowLogger`, `TrackioLogger`) share: one run per job
+opened lazily on the logging process (global rank 0), the run id and last logged step as
+checkpointable state, the job's key (`LITE_JOB_ID`) that lets several processes find one run, the
+user's config as flat or nested hyperparameters."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lite_core.errors import MisuseError, MissingDependencyError
@@ -30,6 +32,21 @@ def global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
+
+
+#: A key shared by every process of one job, across restarts of its processes: with it the tracker
+#: loggers of several processes that may each come to log (the replica groups of `ddp_ft`) find one
+#: run. `lite run --replica-groups` exports one; you may set your own.
+JOB_ID_VARIABLE = "LITE_JOB_ID"
+
+
+def job_run_key() -> str | None:
+    """The run key of this job (`lite-` and 16 hex digits of `LITE_JOB_ID`'s hash, a valid W&B id
+    and trackio name), or `None` when `LITE_JOB_ID` is not set."""
+    job_id = os.environ.get(JOB_ID_VARIABLE)
+    if not job_id:
+        return None
+    return "lite-" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:
@@ -65,10 +82,27 @@ class TrackerLogger:
     _name = "TrackerLogger"
 
     def __init__(self) -> None:
+        self._logging_process: Callable[[], bool] = lambda: global_rank() == 0
         self._run_id: str | None = None
         self._last_step = -1
         self._skip_through = -1  # steps up to this one were logged before a resume: not again
         self._opened_run_id: str | None = None  # the run this process has opened (rank 0)
+
+    def _follow(self, is_logging_process: Callable[[], bool]) -> None:
+        """Send (metrics, artifacts, the run) only where `is_logging_process()` says: `LightningLite`
+        passes its strategy's choice (global rank 0, or one replica group's rank 0)."""
+        self._logging_process = is_logging_process
+
+    def _logs(self) -> bool:
+        """Whether this process sends to the tracker now."""
+        return self._logging_process()
+
+    def _hand_over(self) -> None:
+        """Another process logs for the job now: close the run this process has open (the other one
+        continues it; this one reopens it if the logging comes back)."""
+        finalize = getattr(self, "finalize", None)
+        if callable(finalize):
+            finalize()
 
     @property
     def run_id(self) -> str | None:

@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from lite_core._user_frame import warn_user
-from lite_core.loggers._tracker import TrackerLogger, config_as_dict, flatten, global_rank, require_package
+from lite_core.loggers._tracker import (TrackerLogger, config_as_dict, flatten, global_rank, job_run_key,
+                                        require_package)
+
+
+_JOB_TAG = "lite.job"  # the tag that marks the run of a job with `LITE_JOB_ID` set
 
 
 class MLflowLogger(TrackerLogger):
@@ -25,6 +29,11 @@ class MLflowLogger(TrackerLogger):
 
     Put the logger in the state you save (`self.save({"model": model, "logger": logger}, path)`)
     and the resumed job appends to the same run; steps the resume repeats are not logged again.
+
+    With `LITE_JOB_ID` set (`lite run --replica-groups` sets it), the run carries the tag
+    `lite.job` and a process that opens a run first looks for the job's run by that tag, so every
+    process that comes to log for the job (the replica group that takes over under `ddp_ft`)
+    continues one run.
 
     Needs `pip install 'lite-core[mlflow]'`.
 
@@ -67,7 +76,8 @@ class MLflowLogger(TrackerLogger):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Buffer `metrics` at `step`; send the buffer every `flush_every` calls."""
-        if global_rank() != 0:
+        if not self._logs():
+            self._hand_over()
             return
         step = self._next_step(step)
         if step is None:
@@ -88,14 +98,18 @@ class MLflowLogger(TrackerLogger):
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Upload a file (a checkpoint, a figure) or folder to the run's artifacts."""
-        if global_rank() != 0:
+        if not self._logs():
             return
         self._artifacts.append(os.fspath(path))
         self.flush()
 
     def flush(self) -> None:
         """Send what is buffered; if the server does not answer, keep it for the next flush."""
-        if global_rank() != 0 or not (self._metrics or self._params or self._artifacts):
+        if self._logs():
+            self._flush_now()
+
+    def _flush_now(self) -> None:
+        if not (self._metrics or self._params or self._artifacts):
             return
         try:
             self._send()
@@ -136,17 +150,31 @@ class MLflowLogger(TrackerLogger):
             self._client = MlflowClient(tracking_uri=self._tracking_uri)
         if self._opened_run_id is None:
             if self._run_id is None:
+                self._run_id = self._job_run()
+            if self._run_id is None:
                 self._run_id = self._create_run()
             else:
                 self._reopen_run()
             self._opened_run_id = self._run_id
         return self._client
 
-    def _create_run(self) -> str:
+    def _experiment_id(self) -> str:
         experiment = self._client.get_experiment_by_name(self._experiment_name)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self._client.create_experiment(self._experiment_name))
-        run = self._client.create_run(experiment_id, run_name=self._run_name, tags=self._tags)
+        return str(experiment.experiment_id if experiment is not None
+                   else self._client.create_experiment(self._experiment_name))
+
+    def _job_run(self) -> str | None:
+        """The run another process of this job opened (tagged `lite.job`), if `LITE_JOB_ID` is set."""
+        key = job_run_key()
+        if key is None:
+            return None
+        self._tags.setdefault(_JOB_TAG, key)
+        runs = self._client.search_runs([self._experiment_id()], filter_string=f"tags.`{_JOB_TAG}` = '{key}'",
+                                        order_by=["attributes.start_time ASC"], max_results=1)
+        return str(runs[0].info.run_id) if runs else None
+
+    def _create_run(self) -> str:
+        run = self._client.create_run(self._experiment_id(), run_name=self._run_name, tags=self._tags)
         return str(run.info.run_id)
 
     def _reopen_run(self) -> None:
@@ -161,7 +189,11 @@ class MLflowLogger(TrackerLogger):
     def finalize(self) -> None:
         """Send everything buffered and mark the run finished; what the server cannot take is written
         to `fallback_dir`. Logging again afterwards reopens the same run."""
-        if global_rank() != 0:
+        if not self._logs():
+            self._hand_over()
+            self._params.clear()  # the config of a run that another process sends
+            if self._metrics or self._artifacts:
+                self._write_fallback()
             return
         self.flush()
         if self._metrics or self._params or self._artifacts:
@@ -171,6 +203,13 @@ class MLflowLogger(TrackerLogger):
                 self._client.set_terminated(self._run_id, status="FINISHED")
             except Exception:  # the values are all sent; the run's status is only cosmetic
                 pass
+        self._opened_run_id = None
+
+    def _hand_over(self) -> None:
+        """Another process logs for the job now: forget the open run (it may come back to this one,
+        reopened then, with the steps the other process logged skipped)."""
+        if self._opened_run_id is not None and (self._metrics or self._artifacts):
+            self._flush_now()  # what this process logged while it led
         self._opened_run_id = None
 
     def state_dict(self) -> dict[str, Any]:

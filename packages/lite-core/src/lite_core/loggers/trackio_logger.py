@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lite_core.errors import MisuseError
-from lite_core.loggers._tracker import TrackerLogger, config_as_dict, global_rank, require_package
+from lite_core.loggers._tracker import TrackerLogger, config_as_dict, global_rank, job_run_key, require_package
 
 
 class TrackioLogger(TrackerLogger):
@@ -25,6 +25,10 @@ class TrackioLogger(TrackerLogger):
     (trackio picks a new one) or give each job its own. trackio stores a run's config with the
     first value each process logs, so `log_hyperparams` is taken before the first value only; a
     resumed run whose job does not log its config again keeps the config it had.
+
+    With `LITE_JOB_ID` set (`lite run --replica-groups` sets it) and no `name`, the run's name
+    comes from it and an existing run of that name is continued, so every process that comes to
+    log for the job (the replica group that takes over under `ddp_ft`) continues one run.
 
     Needs `pip install 'lite-core[trackio]'`.
 
@@ -55,7 +59,7 @@ class TrackioLogger(TrackerLogger):
     @property
     def experiment(self) -> Any:
         """The `trackio` run (started on first use; `None` off global rank 0)."""
-        return self._open() if global_rank() == 0 else None
+        return self._open() if self._logs() else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the saved run (see `TrackerLogger.load_state_dict`)."""
@@ -66,7 +70,8 @@ class TrackioLogger(TrackerLogger):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log `metrics` at `step`."""
-        if global_rank() != 0:
+        if not self._logs():
+            self._hand_over()
             return
         run = self._open()
         step = self._next_step(step)
@@ -86,7 +91,7 @@ class TrackioLogger(TrackerLogger):
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Store a file (a checkpoint, a figure) or folder as an artifact of the run."""
-        if global_rank() != 0:
+        if not self._logs():
             return
         self._open().log_artifact(os.fspath(path))
 
@@ -94,14 +99,17 @@ class TrackioLogger(TrackerLogger):
         if self._run is None:
             import trackio
 
-            resuming = self._run_id is not None and not self._fresh
-            if resuming and not self._config:
+            continuing = self._run_id is not None and not self._fresh  # the run of a loaded checkpoint
+            shared = job_run_key() if not continuing else None
+            if shared is not None:  # one run for every process of the job: trackio continues it if it exists
+                self._run_id = self._run_id or shared
+            if (continuing or shared) and not self._config:
                 self._config = self._stored_config()  # trackio would otherwise replace it with none
             self._run = trackio.init(project=self._project, name=self._run_id, config=self._config or None,
-                                     resume="must" if resuming else "never", **self._init_kwargs)
+                                     resume="allow" if continuing or shared else "never", **self._init_kwargs)
             self._run_id = self._opened_run_id = str(self._run.name)
             self._fresh = False
-            if resuming:
+            if continuing or shared:
                 self._resumed_at(self._stored_last_step())
         return self._run
 

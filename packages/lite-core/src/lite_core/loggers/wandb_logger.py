@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lite_core.loggers._tracker import TrackerLogger, config_as_dict, global_rank, require_package
+from lite_core.loggers._tracker import TrackerLogger, config_as_dict, global_rank, job_run_key, require_package
 
 
 class WandbLogger(TrackerLogger):
@@ -17,6 +17,10 @@ class WandbLogger(TrackerLogger):
     first value logged, so `log_hyperparams` before `self.load(...)` still continues the saved run.
     Put the logger in the state you save (`self.save({"model": model, "logger": logger}, path)`)
     and the resumed job appends to the same run; steps the resume repeats are not logged again.
+
+    With `LITE_JOB_ID` set (`lite run --replica-groups` sets it), the run's id comes from it
+    (`wandb.init(id=..., resume="allow")`), so every process that comes to log for the job (the
+    replica group that takes over under `ddp_ft`) continues one run.
 
     Needs `pip install 'lite-core[wandb]'`. Offline (`mode="offline"` or `WANDB_MODE=offline`)
     the run is written under `save_dir/wandb/` for `wandb sync`.
@@ -47,11 +51,12 @@ class WandbLogger(TrackerLogger):
     def experiment(self) -> Any:
         """The `wandb` run (started on first use; `None` off global rank 0): for what this logger
         does not wrap, such as `logger.experiment.log({"image": wandb.Image(...)})`."""
-        return self._open() if global_rank() == 0 else None
+        return self._open() if self._logs() else None
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log `metrics` at `step` (W&B's `_step`)."""
-        if global_rank() != 0:
+        if not self._logs():
+            self._hand_over()
             return
         run = self._open()
         step = self._next_step(step)
@@ -70,7 +75,7 @@ class WandbLogger(TrackerLogger):
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Save a file (a checkpoint, a figure) with the run: it appears under the run's files."""
-        if global_rank() != 0:
+        if not self._logs():
             return
         file = Path(path).resolve()
         self._open().save(str(file), base_path=str(file.parent), policy="now")
@@ -82,8 +87,9 @@ class WandbLogger(TrackerLogger):
             if self._save_dir is not None:
                 Path(self._save_dir).mkdir(parents=True, exist_ok=True)
             kwargs = {key: value for key, value in self._init_kwargs.items() if value is not None}
-            if self._run_id is not None:
-                kwargs.update(id=self._run_id, resume="allow")
+            run_id = self._run_id or job_run_key()
+            if run_id is not None:
+                kwargs.update(id=run_id, resume="allow")
             self._run = wandb.init(dir=None if self._save_dir is None else str(self._save_dir),
                                    config=self._config or None, **kwargs)
             self._config = {}

@@ -1,5 +1,5 @@
 """The user's callbacks and loggers as one `LightningLite` calls them: callbacks on every rank,
-loggers on global rank 0 only."""
+loggers on the logging process only (global rank 0, see `Strategy.is_logging_process`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from lite_core.loggers._tracker import TrackerLogger
 from lite_core.strategies.strategy import Strategy
 
 
@@ -24,21 +25,32 @@ class Callbacks:
 
 
 class Loggers:
-    """The job's loggers: metrics logged from global rank 0 (tensors as numbers), closed at the end."""
+    """The job's loggers: metrics logged from the logging process (tensors as numbers), closed at the end.
+
+    The tracker loggers follow the strategy's choice of that process in what they send themselves
+    (`log_artifact`, the run they open)."""
 
     def __init__(self, loggers: list[Any], strategy: Strategy) -> None:
         self._loggers = loggers
         self._strategy = strategy
+        for logger in loggers:
+            if isinstance(logger, TrackerLogger):
+                logger._follow(strategy.is_logging_process)
 
     def log_dict(self, metrics: dict[str, Any], step: int | None) -> None:
-        if self._strategy.global_rank != 0:
+        if not self._strategy.is_logging_process():
+            for logger in self._loggers:
+                if isinstance(logger, TrackerLogger):
+                    logger._hand_over()  # a run this process opened while it logged is closed
             return
         metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
         for logger in self._loggers:
             logger.log_metrics(metrics, step=step)
 
     def log_hyperparams(self, config: Any) -> None:
-        """Pass the user's config to every logger that has `log_hyperparams` (rank 0 only)."""
+        """Pass the user's config to every logger that has `log_hyperparams` (rank 0 only: under a
+        strategy with replica groups, rank 0 of every group, whose tracker loggers keep it for the
+        run they may take over)."""
         if self._strategy.global_rank != 0:
             return
         for logger in self._loggers:

@@ -407,6 +407,13 @@ class Strategy:
         """
         return False
 
+    def is_logging_process(self) -> bool:
+        """Whether this process sends the job's metrics to the loggers (`lite.log`, `log_dict`, and
+        what the tracker loggers send): global rank 0. A strategy whose replica groups each have a
+        rank 0 names one of them, so that the job logs once (lite-torchft: the first group of the
+        last quorum, so the logging moves to a live group when that one dies)."""
+        return self.global_rank == 0
+
     def fault_tolerance_figures(self) -> dict[str, float]:
         """What this strategy knows of the job's failures and recoveries, by metric name (e.g. a
         fault-tolerant strategy's `fault/replica_groups` in the last quorum and `fault/heals`):
