@@ -97,6 +97,21 @@ class TrackerLogger:
         """Whether this process sends to the tracker now."""
         return self._logging_process()
 
+    def _open(self) -> Any:
+        """The tracker's run (or client) of this job, opened on first use (each tracker's own)."""
+        raise NotImplementedError
+
+    def _log_to_run(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """`log_metrics` for a tracker whose run (from `self._open()`) has `log(dict, step=...)`
+        (W&B, trackio): sent from the logging process only, each step once."""
+        if not self._logs():
+            self._hand_over()
+            return
+        run = self._open()
+        step = self._next_step(step)
+        if step is not None:
+            run.log(dict(metrics), step=step)
+
     def _hand_over(self) -> None:
         """Another process logs for the job now: close the run this process has open (the other one
         continues it; this one reopens it if the logging comes back)."""

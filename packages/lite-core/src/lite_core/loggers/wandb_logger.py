@@ -55,13 +55,7 @@ class WandbLogger(TrackerLogger):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log `metrics` at `step` (W&B's `_step`)."""
-        if not self._logs():
-            self._hand_over()
-            return
-        run = self._open()
-        step = self._next_step(step)
-        if step is not None:
-            run.log(dict(metrics), step=step)
+        self._log_to_run(metrics, step)
 
     def log_hyperparams(self, config: Any) -> None:
         """Record the user's config (a dict, a dataclass or an argparse Namespace) as the run's config."""
