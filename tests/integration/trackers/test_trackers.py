@@ -230,34 +230,37 @@ def test_trackio_refuses_the_config_after_the_first_value_and_keeps_it_across_a_
     assert SQLiteStorage.get_run_config("config", logger.run_id)["lr"] == 0.1
 
 
-def _take_turns(first, second) -> None:
-    """Two processes' loggers of one job, as under `ddp_ft` when the logging group dies and comes back:
-    `first` logs steps 0..2, `second` 3..5, `first` 6..7 (Lite calls `log_metrics` where the
-    strategy says a process logs, and `_hand_over` elsewhere)."""
-    leader = {"first": True}
-    first._follow(lambda: leader["first"])
-    second._follow(lambda: not leader["first"])
-    for steps, first_leads in ((range(0, 3), True), (range(3, 6), False), (range(6, 8), True)):
-        leader["first"] = first_leads
+def _take_turns(first, second, third) -> None:
+    """The loggers of three processes of one job, as under `ddp_ft` when the logging group dies, the
+    next one takes over and the first comes back restarted: `first` logs steps 0..2, `second` 3..5,
+    `third` 6..7 (Lite calls `log_metrics` where the strategy says a process logs, and `_hand_over`
+    elsewhere)."""
+    loggers = (first, second, third)
+    leader = {"index": 0}
+    for index, logger in enumerate(loggers):
+        logger._follow(lambda index=index: leader["index"] == index)
+    for index, steps in enumerate((range(0, 3), range(3, 6), range(6, 8))):
+        leader["index"] = index
         for step in steps:
-            logs, idle = (first, second) if first_leads else (second, first)
-            idle._hand_over()
-            logs.log_metrics({"value": float(step)}, step=step)
-    first.finalize()
-    second.finalize()
+            for other in loggers:
+                if other is not loggers[index]:
+                    other._hand_over()
+            loggers[index].log_metrics({"value": float(step)}, step=step)
+    for logger in loggers:
+        logger.finalize()
 
 
 def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_mlflow_run(server, tmp_path,
                                                                                   monkeypatch) -> None:
     monkeypatch.setenv("LITE_JOB_ID", "takeover")
-    first, second = (MLflowLogger(experiment_name="takeover", tracking_uri=server.uri, flush_every=1,
-                                  fallback_dir=tmp_path) for _ in range(2))
-    first.log_hyperparams({"lr": 0.1})
-    second.log_hyperparams({"lr": 0.1})  # every group's rank 0 keeps the config for the run it may take over
-    _take_turns(first, second)
+    first, second, third = (MLflowLogger(experiment_name="takeover", tracking_uri=server.uri, flush_every=1,
+                                         fallback_dir=tmp_path) for _ in range(3))
+    for logger in (first, second, third):  # every group's rank 0 keeps the config for the run it may take over
+        logger.log_hyperparams({"lr": 0.1})
+    _take_turns(first, second, third)
     client = mlflow.MlflowClient(tracking_uri=server.uri)
     [run] = client.search_runs([client.get_experiment_by_name("takeover").experiment_id])
-    assert first.run_id == second.run_id == run.info.run_id
+    assert first.run_id == second.run_id == third.run_id == run.info.run_id
     assert history(client, run.info.run_id, "value") == [(s, float(s)) for s in range(8)]
     assert run.data.tags["lite.job"].startswith("lite-") and run.data.params == {"lr": "0.1"}
     assert not list(tmp_path.glob("mlflow-unsent-*"))
@@ -266,9 +269,10 @@ def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_mlflow_run
 def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_wandb_run(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LITE_JOB_ID", "takeover")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    first, second = (WandbLogger(project="takeover", save_dir=tmp_path / name, mode="offline") for name in "ab")
-    _take_turns(first, second)
-    runs = [*wandb_runs(tmp_path / "a"), *wandb_runs(tmp_path / "b")]
+    loggers = [WandbLogger(project="takeover", save_dir=tmp_path / name, mode="offline") for name in "abc"]
+    _take_turns(*loggers)
+    runs = [run for name in "abc" for run in wandb_runs(tmp_path / name)]
+    assert len(runs) == 3, runs
     assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # one run id, which sync joins
     steps = sorted(row["_step"] for run in runs for row in wandb_history(run) if "value" in row)
     assert steps == list(range(8))
