@@ -18,7 +18,7 @@ class TrackioLogger(TrackerLogger):
     `~/.cache/huggingface/trackio`); `trackio show` opens its dashboard. The run starts at the
     first value logged. Put the logger in the state you save
     (`self.save({"model": model, "logger": logger}, path)`) and the resumed job appends to the
-    same run (`trackio.init(name=..., resume="must")`); steps the resume repeats are not logged
+    same run (`trackio.init(name=..., resume="allow")`); steps the resume repeats are not logged
     again, nor those the interrupted job logged after its checkpoint (read from the local store).
 
     trackio resumes a run by its name, so the name is this logger's `run_id`: leave `name` unset
@@ -58,7 +58,7 @@ class TrackioLogger(TrackerLogger):
 
     @property
     def experiment(self) -> Any:
-        """The `trackio` run (started on first use; `None` off global rank 0)."""
+        """The `trackio` run (started on first use; `None` off the logging process, global rank 0)."""
         return self._open() if self._logs() else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -49,8 +49,8 @@ class WandbLogger(TrackerLogger):
 
     @property
     def experiment(self) -> Any:
-        """The `wandb` run (started on first use; `None` off global rank 0): for what this logger
-        does not wrap, such as `logger.experiment.log({"image": wandb.Image(...)})`."""
+        """The `wandb` run (started on first use; `None` off the logging process, global rank 0): for
+        what this logger does not wrap, such as `logger.experiment.log({"image": wandb.Image(...)})`."""
         return self._open() if self._logs() else None
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
