@@ -8,9 +8,9 @@ rank, checkpoints its loggers with the model every 2 steps and resumes at the to
 Every rank logs `value` = step + 100 * rank at steps 0..7 (through `self.log`), its config (through
 `self.log_hyperparams`, before the `load`) and `OUT_DIR/summary-rank{r}.txt` as an artifact (on the
 loggers directly). On the first attempt rank 0 sends step 4 to MLflow (`flush()`) and finishes its
-W&B and trackio runs (`finalize()`, so that their writers store them before the kill), then rank 1
-dies (`os._exit(3)`) after step 4, so the restart resumes from the checkpoint of step 3 and repeats
-step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
+W&B and trackio runs (`finalize()`, so that their writers store them before the kill), then the job
+is preempted after step 4 (every rank `os._exit(3)`), so the restart resumes from the checkpoint of
+step 3 and repeats step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
 measured two steps), each with the checkpoints' stall since the row before and the restarts. W&B
 writes under OUT_DIR/wandb, trackio under TRACKIO_DIR; what MLflow could not take would go to
 OUT_DIR.
@@ -63,11 +63,11 @@ class TrackedJob(LightningLite):
                 # W&B offline writes what its service holds to disk only at finish: a job killed
                 # before then loses it (seen under load: the first attempt's file held no step).
                 wandb.finalize()
-                trackio.finalize()  # the same for trackio's writer thread
-                self.barrier()
-                if self.global_rank == 1:
+                trackio.finalize()  # the same for trackio's writer thread (neither may log again)
+                if self.global_rank == 0:
                     Path(out_dir, "died").touch()
-                    os._exit(3)
+                self.barrier()
+                os._exit(3)  # the job is preempted: every rank dies
         summary = Path(out_dir, f"summary-rank{self.global_rank}.txt")
         summary.write_text(f"rank {self.global_rank} finished\n")
         for logger in (wandb, mlflow, trackio):

@@ -278,15 +278,44 @@ def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_wandb_run(
     assert steps == list(range(8))
 
 
-def test_logging_after_finalize_reopens_the_same_mlflow_run(server, tmp_path) -> None:
-    logger = MLflowLogger(experiment_name="reopen", tracking_uri=server.uri, fallback_dir=tmp_path)
-    logger.log_metrics({"value": 0.0}, step=0)
+AFTER_FINALIZE = (r"^{name}.{call} was called after finalize\(\), which finished the run: log before run\(\)"
+                  r" returns \(Lite finalizes its loggers then\), or start another run\(\) to continue the run.$")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+@pytest.mark.parametrize("make", [
+    lambda tmp: WandbLogger(project="after", save_dir=tmp, mode="offline"),
+    lambda tmp: MLflowLogger(experiment_name="after", tracking_uri=f"http://127.0.0.1:{free_port()}", fallback_dir=tmp),
+    lambda tmp: TrackioLogger(project="after"),
+], ids=["wandb", "mlflow", "trackio"])
+def test_what_is_logged_after_finalize_is_refused_on_every_rank(make, rank, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = make(tmp_path)
     logger.finalize()
-    logger.log_metrics({"value": 1.0}, step=1)
-    logger.finalize()
+    calls = {"log_metrics": lambda: logger.log_metrics({"value": 1.0}, step=1),
+             "log_hyperparams": lambda: logger.log_hyperparams({"lr": 0.1}),
+             "log_artifact": lambda: logger.log_artifact(__file__)}
+    for call, log in calls.items():
+        with pytest.raises(MisuseError, match=AFTER_FINALIZE.format(name=type(logger).__name__, call=call)):
+            log()
+    assert logger.run_id is None  # nothing was opened
+
+
+def test_a_log_after_the_run_returns_is_refused_and_a_second_run_continues_the_same_runs(server, tmp_path) -> None:
+    mlflow_logger = MLflowLogger(experiment_name="again", tracking_uri=server.uri, fallback_dir=tmp_path)
+    trackio_logger = TrackioLogger(project="again")
+    lite = LightningLite(accelerator="cpu", loggers=[mlflow_logger, trackio_logger])
+    lite.launch(lambda lite: lite.log("value", 0.0, step=0))  # Lite finalizes its loggers when it returns
+    with pytest.raises(MisuseError, match=AFTER_FINALIZE.format(name="MLflowLogger", call="log_metrics")):
+        lite.log("value", 1.0, step=1)
+    lite.launch(lambda lite: lite.log("value", 1.0, step=1))
     client = mlflow.MlflowClient(tracking_uri=server.uri)
-    assert len(client.search_runs([client.get_experiment_by_name("reopen").experiment_id])) == 1
-    assert history(client, logger.run_id, "value") == [(0, 0.0), (1, 1.0)]
+    [run] = client.search_runs([client.get_experiment_by_name("again").experiment_id])
+    assert history(client, run.info.run_id, "value") == [(0, 0.0), (1, 1.0)]
+    assert run.info.status == "FINISHED"
+    assert SQLiteStorage.get_runs("again") == [trackio_logger.run_id]
+    assert trackio_steps(trackio_logger.run_id, project="again") == [(0, 0.0), (1, 1.0)]
 
 
 def test_what_a_server_down_at_finalize_did_not_take_is_written_to_the_fallback_file(tmp_path, recwarn) -> None:

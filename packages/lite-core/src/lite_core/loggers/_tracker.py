@@ -76,8 +76,8 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class TrackerLogger:
-    """Shared base: the run id and last step (`state_dict`), steps a resume repeats skipped, and
-    every call a no-op off global rank 0 (no client import, no run)."""
+    """Shared base: the run id and last step (`state_dict`), steps a resume repeats skipped, every
+    call a no-op off global rank 0 (no client import, no run), and logging after `finalize` refused."""
 
     _name = "TrackerLogger"
 
@@ -87,6 +87,7 @@ class TrackerLogger:
         self._last_step = -1
         self._skip_through = -1  # steps up to this one were logged before a resume: not again
         self._opened_run_id: str | None = None  # the run this process has opened (rank 0)
+        self._finalized = False
 
     def _follow(self, is_logging_process: Callable[[], bool]) -> None:
         """Send (metrics, artifacts, the run) only where `is_logging_process()` says: `LightningLite`
@@ -101,9 +102,31 @@ class TrackerLogger:
         """The tracker's run (or client) of this job, opened on first use (each tracker's own)."""
         raise NotImplementedError
 
+    def _close(self) -> None:
+        """Close the run this process has open, if any (each tracker's own)."""
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Close the run (Lite calls this when `run()` returns or fails); logging afterwards is
+        refused, until Lite starts another `run()` with this logger, which continues the run."""
+        self._close()
+        self._finalized = True
+
+    def _reopen(self) -> None:
+        """Lite starts another `run()` with this logger: it may log again, into the same run."""
+        self._finalized = False
+
+    def _refuse_after_finalize(self, call: str) -> None:
+        if self._finalized:
+            raise MisuseError(
+                f"{self._name}.{call} was called after finalize(), which finished the run: log before run()"
+                " returns (Lite finalizes its loggers then), or start another run() to continue the run."
+            )
+
     def _log_to_run(self, metrics: Mapping[str, Any], step: int | None) -> None:
         """`log_metrics` for a tracker whose run (from `self._open()`) has `log(dict, step=...)`
         (W&B, trackio): sent from the logging process only, each step once."""
+        self._refuse_after_finalize("log_metrics")
         if not self._logs():
             self._hand_over()
             return
@@ -115,9 +138,7 @@ class TrackerLogger:
     def _hand_over(self) -> None:
         """Another process logs for the job now: close the run this process has open (the other one
         continues it; this one reopens it if the logging comes back)."""
-        finalize = getattr(self, "finalize", None)
-        if callable(finalize):
-            finalize()
+        self._close()
 
     @property
     def run_id(self) -> str | None:

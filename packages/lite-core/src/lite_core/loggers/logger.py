@@ -15,7 +15,9 @@ class Logger(Protocol):
 
     Lite calls `log_metrics` on global rank 0 only, and `finalize` (when the object has it) when
     `run()` or `launch(fn)` returns or fails, and at exit after `launch()` without a function. A
-    logger must accept more `log_metrics` calls after `finalize` (a second `run()`).
+    logger must accept more `log_metrics` calls after `finalize` when Lite starts a second `run()`
+    (the built-in file loggers reopen their files; the tracker loggers continue their run then,
+    and refuse logging outside a run once finalized).
 
     Example, a Weights & Biases logger in a few lines:
 

@@ -76,6 +76,7 @@ class MLflowLogger(TrackerLogger):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Buffer `metrics` at `step`; send the buffer every `flush_every` calls."""
+        self._refuse_after_finalize("log_metrics")
         if not self._logs():
             self._hand_over()
             return
@@ -92,12 +93,14 @@ class MLflowLogger(TrackerLogger):
         """Record the user's config (a dict, a dataclass or an argparse Namespace) as the run's
         parameters; nested values become dotted names (`optimizer.lr`). They are sent with the next
         metrics, so calling this before `self.load(...)` still resumes the saved run."""
+        self._refuse_after_finalize("log_hyperparams")
         if global_rank() != 0:
             return
         self._params.update({k: str(v) for k, v in flatten(config_as_dict(config)).items()})
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Upload a file (a checkpoint, a figure) or folder to the run's artifacts."""
+        self._refuse_after_finalize("log_artifact")
         if not self._logs():
             return
         self._artifacts.append(os.fspath(path))
@@ -188,7 +191,11 @@ class MLflowLogger(TrackerLogger):
 
     def finalize(self) -> None:
         """Send everything buffered and mark the run finished; what the server cannot take is written
-        to `fallback_dir`. Logging again afterwards reopens the same run."""
+        to `fallback_dir`. Logging afterwards is refused, until Lite starts another `run()` with
+        this logger, which reopens the same run."""
+        super().finalize()
+
+    def _close(self) -> None:
         if not self._logs():
             self._hand_over()
             self._params.clear()  # the config of a run that another process sends

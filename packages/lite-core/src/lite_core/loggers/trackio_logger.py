@@ -59,6 +59,7 @@ class TrackioLogger(TrackerLogger):
     @property
     def experiment(self) -> Any:
         """The `trackio` run (started on first use; `None` off the logging process, global rank 0)."""
+        self._refuse_after_finalize("experiment")
         return self._open() if self._logs() else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -74,6 +75,7 @@ class TrackioLogger(TrackerLogger):
 
     def log_hyperparams(self, config: Any) -> None:
         """Record the user's config (a dict, a dataclass or an argparse Namespace) as the run's config."""
+        self._refuse_after_finalize("log_hyperparams")
         if global_rank() != 0:
             return
         if self._run is not None:
@@ -85,6 +87,7 @@ class TrackioLogger(TrackerLogger):
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Store a file (a checkpoint, a figure) or folder as an artifact of the run."""
+        self._refuse_after_finalize("log_artifact")
         if not self._logs():
             return
         self._open().log_artifact(os.fspath(path))
@@ -120,8 +123,7 @@ class TrackioLogger(TrackerLogger):
         last = SQLiteStorage.get_max_step_for_run(self._project, run=self._run_id)
         return -1 if last is None else int(last)
 
-    def finalize(self) -> None:
-        """Finish the run (its values are written to the store); logging again resumes the same run."""
+    def _close(self) -> None:
         if self._run is not None:
             self._run.finish()
             self._run = None

@@ -51,6 +51,7 @@ class WandbLogger(TrackerLogger):
     def experiment(self) -> Any:
         """The `wandb` run (started on first use; `None` off the logging process, global rank 0): for
         what this logger does not wrap, such as `logger.experiment.log({"image": wandb.Image(...)})`."""
+        self._refuse_after_finalize("experiment")
         return self._open() if self._logs() else None
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -59,6 +60,7 @@ class WandbLogger(TrackerLogger):
 
     def log_hyperparams(self, config: Any) -> None:
         """Record the user's config (a dict, a dataclass or an argparse Namespace) as the run's config."""
+        self._refuse_after_finalize("log_hyperparams")
         if global_rank() != 0:
             return
         values = config_as_dict(config)
@@ -69,6 +71,7 @@ class WandbLogger(TrackerLogger):
 
     def log_artifact(self, path: str | os.PathLike[str]) -> None:
         """Save a file (a checkpoint, a figure) with the run: it appears under the run's files."""
+        self._refuse_after_finalize("log_artifact")
         if not self._logs():
             return
         file = Path(path).resolve()
@@ -94,8 +97,7 @@ class WandbLogger(TrackerLogger):
                 self._resumed_at(int(self._run.step) - 1)
         return self._run
 
-    def finalize(self) -> None:
-        """Finish the run (upload or close its files); logging again afterwards resumes the same run."""
+    def _close(self) -> None:
         if self._run is not None:
             self._run.finish()
             self._run = None

@@ -40,8 +40,8 @@ class Loggers:
     def log_dict(self, metrics: dict[str, Any], step: int | None) -> None:
         if not self._strategy.is_logging_process():
             for logger in self._loggers:
-                if isinstance(logger, TrackerLogger):
-                    logger._hand_over()  # a run this process opened while it logged is closed
+                if isinstance(logger, TrackerLogger):  # sends nothing here; closes a run it opened while it logged
+                    logger.log_metrics(metrics, step=step)
             return
         metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
         for logger in self._loggers:
@@ -58,8 +58,15 @@ class Loggers:
             if callable(log_hyperparams):
                 log_hyperparams(config)
 
+    def begin(self) -> None:
+        """A `run()` starts: tracker loggers finalized by an earlier one may log again (same run)."""
+        for logger in self._loggers:
+            if isinstance(logger, TrackerLogger):
+                logger._reopen()
+
     def finalize(self) -> None:
-        """Flush and close every logger that can be (they reopen if the user logs again)."""
+        """Flush and close every logger that can be (file loggers reopen if the user logs again;
+        tracker loggers refuse until the next `run()`)."""
         for logger in self._loggers:
             finalize = getattr(logger, "finalize", None)
             if callable(finalize):

@@ -68,6 +68,8 @@ class Running:
         strategy = self._strategy
         strategy.setup_environment()
         outer, self.inside = self.inside, True
+        if not outer:
+            self._loggers.begin()
         try:
             with strategy.run_context(), _data.recording_loader_arguments():
                 result = fn(*args, **kwargs)
