@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from _common import bootstrap_ratio_ci, clean_env, ratio_of_medians  # noqa: E402
 
 SECTIONS = ("steps", "loader", "loader_position", "compile", "ddp", "tp", "fsdp", "deepspeed", "checkpoint", "monitor", "import", "launch",
-            "restart", "memory", "recompute")
+            "restart", "memory", "recompute", "fp8")
 IMPORT_PLAIN = "import torch"
 IMPORT_LITE = "import torch, lite_core; from lite_core import LightningLite"
 
@@ -106,7 +106,7 @@ TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps
               for model in ("tiny", "mlp1024")},
            "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02,
            "launch-cli": 1.05, "restart": None, "position:batch": 1.01, "position:calls": None,
-           "position:deep-resume": None, "recompute:memory": 0.5}
+           "position:deep-resume": None, "recompute:memory": 0.5, "fp8:step": 1.02}
 
 
 @dataclass
@@ -596,11 +596,30 @@ def bench_recompute(ctx: Context) -> list[Row]:
                        without, with_, note=note)]
 
 
+def bench_fp8(ctx: Context) -> list[Row]:
+    """FP8 step time on one process: Lite's `Float8Precision("rowwise", emulate=True)` against the
+    same loop with torchao's conversion and bf16 autocast by hand, a fresh process per arm and
+    repetition (FP8 emulated on the CPU: the ratio is Lite's overhead around torchao)."""
+    env = child_env(ctx.threads)
+
+    def measure(arm: str) -> Callable[[], float]:
+        def fn() -> float:
+            command = [ctx.python, str(HERE / "_fp8_worker.py"), "--arm", arm, "--threads", str(ctx.threads)]
+            return float(json.loads(run_child(command, ctx.config.child_timeout_s, env)[1].strip().splitlines()[-1])
+                         ["step_s"])
+        return fn
+
+    plain, lite = interleave(ctx.config.memory_reps + 2, measure("plain"), measure("lite"))
+    return [paired_row("fp8:step", "FP8 step (rowwise, emulated), 1 proc: torchao by hand vs Lite", "s", plain, lite,
+                       note="4 residual MLP blocks 512-1024-512, batch 256, median of 5 steps per process")]
+
+
 BENCHMARKS: dict[str, Callable[[Context], list[Row]]] = {
     "steps": bench_steps, "loader": bench_loader, "loader_position": bench_loader_position, "compile": bench_compile, "ddp": bench_ddp, "tp": bench_tp, "fsdp": bench_fsdp,
     "deepspeed": bench_deepspeed,
     "checkpoint": bench_checkpoint, "monitor": bench_monitor, "import": bench_import,
     "launch": bench_launch, "restart": bench_restart, "memory": bench_memory, "recompute": bench_recompute,
+    "fp8": bench_fp8,
 }
 
 

@@ -221,6 +221,24 @@ def test_bf16_on_an_ampere_gpu_is_accepted_at_construction_and_in_the_process(fa
     assert lite.strategy.precision.name == "bf16-true"
 
 
+@pytest.mark.parametrize("precision", ["fp8-rowwise", "fp8-tensorwise"])
+def test_fp8_below_compute_capability_8_9_fails_at_construction_and_names_emulation(fake_gpus: Any,
+                                                                                    precision: str) -> None:
+    pytest.importorskip("torchao", reason="needs lite-core[fp8] (torchao), which test-cuda installs")
+    fake_gpus(2, name="NVIDIA A100-SXM4-80GB", capability=(8, 0))
+    recipe = precision.removeprefix("fp8-")
+    one_sentence(rf"^precision='{precision}' needs a GPU with FP8 \(compute capability 8.9 or newer, e.g. L4, H100\)"
+                 rf" but GPU 0 is NVIDIA A100-SXM4-80GB \(8.0\): use precision='bf16-mixed', or emulate FP8 for"
+                 rf" tests with precision=Float8Precision\('{recipe}', emulate=True\)\.$",
+                 accelerator="cuda", devices=2, precision=precision)
+
+
+def test_fp8_on_a_hopper_gpu_is_accepted(fake_gpus: Any) -> None:
+    pytest.importorskip("torchao", reason="needs lite-core[fp8] (torchao), which test-cuda installs")
+    fake_gpus(1, name="NVIDIA H100 80GB HBM3", capability=(9, 0))
+    assert LightningLite(accelerator="cuda", precision="fp8-rowwise").strategy.precision.name == "fp8-rowwise"
+
+
 # --- never initialise CUDA in the parent -----------------------------------------------------------------
 
 _INITIALISES_CUDA = ("is_available", "init", "_lazy_init", "current_device", "get_device_properties",

@@ -14,9 +14,10 @@ if TYPE_CHECKING:
     from lite_core.lite import LightningLite
     from lite_core.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger, TrackioLogger, WandbLogger
     from lite_core.monitor import ThroughputMonitor, measure_flops
+    from lite_core.precision.fp8 import Float8Precision
     from lite_core.progress import progress_bar
 
-__all__ = ["CSVLogger", "LightningLite", "Logger", "MLflowLogger", "TensorBoardLogger", "ThroughputMonitor",
+__all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "TensorBoardLogger", "ThroughputMonitor",
            "TrackioLogger", "WandbLogger", "__version__", "measure_flops", "progress_bar", "seed_everything"]
 
 _LAZY = {
@@ -31,6 +32,7 @@ _LAZY = {
     "progress_bar": "lite_core.progress",
     "ThroughputMonitor": "lite_core.monitor",
     "measure_flops": "lite_core.monitor",
+    "Float8Precision": "lite_core.precision.fp8",
 }
 
 

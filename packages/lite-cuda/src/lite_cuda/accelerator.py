@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from lite_core.plugins import Accelerator, ConfigurationError
+from lite_core.plugins import FP8_PRECISIONS, PRECISIONS, Accelerator, ConfigurationError
 from lite_cuda import _runtime
 from lite_cuda._devices import parse_devices
 
@@ -15,6 +15,8 @@ _MATMUL_PRECISIONS = ("highest", "high", "medium")
 _BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
 #: bfloat16 arithmetic runs natively from compute capability 8.0 (Ampere) on.
 _BF16_CAPABILITY = (8, 0)
+#: FP8 matmuls run from compute capability 8.9 (Ada, e.g. L4) and 9.0 (Hopper) on.
+_FP8_CAPABILITY = (8, 9)
 
 
 class CUDAAccelerator(Accelerator):
@@ -34,6 +36,7 @@ class CUDAAccelerator(Accelerator):
     distributed_backend = "nccl"
     default_distributed_strategy = "ddp"
     autocast_device_type = "cuda"
+    supported_precisions = PRECISIONS  # FP8 too, checked per GPU in validate_precision
 
     def __init__(self, matmul_precision: str | None = None) -> None:
         if matmul_precision is not None and matmul_precision not in _MATMUL_PRECISIONS:
@@ -79,8 +82,15 @@ class CUDAAccelerator(Accelerator):
             _require_bf16(self._unchecked_bf16, device.index, _runtime.initialized_gpu(device.index))
 
     def validate_precision(self, precision: str, device_indexes: list[int]) -> None:
-        """Refuse bf16 on a GPU older than Ampere; GPUs NVML cannot describe are checked per process."""
+        """Refuse bf16 on a GPU older than Ampere and FP8 below compute capability 8.9; GPUs NVML
+        cannot describe are checked per process."""
         self._unchecked_bf16 = None
+        if precision in FP8_PRECISIONS:
+            for index in device_indexes:
+                gpu = _runtime.gpu(index)
+                if gpu is not None:
+                    _require_fp8(precision, index, gpu)
+            return
         if precision not in _BF16_PRECISIONS:
             return
         for index in device_indexes:
@@ -115,4 +125,15 @@ def _require_bf16(precision: str, index: int, gpu: _runtime.GPU) -> None:
         f"precision={precision!r} needs a GPU with bfloat16 (compute capability 8.0 or newer, e.g. A100,"
         f" H100, RTX 30xx) but GPU {index} is {gpu.name} ({major}.{minor}): use"
         f" precision={precision.replace('bf16', '16')!r}."
+    )
+
+
+def _require_fp8(precision: str, index: int, gpu: _runtime.GPU) -> None:
+    if gpu.capability >= _FP8_CAPABILITY:
+        return
+    major, minor = gpu.capability
+    raise ConfigurationError(
+        f"precision={precision!r} needs a GPU with FP8 (compute capability 8.9 or newer, e.g. L4, H100) but GPU"
+        f" {index} is {gpu.name} ({major}.{minor}): use precision='bf16-mixed', or emulate FP8 for tests with"
+        f" precision=Float8Precision({precision.removeprefix('fp8-')!r}, emulate=True)."
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lite_core.precision.names import PRECISIONS
+from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +33,8 @@ class Accelerator(ABC):
     #: Strategy chosen for `strategy="auto"` when the job has one process (a device such as
     #: XLA's needs its own, which cuts the graph at each step).
     default_single_device_strategy: ClassVar[str] = "single_device"
-    #: Precisions this device can run.
-    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS
+    #: Precisions this device can run (FP8 only where a device declares it).
+    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS - FP8_PRECISIONS
     #: Device type passed to `torch.autocast`.
     autocast_device_type: ClassVar[str] = "cpu"
 

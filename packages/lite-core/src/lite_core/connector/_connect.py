@@ -19,7 +19,7 @@ from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
 from lite_core.checkpoint import CheckpointIO
-from lite_core.precision.names import normalize_precision
+from lite_core.precision.names import PRECISIONS, normalize_precision, unsupported_hint
 from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
 
@@ -52,8 +52,11 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     _check_processes_to_start(environment, chosen, len(indexes), devices)
     _check_multi_node(environment, num_nodes, chosen)
     chosen.connect(accel, environment, indexes, num_nodes)
-    chosen.precision = given.get(Precision) or _precision(chosen, accel, precision)
-    accel.validate_precision(chosen.precision.name, indexes)
+    chosen.precision = _given_precision(chosen, accel, given[Precision]) if Precision in given else \
+        _precision(chosen, accel, precision)
+    chosen.precision.connect(accel.autocast_device_type)
+    if not chosen.precision.emulated:
+        accel.validate_precision(chosen.precision.name, indexes)
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
     return chosen
@@ -199,10 +202,23 @@ def _check_multi_node(environment: ClusterEnvironment, num_nodes: int, strategy:
 
 def _precision(strategy: Strategy, accel: Accelerator, precision: Any) -> Precision:
     name = normalize_precision(precision)
-    supported = strategy.supported_precisions & accel.supported_precisions
+    _check_supported(strategy, accel, name, emulated=False)
+    return strategy.build_precision(name)
+
+
+def _given_precision(strategy: Strategy, accel: Accelerator, precision: Precision) -> Precision:
+    """A precision plugin the user built: checked like its name where it asks to be."""
+    if precision.checked_by_name:
+        _check_supported(strategy, accel, precision.name, emulated=precision.emulated)
+    return precision
+
+
+def _check_supported(strategy: Strategy, accel: Accelerator, name: str, emulated: bool) -> None:
+    on_device = PRECISIONS if emulated else accel.supported_precisions
+    supported = strategy.supported_precisions & on_device
     if name not in supported:
+        hint = unsupported_hint(name) if name in strategy.supported_precisions else ""
         raise ConfigurationError(
             f"precision={name!r} is not supported by strategy={strategy.name!r} on accelerator={accel.name!r}:"
-            f" choose one of {sorted(supported)}."
+            f" choose one of {sorted(supported)}{hint}."
         )
-    return strategy.build_precision(name)

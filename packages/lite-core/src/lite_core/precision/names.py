@@ -8,9 +8,11 @@ from lite_core._suggest import closest
 from lite_core._user_frame import warn_user
 from lite_core.errors import ConfigurationError
 
+#: FP8 through torchao (`Float8Precision`): only accelerators that declare them run these.
+FP8_PRECISIONS: frozenset[str] = frozenset({"fp8-tensorwise", "fp8-rowwise"})
 PRECISIONS: frozenset[str] = frozenset(
     {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
-)
+) | FP8_PRECISIONS
 
 #: LightningLite 1.5's values: still accepted, with a `FutureWarning` naming the new value.
 _LEGACY = {64: "64-true", 32: "32-true", 16: "16-mixed", "64": "64-true", "32": "32-true",
@@ -19,7 +21,7 @@ _LEGACY = {64: "64-true", 32: "32-true", 16: "16-mixed", "64": "64-true", "32": 
 _OTHER_SPELLINGS = {"fp16": "16-mixed", "float16": "16-mixed", "half": "16-mixed", "amp": "16-mixed",
                     "mixed": "16-mixed", "bfloat16": "bf16-mixed", "fp32": "32-true", "float32": "32-true",
                     "float": "32-true", "single": "32-true", "fp64": "64-true", "float64": "64-true",
-                    "double": "64-true"}
+                    "double": "64-true", "fp8": "fp8-rowwise", "float8": "fp8-rowwise"}
 
 
 def normalize_precision(precision: Any) -> str:
@@ -45,3 +47,12 @@ def _guess(precision: Any) -> str | None:
     spellings = {**{name: name for name in PRECISIONS}, **{str(k): v for k, v in _LEGACY.items()}, **_OTHER_SPELLINGS}
     key = closest(precision.strip().lower(), spellings)
     return spellings[key] if key is not None else None
+
+
+def unsupported_hint(name: str) -> str:
+    """What to add to the sentence refusing precision `name` on an accelerator without it."""
+    if name in FP8_PRECISIONS:
+        recipe = name.removeprefix("fp8-")
+        return (f", or emulate FP8 (slow; for tests and debugging) with"
+                f" precision=Float8Precision({recipe!r}, emulate=True)")
+    return ""

@@ -27,6 +27,15 @@ class Precision:
     #: steps optimizers plainly, a set-up optimizer's `step` is the user's own. A precision that
     #: overrides `optimizer_step` declares it.
     changes_optimizer_step: bool = False
+    #: Whether the precision is computed in software (FP8 emulation): the accelerator's own support
+    #: for it is then not needed.
+    emulated: bool = False
+    #: Whether the connector checks this plugin's `name` against what the strategy and accelerator
+    #: support when the user passes it as an object (a custom plugin is trusted as it is).
+    checked_by_name: bool = False
+
+    def connect(self, autocast_device_type: str) -> None:
+        """Called once the accelerator is known, with its `torch.autocast` device type."""
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast the module's parameters and buffers to this precision."""
@@ -221,6 +230,10 @@ _TRUE_DTYPES = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true":
 
 def build_precision(name: str, device_type: str) -> Precision:
     """The core's precision plugin for a normalised precision `name` on `device_type`."""
+    if name.startswith("fp8-"):
+        from lite_core.precision.fp8 import Float8Precision
+
+        return Float8Precision(name.removeprefix("fp8-"), device_type=device_type)
     if name in _TRUE_DTYPES:
         return TruePrecision(name, _TRUE_DTYPES[name])
     if name.endswith("-mixed"):

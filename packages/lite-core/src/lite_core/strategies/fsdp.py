@@ -58,7 +58,8 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     # XLA devices have their own sharding strategy (`xla_fsdp`).
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
-    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
+    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true", "fp8-tensorwise",
+                                      "fp8-rowwise"})
     routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
     routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
     stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes

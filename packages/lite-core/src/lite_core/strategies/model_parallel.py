@@ -84,7 +84,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     name = "model_parallel"
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
-    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"})
+    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true", "fp8-tensorwise", "fp8-rowwise"})
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline the schedule ran the backward pass already
 

@@ -1,0 +1,115 @@
+"""FP8 training through torchao: the Linear layers' matmuls in float8, everything else in bf16."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from lite_core.errors import ConfigurationError, MissingDependencyError
+from lite_core.precision.precision import MixedPrecision
+
+#: torchao's recipe names (`Float8LinearConfig.from_recipe_name`) that Lite offers.
+RECIPES = ("tensorwise", "rowwise")
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+class Float8Precision(MixedPrecision):
+    """`precision="fp8-rowwise"` or `"fp8-tensorwise"`: torchao's float8 training.
+
+    At `setup()` the model's `nn.Linear` layers that `module_filter_fn` selects become torchao
+    `Float8Linear`s (still `nn.Linear`s, with the same parameters, names and state-dict keys), whose
+    matmuls cast inputs, weights and gradients to float8 with dynamic scales. Everything else runs
+    under bf16 autocast, as `bf16-mixed` (`autocast_dtype=None`: in the weights' dtype, no
+    autocast); the weights stay in their dtype (float32), so checkpoints hold plain weights that
+    load with or without FP8.
+
+    The recipes are torchao's: `"tensorwise"` scales each tensor by its amax, `"rowwise"` each
+    row. Under data parallelism a tensorwise scale is the amax of each process's own activations,
+    so the result depends on how the global batch is split; rowwise scales do not (within float
+    rounding). Pass `compile` options to `setup()` for speed, as torchao expects.
+
+    Needs a GPU with FP8 (compute capability 8.9 or newer) and `pip install 'lite-core[fp8]'`.
+    `emulate=True` computes the float8 casts in software on any device (CPU included): slow, and
+    meant for tests and debugging.
+
+    Args:
+        recipe: `"rowwise"` or `"tensorwise"`.
+        emulate: emulate FP8 instead of running it on FP8 hardware.
+        module_filter_fn: `(module, fully_qualified_name) -> bool`, called for each `nn.Linear`:
+            whether it becomes float8. Default: every Linear except the model's last one (its
+            output head in the usual layout) and those whose `in_features` or `out_features` is
+            not a multiple of 16 (FP8 matmuls need that).
+        autocast_dtype: the dtype of the other operations (`torch.autocast`); `None` runs them in
+            the weights' dtype, without autocast.
+        device_type: the `torch.autocast` device type; `None` takes the accelerator's.
+
+    Raises:
+        ConfigurationError: `recipe` is not one of `"rowwise"`, `"tensorwise"`.
+        MissingDependencyError: `torchao` is not installed.
+    """
+
+    checked_by_name = True
+
+    def __init__(self, recipe: str = "rowwise", emulate: bool = False, module_filter_fn: ModuleFilter | None = None,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, device_type: str | None = None) -> None:
+        if recipe not in RECIPES:
+            raise ConfigurationError(f"Float8Precision(recipe={recipe!r}) is not a recipe: pass one of {list(RECIPES)}.")
+        _require_torchao()
+        super().__init__(f"fp8-{recipe}", device_type or "cpu")
+        self._device_type_given = device_type is not None
+        self.recipe = recipe
+        self.emulated = emulate
+        self._module_filter_fn = module_filter_fn
+        self._autocast_dtype = autocast_dtype
+        if autocast_dtype is not None:
+            self._dtype = autocast_dtype
+
+    def connect(self, autocast_device_type: str) -> None:
+        if not self._device_type_given:
+            self._device_type = autocast_device_type
+
+    def forward_context(self) -> ContextManager[Any]:
+        return nullcontext() if self._autocast_dtype is None else super().forward_context()
+
+    def convert_output(self, data: Any) -> Any:
+        return data if self._autocast_dtype is None else super().convert_output(data)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Swap the selected `nn.Linear` layers for torchao's `Float8Linear` (in place)."""
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulated)
+        selects = self._module_filter_fn or default_module_filter(module)
+        return convert_to_float8_training(module, config=config, module_filter_fn=selects)
+
+    def __repr__(self) -> str:
+        return f"Float8Precision(recipe={self.recipe!r}, emulate={self.emulated!r})"
+
+
+def default_module_filter(model: nn.Module) -> ModuleFilter:
+    """Every `nn.Linear` of `model` except its last one and those with a dimension that is not a
+    multiple of 16."""
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    head = linears[-1] if linears else None
+
+    def selects(module: nn.Module, name: str) -> bool:
+        if not isinstance(module, nn.Linear) or name == head:
+            return False
+        return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    return selects
+
+
+def _require_torchao() -> None:
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as error:
+        raise MissingDependencyError(
+            "FP8 precision needs the torchao package, which is not installed: run `pip install 'lite-core[fp8]'`."
+        ) from error
