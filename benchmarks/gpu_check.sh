@@ -10,13 +10,18 @@
 #      not importable; without either, this part is skipped and says so;
 #   4. model parallelism: ModelParallelStrategy over NCCL on 2 (dp1 x tp2) or 4 (dp2 x tp2) GPUs
 #      against one plain process, and a sharded checkpoint round trip
-#      (benchmarks/gpu_model_parallel.py); with fewer than 2 GPUs it is skipped and says why.
+#      (benchmarks/gpu_model_parallel.py); with fewer than 2 GPUs it is skipped and says why;
+#   5. FP8 against bf16 on the GPT-style model, compiled: step-time ratio, Lite's FP8 step against
+#      torchao by hand, and loss curves (benchmarks/gpu_fp8.py). torchao is installed from the
+#      wheel in $DS_WHEELS (`pip download --no-deps torchao==0.18.0 -d .whl`) when it is not
+#      importable; without either, or below compute capability 8.9, it is skipped and says so.
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
-# deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json and summary.txt.
+# deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json, fp8.txt,
+# gpu_fp8.md/.json and summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -32,7 +37,7 @@ mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 
 DS_WHEELS=${DS_WHEELS:-.whl}
-if ! "$PY" -c "import deepspeed" 2>/dev/null && ls "$DS_WHEELS"/deepspeed-*.whl >/dev/null 2>&1; then
+if ! "$PY" -c "import deepspeed, torchao" 2>/dev/null && ls "$DS_WHEELS"/*.whl >/dev/null 2>&1; then
   eval "$(bash benchmarks/install_wheels.sh "$DS_WHEELS" /tmp/lite_ds_site)" || exit 3
 fi
 if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda'); m.distribution('lite-deepspeed')" 2>/dev/null; then
@@ -94,12 +99,25 @@ else
   MP_RC=0
 fi
 
+if "$PY" -c "import torchao" 2>/dev/null; then
+  FP8_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_fp8")
+  [ "$DEVICE" = cpu ] && FP8_ARGS+=(--quick)
+  echo "== FP8 against bf16 (at most 120 s)"
+  timeout -k 5 120 "$PY" benchmarks/gpu_fp8.py "${FP8_ARGS[@]}" > "$RESULTS/fp8.txt" 2>&1
+  FP8_RC=$?
+  grep -E "^\||^fp8|Error" "$RESULTS/fp8.txt" | tail -n 12
+else
+  echo "== FP8: skipped, torchao is not importable and $DS_WHEELS holds no torchao wheel" | tee "$RESULTS/fp8.txt"
+  FP8_RC=0
+fi
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
   echo "deepspeed tests: exit $DS_TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/deepspeed_tests.txt" 2>/dev/null | tail -n 1))"
   echo "deepspeed parity and step time: exit $DS_RC"
   echo "model parallel: exit $MP_RC ($(grep -E '^model parallel' "$RESULTS/model_parallel.txt" | tail -n 1))"
+  echo "fp8: exit $FP8_RC ($(grep -E '^\| fp8 / bf16|^fp8: skipped|^== FP8: skipped' "$RESULTS/fp8.txt" | tail -n 1))"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ]

@@ -1,0 +1,169 @@
+"""FP8 against bf16 on the GPT-style model of gpu_bench.py: step time and loss curves.
+
+    python benchmarks/gpu_fp8.py                         # on a GPU with FP8 (compute capability 8.9+)
+    python benchmarks/gpu_fp8.py --device cpu --quick    # smoke run on a CPU (tiny model, FP8 emulated)
+
+Three arms from the same initial weights, each compiled with `torch.compile` as torchao expects
+(not on the CPU, where FP8 is emulated): `bf16` (`LightningLite(precision="bf16-mixed")`), `fp8`
+(`precision="fp8-rowwise"`) and `fp8_by_hand` (torchao's `convert_to_float8_training` and bf16
+autocast written by hand, the output head left out as Lite's default does). Blocks of steps rotate
+the order of the arms each round, each timed with the device synchronised; the medians are compared.
+Then each arm trains `--curve-steps` steps on the same batches from the same weights, and the loss
+curves are written beside the table.
+
+Ratios: `fp8 / bf16` (FP8's speed-up, below 1 is faster) and `fp8 / fp8_by_hand` (what Lite adds
+around torchao; goal <= 1.02). The Markdown table is printed and written with the raw numbers to
+`--out` (`.md` and `.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import ratio_of_medians  # noqa: E402
+from gpu_bench import FULL, QUICK, GPTConfig, batches, build, lm_loss  # noqa: E402
+
+Step = Callable[[torch.Tensor, torch.Tensor], float]
+
+
+def _compiled(model: nn.Module, device: torch.device) -> nn.Module:
+    return torch.compile(model) if device.type == "cuda" else model
+
+
+def lite_arm(model: nn.Module, device: torch.device, precision: str) -> Step:
+    from lite_core import Float8Precision, LightningLite
+
+    cuda = device.type == "cuda"
+    chosen: object = precision
+    if precision.startswith("fp8") and not cuda:
+        chosen = Float8Precision(precision.removeprefix("fp8-"), emulate=True)
+    lite = LightningLite(accelerator="cuda" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
+                         precision=chosen)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    model, optimizer = lite.setup(_compiled(model, device), optimizer)
+
+    def step(ids: torch.Tensor, target: torch.Tensor) -> float:
+        ids, target = lite.to_device((ids, target))
+        optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(model(ids), target)
+        lite.backward(loss)
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def by_hand_arm(model: nn.Module, device: torch.device) -> Step:
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), emulate=device.type != "cuda")
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "head")
+    model = _compiled(model.to(device), device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+    def step(ids: torch.Tensor, target: torch.Tensor) -> float:
+        ids, target = ids.to(device), target.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(ids)
+        loss = lm_loss(logits, target)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+ARMS: dict[str, Callable[[nn.Module, torch.device], Step]] = {
+    "bf16": lambda model, device: lite_arm(model, device, "bf16-mixed"),
+    "fp8": lambda model, device: lite_arm(model, device, "fp8-rowwise"),
+    "fp8_by_hand": by_hand_arm,
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_block(step: Step, data: list, steps: int, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for index in range(steps):
+        step(*data[index % len(data)])
+    _sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def measure(config: GPTConfig, device: torch.device, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    base = build(config)
+    arms = {name: make(copy.deepcopy(base), device) for name, make in ARMS.items()}
+    data = batches(config)
+    for step in arms.values():
+        time_block(step, data, warmup, device)
+    names = list(arms)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        order = names[index % len(names):] + names[:index % len(names)]
+        for name in order:
+            times[name].append(time_block(arms[name], data, steps, device))
+    return times
+
+
+def curves(config: GPTConfig, device: torch.device, steps: int) -> dict[str, list[float]]:
+    """Each arm's losses over `steps` steps from the same weights and batches."""
+    data = batches(config, count=steps)
+    made = {}
+    for name, make in ARMS.items():
+        step = make(build(config), device)
+        made[name] = [float(step(*data[index])) for index in range(steps)]
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--curve-steps", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu_fp8")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    config = QUICK if args.quick else FULL
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        print(f"fp8: skipped, {torch.cuda.get_device_name(device)} has no FP8 (compute capability below 8.9)")
+        return
+    rounds, steps, warmup = (3, 2, 2) if args.quick else (8, 10, 10)
+    times = measure(config, device, rounds, steps, warmup)
+    losses = curves(config, device, args.curve_steps or (4 if args.quick else 100))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    rows = [("fp8 / bf16 step", ratio_of_medians(times["bf16"], times["fp8"]), "below 1: FP8 is faster"),
+            ("fp8 (Lite) / fp8 by hand step", ratio_of_medians(times["fp8_by_hand"], times["fp8"]), "goal <= 1.02")]
+    lines = [f"FP8 vs bf16, {device.type}, {config}", "", "| arm | median s/step | final loss |", "|---|---:|---:|"]
+    lines += [f"| {name} | {medians[name]:.5f} | {losses[name][-1]:.4f} |" for name in ARMS]
+    lines += ["", "| ratio | value | note |", "|---|---:|---|"]
+    lines += [f"| {name} | {value:.3f} | {note} |" for name, value, note in rows]
+    table = "\n".join(lines)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(table + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"times": times, "losses": losses,
+                                                          "ratios": {name: value for name, value, _ in rows}}))
+
+
+if __name__ == "__main__":
+    main()
