@@ -3,7 +3,7 @@ rank, checkpoints its loggers with the model every 2 steps and resumes at the to
 1 dies on the first attempt.
 
     TRACKIO_DIR=... lite run --max-restarts 1 --accelerator cpu --nproc-per-node 2 --standalone \
-        trackers_job.py OUT_DIR MLFLOW_URI
+        trackers_job.py OUT_DIR MLFLOW_URI [PROJECT]
 
 Every rank logs `value` = step + 100 * rank at steps 0..7 (through `self.log`), its config (through
 `self.log_hyperparams`, before the `load`) and `OUT_DIR/summary-rank{r}.txt` as an artifact (on the
@@ -13,7 +13,9 @@ is preempted after step 4 (every rank `os._exit(3)`), so the restart resumes fro
 step 3 and repeats step 4. A `ThroughputMonitor` logs a row at steps 2, 4 and 6 (each attempt's monitor once it has
 measured two steps), each with the checkpoints' stall since the row before and the restarts. W&B
 writes under OUT_DIR/wandb, trackio under TRACKIO_DIR; what MLflow could not take would go to
-OUT_DIR.
+OUT_DIR. PROJECT (default `lite-test`) names the W&B project, MLflow experiment and trackio project.
+Started again without `--max-restarts` after the preemption (with `OUT_DIR/died` and the checkpoint
+there), it resumes from the checkpoint at whatever world size it is given.
 """
 
 from __future__ import annotations
@@ -77,9 +79,10 @@ class TrackedJob(LightningLite):
 
 def main() -> None:
     out_dir, uri = sys.argv[1], sys.argv[2]
-    wandb = WandbLogger(project="lite-test", save_dir=Path(out_dir, "wandb"), mode="offline")
-    mlflow = MLflowLogger(experiment_name="lite-test", tracking_uri=uri, flush_every=3, fallback_dir=out_dir)
-    trackio = TrackioLogger(project="lite-test")  # its store: TRACKIO_DIR, set by the test
+    project = sys.argv[3] if len(sys.argv) > 3 else "lite-test"
+    wandb = WandbLogger(project=project, save_dir=Path(out_dir, "wandb"), mode="offline")
+    mlflow = MLflowLogger(experiment_name=project, tracking_uri=uri, flush_every=3, fallback_dir=out_dir)
+    trackio = TrackioLogger(project=project)  # its store: TRACKIO_DIR, set by the test
     TrackedJob(loggers=[wandb, mlflow, trackio]).run(out_dir, wandb, mlflow, trackio)
 
 

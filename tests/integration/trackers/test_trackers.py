@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,6 +211,40 @@ def test_trackio_continues_one_run_with_each_step_once_the_config_and_rank_zeros
         "lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}
     artifacts = SQLiteStorage.get_run_artifacts("lite-test", run, None)["output"]
     assert [a["name"] for a in artifacts] == ["summary-rank0.txt"], artifacts
+
+
+@pytest.fixture(scope="module")
+def resized_job(server: Server, tmp_path_factory: pytest.TempPathFactory, run_script,
+                output_of) -> tuple[Path, Path]:
+    """The job preempted on 2 processes, then resumed by a new `lite run` on 1 process in another
+    folder, as on another machine after a preemption or on the node an elastic scale-down keeps:
+    only the checkpoint travels."""
+    first, second = tmp_path_factory.mktemp("on_two"), tmp_path_factory.mktemp("on_one")
+    env = {"WANDB_SILENT": "true", "TRACKIO_DIR": str(TRACKIO_DIR)}
+    def job_on(processes: int, out_dir: Path) -> list[str]:
+        return [*LITE_RUN, "--nproc-per-node", str(processes), "--standalone", "trackers_job.py", str(out_dir),
+                server.uri, "resized"]
+
+    proc = run_script(command=job_on(2, first), env=env, timeout=400)
+    assert proc.returncode != 0 and (first / "died").exists(), output_of(proc)  # preempted at step 4
+    for name in ("last.ckpt", "died"):
+        (shutil.copytree if (first / name).is_dir() else shutil.copy2)(first / name, second / name)
+    proc = run_script(command=job_on(1, second), env=env, timeout=400)
+    assert proc.returncode == 0, output_of(proc)
+    return first, second
+
+
+def test_a_job_resumed_elsewhere_at_a_smaller_world_size_continues_each_trackers_run(resized_job, server) -> None:
+    first, second = resized_job
+    client = mlflow.MlflowClient(tracking_uri=server.uri)
+    [run] = client.search_runs([client.get_experiment_by_name("resized").experiment_id])
+    assert history(client, run.info.run_id, "value") == [(s, float(s)) for s in range(STEPS)]
+    [trackio_run] = SQLiteStorage.get_runs("resized")
+    assert trackio_steps(trackio_run, project="resized") == [(s, float(s)) for s in range(STEPS)]
+    runs = [*wandb_runs(first / "wandb"), *wandb_runs(second / "wandb")]
+    assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # one run id, which sync joins
+    assert [[row["_step"] for row in wandb_history(run) if "value" in row] for run in runs] == [
+        [0, 1, 2, 3, 4], [4, 5, 6, 7]]  # offline, the step logged after the checkpoint is in both files
 
 
 def test_trackio_refuses_the_config_after_the_first_value_and_keeps_it_across_a_resume() -> None:
