@@ -174,9 +174,12 @@ def time_block(step: Step, data: list[tuple[torch.Tensor, torch.Tensor]], steps:
     return (time.perf_counter() - start) / steps
 
 
-def measure_steps(config: GPTConfig, device: torch.device, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+def measure_steps(config: GPTConfig, device: torch.device, rounds: int, steps: int, warmup: int,
+                  makers: dict[str, Callable[[nn.Module, torch.device], Step]] | None = None) -> dict[str, list[float]]:
+    """Seconds per step of each arm (`ARMS` by default), from copies of one initial model, in
+    blocks whose order rotates each round."""
     base = build(config)
-    arms = {name: make(copy.deepcopy(base), device) for name, make in ARMS.items()}
+    arms = {name: make(copy.deepcopy(base), device) for name, make in (makers or ARMS).items()}
     data = [(i.pin_memory(), t.pin_memory()) if device.type == "cuda" else (i, t) for i, t in batches(config)]
     for step in arms.values():
         time_block(step, data, warmup, device)

@@ -19,11 +19,9 @@ around torchao; goal <= 1.02). The Markdown table is printed and written with th
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import ratio_of_medians  # noqa: E402
-from gpu_bench import FULL, QUICK, GPTConfig, batches, build, lm_loss  # noqa: E402
+from gpu_bench import FULL, QUICK, GPTConfig, batches, build, lm_loss, measure_steps  # noqa: E402
 
 Step = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -96,35 +94,6 @@ ARMS: dict[str, Callable[[nn.Module, torch.device], Step]] = {
 }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_block(step: Step, data: list, steps: int, device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    for index in range(steps):
-        step(*data[index % len(data)])
-    _sync(device)
-    return (time.perf_counter() - start) / steps
-
-
-def measure(config: GPTConfig, device: torch.device, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
-    base = build(config)
-    arms = {name: make(copy.deepcopy(base), device) for name, make in ARMS.items()}
-    data = batches(config)
-    for step in arms.values():
-        time_block(step, data, warmup, device)
-    names = list(arms)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(rounds):
-        order = names[index % len(names):] + names[:index % len(names)]
-        for name in order:
-            times[name].append(time_block(arms[name], data, steps, device))
-    return times
-
-
 def curves(config: GPTConfig, device: torch.device, steps: int) -> dict[str, list[float]]:
     """Each arm's losses over `steps` steps from the same weights and batches."""
     data = batches(config, count=steps)
@@ -148,7 +117,7 @@ def main() -> None:
         print(f"fp8: skipped, {torch.cuda.get_device_name(device)} has no FP8 (compute capability below 8.9)")
         return
     rounds, steps, warmup = (3, 2, 2) if args.quick else (8, 10, 10)
-    times = measure(config, device, rounds, steps, warmup)
+    times = measure_steps(config, device, rounds, steps, warmup, makers=ARMS)
     losses = curves(config, device, args.curve_steps or (4 if args.quick else 100))
     medians = {name: statistics.median(values) for name, values in times.items()}
     rows = [("fp8 / bf16 step", ratio_of_medians(times["bf16"], times["fp8"]), "below 1: FP8 is faster"),

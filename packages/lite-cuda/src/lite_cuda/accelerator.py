@@ -118,22 +118,22 @@ class CUDAAccelerator(Accelerator):
 
 
 def _require_bf16(precision: str, index: int, gpu: _runtime.GPU) -> None:
-    if gpu.capability >= _BF16_CAPABILITY:
-        return
-    major, minor = gpu.capability
-    raise ConfigurationError(
-        f"precision={precision!r} needs a GPU with bfloat16 (compute capability 8.0 or newer, e.g. A100,"
-        f" H100, RTX 30xx) but GPU {index} is {gpu.name} ({major}.{minor}): use"
-        f" precision={precision.replace('bf16', '16')!r}."
-    )
+    _require_capability(precision, index, gpu, _BF16_CAPABILITY, "bfloat16", "A100, H100, RTX 30xx",
+                        f"precision={precision.replace('bf16', '16')!r}")
 
 
 def _require_fp8(precision: str, index: int, gpu: _runtime.GPU) -> None:
-    if gpu.capability >= _FP8_CAPABILITY:
+    _require_capability(precision, index, gpu, _FP8_CAPABILITY, "FP8", "L4, H100",
+                        f"precision='bf16-mixed', or emulate FP8 for tests with"
+                        f" precision=Float8Precision({precision.removeprefix('fp8-')!r}, emulate=True)")
+
+
+def _require_capability(precision: str, index: int, gpu: _runtime.GPU, needed: tuple[int, int], feature: str,
+                        examples: str, fix: str) -> None:
+    if gpu.capability >= needed:
         return
     major, minor = gpu.capability
     raise ConfigurationError(
-        f"precision={precision!r} needs a GPU with FP8 (compute capability 8.9 or newer, e.g. L4, H100) but GPU"
-        f" {index} is {gpu.name} ({major}.{minor}): use precision='bf16-mixed', or emulate FP8 for tests with"
-        f" precision=Float8Precision({precision.removeprefix('fp8-')!r}, emulate=True)."
+        f"precision={precision!r} needs a GPU with {feature} (compute capability {needed[0]}.{needed[1]} or newer,"
+        f" e.g. {examples}) but GPU {index} is {gpu.name} ({major}.{minor}): use {fix}."
     )
