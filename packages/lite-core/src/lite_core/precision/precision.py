@@ -223,19 +223,3 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-_TRUE_DTYPES = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}
-
-
-def build_precision(name: str, device_type: str) -> Precision:
-    """The core's precision plugin for a normalised precision `name` on `device_type`."""
-    if name.startswith("fp8-"):
-        from lite_core.precision.fp8 import Float8Precision
-
-        return Float8Precision(name.removeprefix("fp8-"), device_type=device_type)
-    if name in _TRUE_DTYPES:
-        return TruePrecision(name, _TRUE_DTYPES[name])
-    if name.endswith("-mixed"):
-        return MixedPrecision(name, device_type)
-    return Precision()

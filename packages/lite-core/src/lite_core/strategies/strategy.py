@@ -18,7 +18,8 @@ from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoin
 from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import PRECISIONS
-from lite_core.precision.precision import Precision, build_precision
+from lite_core.precision._build import build_precision
+from lite_core.precision.precision import Precision
 
 if TYPE_CHECKING:
     from lite_core.model.compile import CompileOptions
