@@ -2,7 +2,8 @@
 moto's S3 server on 127.0.0.1 (the `s3_bucket` fixture): the same training saved to the bucket
 and to a local folder gives identical checkpoints and resumes identically (and one process loads
 what 2 saved, straight from the bucket), under ddp, fsdp
-(sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2); a server stopped in the
+(sharded: torch distributed checkpoint's FsspecWriter; and one file) and model_parallel (dp1 x tp2,
+and 2 pipeline stages); a server stopped in the
 middle of an upload fails the save on every rank, leaves the previous checkpoint loadable and
 the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
 give one sentence on every rank; a job of two `lite run` nodes (c10d on loopback, each node with
@@ -24,7 +25,7 @@ import pytest
 # has the scripts' short timeout.
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
 
-STRATEGIES = ["ddp", "fsdp", "fsdp_full", "model_parallel"]
+STRATEGIES = ["ddp", "fsdp", "fsdp_full", "model_parallel", "pipeline"]
 
 
 def _digest(state: dict[str, Any]) -> str:
@@ -48,7 +49,7 @@ def test_a_bucket_holds_what_a_local_folder_holds_and_resumes_the_same(
                         env=s3_server.env, timeout=300)
     assert remote.returncode == 0, output_of(remote)
     digests = _lines(remote.stdout, "digest")
-    sharded = strategy in ("fsdp", "model_parallel")
+    sharded = strategy in ("fsdp", "model_parallel", "pipeline")
     assert len(digests) == 4 + sharded and "equal False" not in remote.stdout, output_of(remote)
     assert digests[:4] == [line.removeprefix("local ") for line in _lines(remote.stdout, "local digest")]
     assert "local latest step-3" in remote.stdout, output_of(remote)

@@ -2,8 +2,9 @@
 
     python cloud_checkpoint.py STRATEGY MODE BASE [HANDSHAKE_DIR | LOCAL_DIR]
 
-STRATEGY: ddp, fsdp (sharded, torch distributed checkpoint), fsdp_full (one file) or model_parallel
-(dp1 x tp2, sharded through the same torch distributed checkpoint code as fsdp).
+STRATEGY: ddp, fsdp (sharded, torch distributed checkpoint), fsdp_full (one file), model_parallel
+(dp1 x tp2, sharded through the same torch distributed checkpoint code as fsdp) or pipeline
+(model_parallel with 2 pipeline stages, 2 micro-batches: each stage saves its own layers).
 BASE: where checkpoints go, a local folder or a URL (`s3://bucket/run`); the S3 client is set up
 by the environment (AWS_ENDPOINT_URL, credentials), as a user's job would be.
 
@@ -86,7 +87,8 @@ class Job(LightningLite):
         generator = torch.Generator().manual_seed(seed * 10 + self.global_rank)
         x = torch.randn(8, 4, generator=generator)
         optimizer.zero_grad()
-        self.backward(model(x).pow(2).mean())
+        # Under a pipeline the schedule runs the loss: the set-up model takes the target (here unused).
+        self.backward(model(x, target=x) if sys.argv[1] == "pipeline" else squared_mean(model(x)))
         optimizer.step()
 
     def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, base: str, prefix: str = "",
@@ -223,7 +225,16 @@ def strategy(name: str) -> object:
         from lite_core.strategies import ModelParallelStrategy
 
         return ModelParallelStrategy(tensor_parallel, tensor_parallel_size=2)
+    if name == "pipeline":
+        from lite_core.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(None, pipeline_parallel_size=2, microbatches=2, split_points=["2"],
+                                     loss_fn=lambda output, target: squared_mean(output))
     return name
+
+
+def squared_mean(output: torch.Tensor) -> torch.Tensor:
+    return output.pow(2).mean()
 
 
 def tensor_parallel(model: nn.Module, device_mesh: object) -> nn.Module:

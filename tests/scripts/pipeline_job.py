@@ -216,8 +216,9 @@ def save_on_pipeline(lite: LightningLite, out: Path) -> dict:
         training_step(lite, state["model"], state["optimizer"], state["scheduler"], step, clip=True)
     lite.save({**state, "step": STEPS}, out / "pp2xdp2_sharded")
     saved = full_weights(state["model"])
+    whole = lite.full_state_dict(state["model"])  # every stage's weights on rank 0
     training_step(lite, state["model"], state["optimizer"], state["scheduler"], STEPS, clip=True)
-    return {"saved": saved, "one_more": full_weights(state["model"])}
+    return {"saved": saved, "one_more": full_weights(state["model"]), "full_state_dict": whole}
 
 
 def flops(world: int) -> dict:
@@ -292,6 +293,9 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
         results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)
+        # The same layout resumes its own shards (the checkpoint holds every stage's keys and groups).
+        results["from_pp2xdp2_on_pp2xdp2"] = resume_and_step(pipeline(world, dp=2), out / "pp2xdp2_sharded",
+                                                             out / "pp2xdp2_again")
         results["first_batches"] = first_batches(pipeline(world, dp=2))
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))

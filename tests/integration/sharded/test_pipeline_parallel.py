@@ -157,6 +157,13 @@ def test_checkpoints_move_between_pipeline_ddp_and_one_process(job2, job4, tmp_p
     plain = plain_pytorch(initial, "net", job_module.STEPS + 2, clip=True)
     assert_weights(saved["saved"], plain["weights"][job_module.STEPS - 1], initial)
     assert_weights(saved["one_more"], plain["weights"][job_module.STEPS], initial)
+    # lite.full_state_dict gathers every stage to rank 0, in the whole model's order.
+    assert list(saved["full_state_dict"]) == list(job_module.make_model("net").state_dict())
+    assert_weights(saved["full_state_dict"], plain["weights"][job_module.STEPS - 1], initial)
+    again = job4["from_pp2xdp2_on_pp2xdp2"]  # its own shards, resumed under the same layout
+    assert again["loaded_step"] == job_module.STEPS
+    assert_weights(again["final"], plain["weights"][job_module.STEPS], initial)
+    assert again["lr"] == pytest.approx([job_module.LR * 0.5 ** (job_module.STEPS + 1)])
     on_ddp = job2["from_pp2xdp2_on_ddp"]  # PP2 x DP2's shards, resumed under ddp on 2 processes
     assert on_ddp["loaded_step"] == job_module.STEPS
     assert_weights(on_ddp["final"], plain["weights"][job_module.STEPS], initial)

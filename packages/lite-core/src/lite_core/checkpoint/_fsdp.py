@@ -61,8 +61,19 @@ def _state_of(strategy: ShardsCheckpoints, obj: Any, full: bool) -> Any:
         if unstepped:  # torch made the state with a step of zero gradients and lr 0; that step
             obj.state.clear()  # must not count in the training that follows (Adam's bias correction)
             state = {**state, "state": {}}  # as `Optimizer.state_dict()` before the first step
-        return state
+        return _whole_model_groups(strategy, obj, state)
     return get_model_state_dict(obj, options=_options(full))
+
+
+def _whole_model_groups(strategy: ShardsCheckpoints, optimizer: Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """Under a pipeline, each param group names the whole model's parameters, as on every stage:
+    torch distributed checkpoint keeps one copy of each group's entries (`param_groups.0.params`
+    is not a tensor), so stages that named only their own would load another stage's names."""
+    names = strategy.parameter_names_before_split(optimizer)
+    if names is None:
+        return state
+    groups = [{**group, "params": list(whole)} for group, whole in zip(state["param_groups"], names)]
+    return {**state, "param_groups": groups}
 
 
 def _load_into(strategy: ShardsCheckpoints, obj: Any, value: Any, full: bool, strict: bool) -> None:
@@ -254,7 +265,7 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
-        _check_sharded_keys(objects, targets, saved)
+        _check_sharded_keys(strategy, objects, targets, saved)
     try:
         dcp.load(targets, storage_reader=storage_reader(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
     except CheckpointException as err:  # a BaseException
@@ -266,13 +277,15 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     return {**content, **targets}
 
 
-def _check_sharded_keys(objects: dict[str, Any], targets: dict[str, Any], saved: set[str]) -> None:
-    """A `CheckpointError` where a module's keys differ from those the checkpoint holds for it."""
+def _check_sharded_keys(strategy: ShardsCheckpoints, objects: dict[str, Any], targets: dict[str, Any],
+                        saved: set[str]) -> None:
+    """A `CheckpointError` where a module's keys differ from those the checkpoint holds for it (the
+    whole model's keys, where this process holds a part: a pipeline stage)."""
     for key, target in targets.items():
         if not isinstance(objects[key], Optimizer):
             prefix = f"{key}."
             held = sorted(name[len(prefix):] for name in saved if name.startswith(prefix))
-            check_module_keys(objects[key], target, held)
+            check_module_keys(objects[key], strategy.whole_module_keys(objects[key]) or target, held)
 
 
 def _saved_entries(path: str) -> set[str]:

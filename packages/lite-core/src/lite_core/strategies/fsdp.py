@@ -269,6 +269,16 @@ class FSDPStrategy(DDPStrategy):
             " of the model returned by setup_module()."
         )
 
+    def parameter_names_before_split(self, optimizer: Optimizer) -> list[list[str]] | None:
+        """The names, in the whole model, of the parameters `optimizer` held per param group, where
+        this process holds only a part of the model; `None` where it holds all of them."""
+        return None
+
+    def whole_module_keys(self, module: nn.Module) -> list[str] | None:
+        """The state-dict keys of the whole model that `module` (what `setup_module` returned) is a
+        part of, where this process holds only a part of it; `None` where it holds every key."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(state_dict_type={self.state_dict_type!r}, timeout={self.timeout})"
 

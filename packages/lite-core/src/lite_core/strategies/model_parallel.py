@@ -107,6 +107,8 @@ class ModelParallelStrategy(FSDPStrategy):
         self._pipelines: dict[int, PipelineForward] = {}
         #: Per optimizer set up with a pipeline's model: its parameters' names in the whole model.
         self._names_before_split: dict[int, list[list[str]]] = {}
+        #: Per model set up with a pipeline: the whole model's state-dict keys, before the cut.
+        self._keys_before_split: dict[int, list[str]] = {}
         if self._pipeline is not None and not save_distributed_checkpoint:
             raise ConfigurationError(
                 "save_distributed_checkpoint=False cannot gather a pipeline's stages into one file on rank 0: keep"
@@ -231,6 +233,7 @@ class ModelParallelStrategy(FSDPStrategy):
         stage_units, expanded = _split.assign_stages(module, points, num_stages)
         indexes = _pipeline.stages_on_rank(pp_mesh.get_local_rank(), options.size, options.stages_per_rank)
         parts = [_split.part(module, set(stage_units[index]), expanded) for index in indexes]
+        self._keys_before_split[id(module)] = list(module.state_dict())
         _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
         parts = [self._parallelize_part(part) for part in parts]
         stages = _pipeline.build_stages(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
@@ -287,6 +290,32 @@ class ModelParallelStrategy(FSDPStrategy):
         setup cut the model into stages (`None` for an optimizer set up apart from its model)."""
         return self._names_before_split.get(id(optimizer))
 
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Under a pipeline, every stage's weights: each stage's first replica sends its own, gathered
+        whole, to rank 0 (in the whole model's order); elsewhere as under `fsdp`."""
+        keys = self._keys_before_split.get(id(module))
+        if keys is None:
+            return super().full_module_state_dict(module)
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        local = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        mesh = self.device_mesh
+        first_replica = all(mesh[name].get_local_rank() == 0 for name in mesh.mesh_dim_names
+                            if name != "pipeline_parallel")
+        part = {name: value.detach().to("cpu", copy=True) for name, value in local.items()} if first_replica else {}
+        parts: list[Any] | None = [None] * self.world_size if self.global_rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+        if parts is None:
+            return {}
+        merged = {name: value for each in parts for name, value in each.items()}
+        return {name: merged[name] for name in keys if name in merged}
+
+    def whole_module_keys(self, module: nn.Module) -> list[str] | None:
+        """A pipeline stage's model: every stage's keys (a sharded checkpoint holds them all, and
+        this process reads its own)."""
+        return self._keys_before_split.get(id(module))
+
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
         if self._pipeline is not None and state is not None and is_file(path) and not is_sharded(path):
@@ -307,10 +336,11 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().call_module_method(forward_module, module, name, *args, **kwargs)
 
     def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        pipeline = self._pipelines.get(id(module)) if module is not None else None
+        # The loss names its pipeline (with several models set up, `module` is only the first one).
+        pipeline = next((each for each in self._pipelines.values() if each.last_loss is tensor), None)
         if pipeline is None:
-            return super().backward(tensor, module, *args, **kwargs)
-        if tensor is not pipeline.last_loss:
+            if module is None or id(module) not in self._pipelines:
+                return super().backward(tensor, module, *args, **kwargs)
             raise MisuseError(
                 "Under pipeline parallelism backward() takes the loss that model(x, target=y) returned, whose"
                 " backward pass the schedule already ran: pass that loss, and compute any other loss inside loss_fn."
