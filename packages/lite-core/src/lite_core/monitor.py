@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map_only
 
 from lite_core.model._module import STATE_KEY, user_class_of
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.launchers.rank import RESTART_VARIABLE
 from lite_core.profiler import active_profiles
 
@@ -33,7 +34,7 @@ T = TypeVar("T")
 #: The matmul dtype of each Lite precision (`32-true` is `tf32` when torch's float32 matmul
 #: precision allows TF32: `torch.set_float32_matmul_precision("high")` or `"medium"`).
 _PRECISION_DTYPES = {"64-true": "fp64", "16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16",
-                     "bf16-true": "bf16", "fp8-tensorwise": "fp8", "fp8-rowwise": "fp8"}
+                     "bf16-true": "bf16", **dict.fromkeys(FP8_PRECISIONS, "fp8")}
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 

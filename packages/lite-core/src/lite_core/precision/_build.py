@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lite_core.precision.fp8 import Float8Precision
+from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
 
 _TRUE_DTYPES = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -12,7 +13,7 @@ _TRUE_DTYPES = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true":
 
 def build_precision(name: str, device_type: str) -> Precision:
     """The core's precision plugin for a normalised precision `name` on `device_type`."""
-    if name.startswith("fp8-"):
+    if name in FP8_PRECISIONS:
         return Float8Precision(name.removeprefix("fp8-"), device_type=device_type)
     if name in _TRUE_DTYPES:
         return TruePrecision(name, _TRUE_DTYPES[name])

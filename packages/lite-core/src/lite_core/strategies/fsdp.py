@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 
@@ -58,8 +59,7 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     # XLA devices have their own sharding strategy (`xla_fsdp`).
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
-    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true", "fp8-tensorwise",
-                                      "fp8-rowwise"})
+    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"}) | FP8_PRECISIONS
     routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
     routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
     stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes

@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
 from lite_core.strategies._mesh import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES, MeshLayout
 from lite_core.strategies._pipeline import PipelineForward
@@ -84,7 +85,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     name = "model_parallel"
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
-    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true", "fp8-tensorwise", "fp8-rowwise"})
+    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline the schedule ran the backward pass already
 
