@@ -38,6 +38,56 @@ _LAUNCHER_NAMES = frozenset({
 _LAUNCHER_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "KUBERNETES_")
 
 
+#: Where the session's fork server listens (tools/forkserver); "0" turns it off.
+_FORK_SERVER = "LITE_TEST_FORKSERVER"
+_fork_server: list[Any] = []
+
+
+def _forkserver_module() -> Any:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tools" / "forkserver"))
+    try:
+        import lite_forkserver
+    finally:
+        del sys.path[0]
+    return lite_forkserver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the fork server of this test environment (tools/forkserver/lite_forkserver.py): every
+    `python` a test starts, directly or through a launcher, is forked from one process that has
+    imported torch, instead of importing it again (1.5-3 CPU-seconds each, CI's main cost). A
+    pytest-xdist worker, a nested pytest and every subprocess inherit the variable and so the server.
+    `LITE_TEST_FORKSERVER=0` runs every process as a fresh interpreter."""
+    import importlib.util
+
+    if _FORK_SERVER in os.environ or sys.prefix == sys.base_prefix or importlib.util.find_spec("torch") is None:
+        return  # turned off or already running, not a virtual environment, or nothing to preload
+    import tempfile
+
+    lite_forkserver = _forkserver_module()
+    folder = tempfile.mkdtemp(prefix="lite-forkserver-")
+    try:
+        server, path = lite_forkserver.start(folder, dict(os.environ))
+    except RuntimeError as error:  # slower, not wrong: say so where the run's output shows it
+        sys.stderr.write(f"{error}; every process starts as a fresh interpreter\n")
+        return
+    _fork_server.extend([server, folder])
+    os.environ[_FORK_SERVER] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _fork_server:
+        return
+    import shutil
+
+    server, folder = _fork_server
+    _forkserver_module().stop(server)
+    if not os.environ.get("LITE_TEST_FORKSERVER_DEBUG"):
+        shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(_FORK_SERVER, None)
+    _fork_server.clear()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n N --dist loadgroup`) a worker takes whole groups: a test that no
@@ -59,7 +109,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """With `LITE_TEST_CPU_LOG=<folder>`, each test's CPU-seconds (this process's and those of the
     children it waited for: a script's ranks count through the script) and wall seconds are
     appended to `<folder>/<worker>.tsv`; `python tools/cpu_report.py <folder>` sums them per module.
-    It tells where the suite's CPU goes, which is what CI's time is made of."""
+    It tells where the suite's CPU goes, which is what CI's time is made of. A program forked from
+    the fork server is the server's child, not the test's: run with `LITE_TEST_FORKSERVER=0` to
+    see each test's whole cost."""
     folder = os.environ.get("LITE_TEST_CPU_LOG")
     if not folder:
         yield
@@ -157,9 +209,11 @@ def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
         cmd = command if command is not None else _command(script, args, python_args)  # type: ignore[arg-type]
         # Like subprocess.run(..., timeout=...), but a script that overruns is killed together
         # with every process it started (its own session), not just the first one.
-        proc = subprocess.Popen(cmd, env=script_env(**(env or {})), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=SCRIPTS,
-                                start_new_session=True)
+        # The session is for the kill below only, so the script may still be forked from the
+        # session's fork server (LITE_TEST_FORKSERVER_CLEANUP_GROUP: see tools/forkserver).
+        proc = subprocess.Popen(cmd, env=script_env(LITE_TEST_FORKSERVER_CLEANUP_GROUP="1", **(env or {})),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=SCRIPTS, start_new_session=True)
         try:
             stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

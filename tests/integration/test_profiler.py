@@ -18,7 +18,10 @@ def _profiled_steps(trace: dict) -> set[str]:
 
 
 def test_one_chrome_trace_per_rank_with_the_scheduled_steps(run_script, output_of, tmp_path):
-    proc = run_script("profile_job.py", tmp_path)
+    # Fresh interpreters: in one full run on a loaded machine, a rank forked from the test session's
+    # fork server (tools/forkserver) aborted with a corrupted heap right after kineto's profiler_stop
+    # (not reproduced in 24 runs since, forked); the profiler's state is not worth that doubt.
+    proc = run_script("profile_job.py", tmp_path, env={"LITE_TEST_FORKSERVER": "0"})
     assert proc.returncode == 0, output_of(proc)
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["trace-rank0.json", "trace-rank1.json"]
     for rank in (0, 1):

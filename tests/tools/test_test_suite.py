@@ -133,7 +133,9 @@ def test_an_environments_cpu_seconds_include_its_grandchildren(tmp_path: Path) -
             "print(time.process_time())")
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
     with (tmp_path / "out.txt").open("w") as output:
-        code, cpu = suite.run_with_cpu([sys.executable, "-c", parent], dict(os.environ), output)
+        # Real process trees (the fork server's programs are its own children, not the test's).
+        fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}
+        code, cpu = suite.run_with_cpu([sys.executable, "-c", parent], fresh, output)
     assert code == 0
     grandchild_cpu = float((tmp_path / "out.txt").read_text().split()[-1])
     assert grandchild_cpu > 0

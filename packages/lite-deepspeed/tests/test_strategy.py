@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -162,7 +163,8 @@ def test_missing_deepspeed_package_is_one_sentence():
 
 def test_importing_the_package_imports_no_deepspeed():
     code = "import sys, lite_deepspeed, lite_deepspeed.presets; print('deepspeed' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads deepspeed
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
     assert out.stdout.strip() == "False", out.stderr
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -96,7 +97,8 @@ def test_neither_import_nor_construction_starts_the_xla_runtime() -> None:
         "assert 'torch_xla' not in sys.modules, 'construction imported torch_xla'\n"
         "print('ok')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads torch_xla
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
