@@ -101,12 +101,13 @@ def run_job(run_script: Any, marker: str) -> Callable[..., subprocess.CompletedP
 @pytest.fixture
 def start_job(scripts_env: Any, marker: str, signals_as_in_a_terminal: Callable[[], None]
               ) -> Callable[..., subprocess.Popen[str]]:
-    """`start_job(launcher, *args)` -> Popen of `reliability_job.py` in its own session, marked with
+    """`start_job(launcher, *args, env=...)` -> Popen of `reliability_job.py` in its own session, marked with
     this test's `marker` (whatever it leaves running is killed after the test)."""
     scripts = Path(__file__).resolve().parents[2] / "scripts"
 
-    def start(launcher: str, *args: Any) -> subprocess.Popen[str]:
-        return subprocess.Popen(job_command(launcher, *args), cwd=scripts, env=scripts_env(**{MARKER_VARIABLE: marker}),
+    def start(launcher: str, *args: Any, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        env = scripts_env(**{MARKER_VARIABLE: marker, **(env or {})})
+        return subprocess.Popen(job_command(launcher, *args), cwd=scripts, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                 preexec_fn=signals_as_in_a_terminal)
 

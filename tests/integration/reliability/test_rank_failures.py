@@ -2,7 +2,7 @@
 
 Each row runs `reliability_job.py`: one rank fails (raises, calls `os._exit(3)` or SIGKILLs
 itself) 0.5 s after both ranks are up, while the other waits in an all_reduce that can never
-complete (the collective timeout is 20 s). The job must end within 10 s of the failure with a
+complete (the collective timeout is 600 s here). The job must end long before that, with a
 non-zero exit code, show the failing rank's message, and leave no process behind.
 """
 
@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]  # a hang guard above the bound below
 
-#: Seconds between the failure and the end of the whole job.
-MAX_SECONDS_AFTER_FAILURE = 10.0
+#: Seconds between the failure and the end of the whole job: about 1 s unloaded, 10 times that and
+#: more under load, and far below the collective timeout a job that waited for it would take. A hang
+#: guard, not a measure of speed.
+MAX_SECONDS_AFTER_FAILURE = 60.0
+COLLECTIVE_TIMEOUT = "600"
 
 _SIGKILLED = 128 + signal.SIGKILL  # how Lite's launchers report a rank killed by SIGKILL
 # (launcher, action, failing rank, expected exit code, regex the output must contain)
@@ -49,7 +52,8 @@ ROWS = [
                          ids=[f"{row[0]}-{row[1]}-rank{row[2]}" for row in ROWS])
 def test_failing_rank_ends_the_job(launcher, action, rank, code, message, run_job, marker, survivors, tmp_path,
                                    output_of):
-    proc = run_job(launcher, action, rank, tmp_path)
+    proc = run_job(launcher, action, rank, tmp_path, env={"LITE_COLLECTIVE_TIMEOUT": COLLECTIVE_TIMEOUT},
+                   timeout=2 * MAX_SECONDS_AFTER_FAILURE)
     ended = time.time()
 
     failed_at = float((tmp_path / "failed_at").read_text())
