@@ -154,7 +154,8 @@ def test_missing_deepspeed_package_is_one_sentence():
         "try:\n    LightningLite(accelerator='cpu', strategy='deepspeed', devices=2)\n"
         "except Exception as err:\n    print(type(err).__name__, '|', err)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads deepspeed
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
     name, message = out.stdout.strip().split(" | ", 1)
     assert name == "ConfigurationError", out.stdout + out.stderr
     assert "needs the deepspeed package" in message and "pip install --no-build-isolation deepspeed" in message
