@@ -82,6 +82,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     server, folder = _fork_server
     _forkserver_module().stop(server)
+    log = Path(folder) / "server.log"
+    if log.exists() and log.read_text().strip():  # a preload it skipped, say
+        sys.stderr.write(f"fork server: {log.read_text().strip()}\n")
     if not os.environ.get("LITE_TEST_FORKSERVER_DEBUG"):
         shutil.rmtree(folder, ignore_errors=True)
     os.environ.pop(_FORK_SERVER, None)
