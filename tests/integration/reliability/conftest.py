@@ -106,7 +106,10 @@ def start_job(scripts_env: Any, marker: str, signals_as_in_a_terminal: Callable[
     scripts = Path(__file__).resolve().parents[2] / "scripts"
 
     def start(launcher: str, *args: Any, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        env = scripts_env(**{MARKER_VARIABLE: marker, **(env or {})})
+        # Fresh interpreters, not forked from the test session's server (tools/forkserver): SIGTERM to
+        # a `ddp` or `ddp_spawn` launcher whose rank 1 was forked left the job running past the
+        # bound in 3 of 4 loaded full runs (never alone); not understood yet.
+        env = scripts_env(**{MARKER_VARIABLE: marker, "LITE_TEST_FORKSERVER": "0", **(env or {})})
         return subprocess.Popen(job_command(launcher, *args), cwd=scripts, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                 preexec_fn=signals_as_in_a_terminal)
