@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -98,34 +99,18 @@ def test_a_signal_to_the_process_the_launcher_holds_reaches_the_program() -> Non
     assert proc.stdout.read().strip() == "terminated"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pid: int, within: float = 60.0) -> bool:
-    deadline = time.monotonic() + within  # a hang guard: the kill is at once
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def test_a_killed_stand_in_takes_its_program_with_it(tmp_path: Path) -> None:
+def test_a_killed_stand_in_takes_its_program_with_it(wait_gone: Callable[[list[int], float], list[int]]) -> None:
     code = f"{FORKED}; import os, time; print(os.getpid(), flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "forked"
     program = int(proc.stdout.readline())
     proc.kill()
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert _wait_gone(program)
+    assert wait_gone([program], 60) == []  # a hang guard: the kill is at once
 
 
-def test_an_armed_parent_death_signal_fires_when_the_launcher_dies(tmp_path: Path) -> None:
+def test_an_armed_parent_death_signal_fires_when_the_launcher_dies(wait_gone: Callable[[list[int], float], list[int]]
+                                                                 ) -> None:
     """What Lite's ranks arm (supervision.die_with_parent): the launcher killed, the rank goes."""
     rank = textwrap.dedent(f"""
         {FORKED}
@@ -145,10 +130,11 @@ def test_an_armed_parent_death_signal_fires_when_the_launcher_dies(tmp_path: Pat
     assert forked == "forked"
     proc.kill()
     proc.wait(timeout=60)
-    assert _wait_gone(int(pid))
+    assert wait_gone([int(pid)], 60) == []  # a hang guard: the kill is at once
 
 
-def test_a_program_whose_launcher_died_is_seen_until_it_ends(tmp_path: Path) -> None:
+def test_a_program_whose_launcher_died_is_seen_until_it_ends(wait_gone: Callable[[list[int], float], list[int]]
+                                                             ) -> None:
     """Unarmed, it lives on as an orphan would, and its stand-in (the pid its launcher had) too."""
     program = textwrap.dedent(f"""
         {FORKED}
@@ -168,13 +154,14 @@ def test_a_program_whose_launcher_died_is_seen_until_it_ends(tmp_path: Path) -> 
     proc.kill()
     proc.wait(timeout=60)
     time.sleep(0.5)  # what the test shows: after a while, both are still there (not a race bound)
-    assert _alive(int(pid)) and _alive(int(stand_in))
+    assert wait_gone([int(pid), int(stand_in)], 0) == [int(pid), int(stand_in)]  # both still alive
     proc.stdin.write("end\n")
     proc.stdin.close()
-    assert _wait_gone(int(pid)) and _wait_gone(int(stand_in))
+    assert wait_gone([int(pid), int(stand_in)], 60) == []
 
 
-def test_a_job_a_test_signals_as_a_group_starts_fresh_unless_the_group_is_for_cleanup_only() -> None:
+def test_a_job_a_test_signals_as_a_group_starts_fresh_unless_the_group_is_for_cleanup_only(
+        wait_gone: Callable[[list[int], float], list[int]]) -> None:
     grouped = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60,
                              start_new_session=True)
     assert grouped.stdout.strip() == "fresh"
@@ -186,7 +173,7 @@ def test_a_job_a_test_signals_as_a_group_starts_fresh_unless_the_group_is_for_cl
     program = int(proc.stdout.readline())
     os.killpg(proc.pid, signal.SIGKILL)  # the cleanup: the group's leader is the stand-in
     proc.wait(timeout=60)
-    assert _wait_gone(program)
+    assert wait_gone([program], 60) == []  # a hang guard: the kill is at once
 
 
 def test_what_a_fork_cannot_mirror_starts_a_fresh_interpreter() -> None:
