@@ -3,8 +3,11 @@ machines running the same command: a plain 2-node job, a worker that dies once o
 `--max-restarts 1`, node 2's launcher killed for good under `--nnodes 1:2`, and node 2 started
 while node 1 trains alone under `--nnodes 1:2 --max-restarts 0` (taken in without spending a
 restart); and with `split_batches=True` and a checkpoint every step, node 2 lost in the middle of
-an epoch, node 1 going on from the last step's sample. Each ends with the weights of one uninterrupted process (1e-6), because `elastic_job.py`
-resumes from its checkpoint and keeps its global batch at any world size."""
+an epoch, node 1 going on from the last step's sample; and the same under fsdp with two nodes that
+share no folder, the sharded checkpoint kept in a bucket only (moto's S3 server on loopback), so the
+survivor reads back the lost node's shards from the store. Each ends with the weights of one
+uninterrupted process (1e-6), because `elastic_job.py` resumes from its checkpoint and keeps its
+global batch at any world size."""
 
 from __future__ import annotations
 
@@ -39,13 +42,14 @@ def assert_uninterrupted(record: dict, shuffle: bool = False) -> None:
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
-def start_node(start_script, port: int, out: Path, how: str, node: int, nnodes: str = "2", restarts: int = 0):
+def start_node(start_script, port: int, out: Path, how: str, node: int, nnodes: str = "2", restarts: int = 0,
+               env: dict[str, str] | None = None):
     """Node 0 hosts the rendezvous store (`is_host=1`), the others only join it."""
     options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
                "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
                f"{RDZV_CONF},is_host={int(node == 0)}", "--max-restarts", str(restarts))
     # The script names no accelerator, like the torchrun tests' (tests/integration/elastic).
-    return start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu"}, python_args=options)
+    return start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu", **(env or {})}, python_args=options)
 
 
 def start_nodes(start_script, port: int, out: Path, how: str, nnodes: str = "2", restarts: int = 0) -> list:
@@ -146,3 +150,27 @@ def test_a_node_that_starts_later_is_taken_in_without_using_a_restart(start_scri
     assert sorted(done) == [0, 1] and all(r["world"] == 2 and r["restart"] == "0" for r in done.values())
     for record in done.values():
         assert_uninterrupted(record)
+
+
+def test_nodes_without_a_common_folder_lose_one_and_resume_from_the_bucket_at_the_smaller_world_size(
+        start_script, free_tcp_port, tmp_path, wait_gone, s3_server, s3_bucket):
+    # fsdp's sharded checkpoint after every step, in the bucket only: each node wrote its own shards
+    # there, and node 1, alone, reads both of them back at world size 1, mid-epoch.
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    env = {**s3_server.env, "LITE_STRATEGY": "fsdp", "ELASTIC_JOB_CHECKPOINT": f"{s3_bucket}/elastic/last"}
+    port = free_tcp_port()
+    nodes = []
+    for node, folder in enumerate(folders):
+        folder.mkdir()
+        nodes.append(start_node(start_script, port, folder, "wait-to-be-killed+split", node, "1:2", 1, env))
+    worker = wait_until_waiting(folders[1], nodes)  # rank 1 runs on node 2 (agents rank by pid)
+    os.kill(nodes[1].pid, signal.SIGKILL)
+    nodes[1].wait()
+    assert wait_gone([worker], 5) == []
+    code, output = finish(nodes[0])
+    assert code == 0, output
+    done = records(folders[0])
+    assert sorted(done) == [0] and done[0]["world"] == 1 and done[0]["restart"] == "1", output
+    assert done[0]["resumed_step"] == 5, output  # after the 2-node job's last checkpoint: 4 + 1 steps
+    assert_uninterrupted(done[0], shuffle=True)
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("*.distcp")), "a checkpoint went to a folder"

@@ -22,6 +22,10 @@ HOW with `+split` (e.g. `wait-to-be-killed+split`): the loader is the user's shu
 `DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)` set up with `split_batches=True`, and the
 job checkpoints (loader included) after every step, so a restart resumes in the middle of the epoch;
 it ends with `reference_weights(shuffle=True)`.
+
+With ELASTIC_JOB_CHECKPOINT set (a URL such as `s3://bucket/run/last`), the checkpoint goes there
+instead of OUT_DIR/last.ckpt: nodes that share no folder resume from the store alone. Each rank's
+record then also names the step its attempt resumed at (`resumed_step`, 0 for a fresh start).
 """
 
 from __future__ import annotations
@@ -94,9 +98,10 @@ class Elastic(LightningLite):
             # Interleaved shards (no shuffle) of GLOBAL_BATCH / world_size: each step's ranks together
             # hold the same 8 samples as one process's batch of 8.
             loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH // self.world_size))
-        checkpoint = Path(out_dir, "last.ckpt")
+        checkpoint = os.environ.get("ELASTIC_JOB_CHECKPOINT") or Path(out_dir, "last.ckpt")
         state = {"epoch": 0, "step": 0, "model": model, "optimizer": optimizer, **({"loader": loader} if split else {})}
         self.load(checkpoint, state, missing_ok=True)
+        resumed_step = state["step"]
         for epoch in range(state["epoch"], EPOCHS):
             for x, y in loader:
                 if state["step"] == len(data()) // GLOBAL_BATCH + 1:  # the second step of epoch 1
@@ -115,9 +120,14 @@ class Elastic(LightningLite):
                     progress.write(f"epoch {epoch} world {self.world_size}\n")
             state["epoch"] = epoch + 1
             self.save(state, checkpoint)
-        record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
-                  "environment": self._strategy.environment.name, "restart": os.environ.get("LITE_RESTART_COUNT")}
+        record = {"weight": [whole(p).detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
+                  "environment": self._strategy.environment.name, "restart": os.environ.get("LITE_RESTART_COUNT"), "resumed_step": resumed_step}
         Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
+
+
+def whole(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter as one tensor (fsdp holds a shard of it per rank, as a DTensor)."""
+    return parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
 
 
 def stagger_the_restart(out_dir: Path) -> None:
