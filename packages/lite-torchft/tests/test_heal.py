@@ -16,7 +16,9 @@ import contextlib
 import csv
 import itertools
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,6 +139,37 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     groups = [row["fault/replica_groups"] for row in survivor]
     assert [value for value, _ in itertools.groupby(groups)][-3:] == [2.0, 1.0, 2.0], groups
     assert _rows(tmp_path, 1) == [], "group 1 logged, but only the first group of the quorum logs"
+
+
+@pytest.mark.timeout(240)
+def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
+        lighthouse: str, tmp_path: Path, s3_bucket: str, plain_run: Callable[[Path], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The user's loop resumes at its top from `latest(bucket)` and saves to the bucket after each
+    committed step: the group started again finds the survivor's checkpoint of the step it is held
+    at, so it joins at the same step and needs no heal; the bucket alone brought it back. One group
+    (the first of the quorum: group 0) uploads each checkpoint, not every group."""
+    caplog.set_level(logging.INFO, logger="werkzeug")  # the S3 server's requests (it runs in this process)
+    _kill_and_restart(lighthouse, tmp_path, f"split bucket={s3_bucket}/ft")
+    # each one-file upload goes first to `.step-N.HOST-PID.XXXXXXXX.tmp`, named by its writer
+    uploads = [re.search(r"PUT /[^/]+/ft/\.step-(\d+)\.\S+-(\d+)\.[0-9a-f]+\.tmp ", record.getMessage())
+               for record in caplog.records]
+    writers = {int(found[1]): int(found[2]) for found in uploads if found}
+    assert sorted(writers) == list(range(1, STEPS + 1)), writers
+    assert set(writers.values()) == {pid for _, pid, _ in _records(tmp_path, 0)}, "a group other than group 0 uploaded"
+    assert len([found for found in uploads if found]) == STEPS, "a checkpoint was uploaded twice"
+    victim_pid = max((p for p in tmp_path.glob("resumed-1-*")), key=lambda p: p.stat().st_mtime).name.split("-")[2]
+    first_life = [step for step, pid, _ in _records(tmp_path, 1) if pid != int(victim_pid)]
+    held_at = [step for step, pid, _ in _records(tmp_path, 1) if pid == int(victim_pid)][0] - 1
+    assert first_life[-1] < held_at  # the group was down while the survivor went on
+    assert (tmp_path / f"resumed-1-{victim_pid}").read_text() == f"step-{held_at}"
+    assert (tmp_path / "heals-1").read_text() == "0"  # its state came from the bucket, not from group 0
+    first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    plain_run(tmp_path)
+    plain = _weights(tmp_path / "weights-plain.pt")
+    for name in plain:
+        torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)
 
 
 @pytest.mark.timeout(150)

@@ -22,7 +22,8 @@ What is here, by purpose:
   `on_rank_zero` (a rank-0 write whose failure every rank raises), `on_writing_ranks` (the
   same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
-  `read_whole_checkpoint` lets every strategy load that directory).
+  `read_whole_checkpoint` lets every strategy load that directory), and `is_url` (whether a
+  checkpoint path is an fsspec URL, which every node sees, rather than a local path).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         READER_FILE,
         CheckpointIO,
         TorchCheckpointIO,
+        is_url,
         on_rank_zero,
         on_writing_ranks,
         read_checkpoint,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import LiteError
+from lite_core.plugins import LiteError, is_url
 from lite_torchft._healing import HealingState
 from lite_torchft._stream import LoaderStream
 from lite_torchft._variables import check_lighthouse, read_variables
@@ -60,6 +60,9 @@ class FaultTolerantReplication:
     #: others. Per-step replication quorums before any step, so it copies the initial weights; a
     #: strategy whose first quorum comes after local steps turns it off (see `lite_torchft.diloco`).
     _init_sync: ClassVar[bool] = True
+    #: Whether the groups hold the same state whenever the user saves (after each committed step of
+    #: per-step replication), so that one group's checkpoint at a URL stands for all of them.
+    _groups_agree_at_save: ClassVar[bool] = True
 
     def __init__(self, split_batches: bool = False, ft_timeout: float = FT_TIMEOUT_SECONDS,
                  quorum_timeout: float = QUORUM_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
@@ -143,8 +146,11 @@ class FaultTolerantReplication:
     def is_logging_process(self) -> bool:
         """Rank 0 of the group that is first in the last quorum (group 0 before any), so that the job
         logs once and the logging moves to a live group when that one dies (and back when it returns)."""
-        if self.global_rank != 0:
-            return False
+        return self.global_rank == 0 and self._first_in_quorum()
+
+    def _first_in_quorum(self) -> bool:
+        """Whether this group is first in the last quorum (group 0 before any); every process of a
+        group gets the same answer."""
         first = None if self._manager is None else self._manager.participating_rank()
         return self._first_group if first is None else first == 0
 
@@ -252,10 +258,20 @@ class FaultTolerantReplication:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+        if self._another_group_uploads(path):
+            return
         super().save_checkpoint(path, self._with_manager(content))
 
     def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Any:
+        if self._another_group_uploads(path):
+            return _nothing
         return super().stage_checkpoint(path, self._with_manager(content))
+
+    def _another_group_uploads(self, path: str) -> bool:
+        """Whether another group writes the checkpoint at `path`: at a URL, which every group sees,
+        only the first group of the last quorum writes (the others would upload the same bytes to
+        the same keys at the same time); a local path is each group's own (each node its copy)."""
+        return type(self)._groups_agree_at_save and is_url(path) and not self._first_in_quorum()
 
     def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
         if self._manager is None:
@@ -286,6 +302,10 @@ def _group_store_address() -> tuple[str, int]:
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     return store.host, store.port
+
+
+def _nothing() -> None:
+    """The rest of a background save that another group writes."""
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

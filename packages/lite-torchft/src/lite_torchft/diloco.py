@@ -38,6 +38,7 @@ class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
     groups of the last quorum (before the first one: every group, as the variables say)."""
 
     _init_sync: ClassVar[bool] = False  # the first quorum comes after local steps (module docstring)
+    _groups_agree_at_save: ClassVar[bool] = False  # between syncs each group holds its own weights
     # `backward` is DDP's, without the per-step quorum of `ddp_ft`; kept routed through the strategy.
     changes_backward: ClassVar[bool] = True
     steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` moves the loaders' streams on

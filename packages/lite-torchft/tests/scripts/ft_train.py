@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [bucket=URL]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -13,7 +13,11 @@ and `model.eval()`) writes its summed error and sample count to `OUT_DIR/eval-<g
 `OUT_DIR/weights-plain.pt` and `OUT_DIR/eval-plain.pt`. A `ThroughputMonitor` logs a row at each
 committed step to a `CSVLogger` in `OUT_DIR/rows/group-<group>/version_<life>/metrics.csv`. With
 `trackio`, a `TrackioLogger` (project `ft`, its store in TRACKIO_DIR) also gets, at each committed
-step, the loss and the id of the group that logged it.
+step, the loss and the id of the group that logged it. With `bucket=URL` (an `s3://` prefix), the loop
+resumes at its top from the latest complete checkpoint under URL (`lite_core.checkpoint.latest`) and
+saves `URL/step-<step>` after each committed step, before recording it; a group writes the name of
+the checkpoint it resumed from (or nothing) to `OUT_DIR/resumed-<group>-<pid>`, and at the end the
+number of times it healed from a peer to `OUT_DIR/heals-<group>`.
 """
 
 from __future__ import annotations
@@ -85,8 +89,9 @@ def _held(out: Path, group: str, step: int) -> bool:
     return not text or step >= int(text)
 
 
-def lite(out: Path, split: bool, fsdp: bool, trackio: bool) -> None:
+def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None) -> None:
     from lite_core import CSVLogger, LightningLite, ThroughputMonitor, TrackioLogger
+    from lite_core.checkpoint import latest
 
     group = os.environ["REPLICA_GROUP_ID"]
 
@@ -96,6 +101,13 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool) -> None:
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
             loader, evaluation = self.setup_dataloaders(data(), eval_data(), split_batches=split)
             monitor = ThroughputMonitor(self, log_every_n_steps=1)  # a row at each committed step
+            state = {"model": net, "optimizer": optimizer}  # the strategy adds its step and the loader positions
+            if bucket is not None:  # the two lines that resume from the store
+                resumed_from = latest(bucket)
+                if resumed_from is not None:
+                    self.load(resumed_from, state)
+                if self.global_rank == 0:
+                    (out / f"resumed-{group}-{os.getpid()}").write_text(os.path.basename(resumed_from or ""))
             (out / f"ready-{group}-{os.getpid()}").touch()
             for x, y, index in loader:
                 optimizer.zero_grad()
@@ -103,7 +115,9 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool) -> None:
                 self.backward(loss)
                 before = self.strategy.step
                 optimizer.step()
-                if self.strategy.step > before:  # the step committed: record it at once
+                if self.strategy.step > before:  # the step committed: save it (with a bucket), record it at once
+                    if bucket is not None:
+                        self.save(state, f"{bucket}/step-{self.strategy.step}")
                     rows = " ".join(str(int(i)) for i in index.flatten().tolist())
                     with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
                         f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
@@ -116,6 +130,8 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool) -> None:
             # the group evaluates the whole set alone, shared over its processes: summed over them
             totals = self.all_reduce(evaluate(net, evaluation), reduce_op="sum")
             if self.global_rank == 0:
+                heals = self.strategy.fault_tolerance_figures()["fault/heals"]
+                (out / f"heals-{group}").write_text(str(int(heals)))
                 torch.save(weights, out / f"weights-{group}.pt")
                 torch.save(totals, out / f"eval-{group}.pt")
 
@@ -135,4 +151,6 @@ if __name__ == "__main__":
     if "plain" in sys.argv[2:]:
         plain(out)
     else:
-        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:])
+        buckets = [arg.removeprefix("bucket=") for arg in sys.argv[2:] if arg.startswith("bucket=")]
+        lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:],
+             bucket=buckets[0] if buckets else None)

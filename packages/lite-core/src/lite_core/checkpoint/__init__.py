@@ -23,7 +23,7 @@ from lite_core.checkpoint._background import stage_to_host
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
 from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
-from lite_core.checkpoint._store import latest
+from lite_core.checkpoint._store import is_url, latest
 from lite_core.checkpoint._state import PRECISION_KEY, READER_FILE, read_checkpoint, restore, to_state
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "TorchCheckpointIO",
     "consolidate",
     "is_sharded",
+    "is_url",
     "latest",
     "on_rank_zero",
     "on_writing_ranks",
