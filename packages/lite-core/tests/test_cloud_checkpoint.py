@@ -212,6 +212,49 @@ def test_an_upload_that_fails_midway_keeps_the_previous_checkpoint_and_is_refuse
     assert latest(base) == f"{base}/step-1"
 
 
+@pytest.mark.parametrize("store", ["memory", "s3"])
+def test_the_next_save_of_a_name_removes_the_temporary_key_an_interrupted_upload_left(
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, store: str) -> None:
+    base = request.getfixturevalue("s3_bucket") + "/run" if store == "s3" else _memory_base()
+    fs, key = fsspec.core.url_to_fs(base)
+    lite, model, _ = _setup()
+    # The store goes away between the upload and the copy: the save fails and cannot delete its key.
+    monkeypatch.setattr(fs, "mv", _gone)  # fsspec hands every caller of the URL this instance
+    monkeypatch.setattr(fs, "rm_file", _gone)
+    for name in ("step-1", "step-2"):
+        with pytest.raises(CheckpointError, match="failed on rank 0 with ConnectionResetError"):
+            lite.save({"model": model}, f"{base}/{name}")
+    monkeypatch.undo()
+    fs.invalidate_cache()
+    left = {name: _temporaries(fs, key, name) for name in ("step-1", "step-2")}
+    assert all(len(keys) == 1 for keys in left.values()), left
+    planted = fs.modified(left["step-2"][0]).timestamp()
+    while time.time() < int(planted) + 1:  # S3 keeps whole seconds: the next save starts in a later one
+        time.sleep(0.05)
+    # A key of the name written while the save runs (another saver's upload in flight) is kept.
+    begin = sys.modules["lite_core.checkpoint._store"].begin
+
+    def begin_beside_another_upload(url: str) -> None:
+        begin(url)
+        fs.pipe_file(f"{key}/.step-2.otherhost-7.0123abcd.tmp", b"in flight")
+
+    monkeypatch.setattr("lite_core.checkpoint._store.begin", begin_beside_another_upload)
+    lite.save({"model": model}, f"{base}/step-2")
+    fs.invalidate_cache()
+    assert _temporaries(fs, key, "step-2") == [f"{key}/.step-2.otherhost-7.0123abcd.tmp"]
+    assert _temporaries(fs, key, "step-1") == left["step-1"]  # another name's leftover is not this save's
+    assert latest(base) == f"{base}/step-2"
+
+
+def _gone(*args: Any, **kwargs: Any) -> None:
+    raise ConnectionResetError("the store went away")
+
+
+def _temporaries(fs: Any, key: str, name: str) -> list[str]:
+    return sorted(path.rstrip("/") for path in fs.ls(key, detail=False)
+                  if path.rstrip("/").rpartition("/")[2].startswith(f".{name}.") and path.endswith(".tmp"))
+
+
 def test_missing_ok_does_not_take_an_unfinished_upload_for_a_fresh_start(monkeypatch: pytest.MonkeyPatch) -> None:
     base = _memory_base()
     lite, model, _ = _setup()

@@ -9,7 +9,8 @@ The commit rule (object stores have no atomic rename):
   checkpoint (`.NAME.lite-pending`), and removes it once the checkpoint is complete.
 - A one-file checkpoint is uploaded to a temporary key beside it (`.NAME.HOST-PID.XXXXXXXX.tmp`)
   and then copied to its name (on S3, GCS and Azure a copy publishes the whole object or nothing),
-  so the previous checkpoint at that name stays readable until the new one is complete.
+  so the previous checkpoint at that name stays readable until the new one is complete. Once it
+  is, the temporary keys that earlier, interrupted saves of that name left are removed.
 - A sharded checkpoint (torch distributed checkpoint, `FsspecWriter`) is complete when its
   `.metadata` exists: torch writes it last, once every rank's shards are written. Saving over an
   existing sharded checkpoint at a URL first removes its `.metadata`, then the rest, so that a
@@ -29,6 +30,7 @@ import os
 import re
 import secrets
 import socket
+import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -205,6 +207,7 @@ def clear_sharded(url: str) -> None:
 def save_file(checkpoint: dict[str, Any], url: str) -> None:
     """Write a one-file checkpoint to `url`: a pending marker, `torch.save` streamed to a
     temporary key beside it, a copy to `url`, then the marker removed."""
+    started = time.time()
     begin(url)
     fs, key = filesystem(url)
     temporary = _beside(key, f".{_name(key)}.{writer()}.{secrets.token_hex(4)}.tmp")
@@ -217,6 +220,23 @@ def save_file(checkpoint: dict[str, Any], url: str) -> None:
             fs.rm_file(temporary)
         raise
     end(url)
+    remove_stale_temporaries(url, started)
+
+
+def remove_stale_temporaries(url: str, started: float) -> None:
+    """Rank 0, once a one-file checkpoint at `url` committed: remove the temporary keys that
+    earlier saves of the same name left beside it (a process killed, or a store gone, between its
+    upload and the copy). A key counts as stale when the store last wrote it before the second
+    in which this save `started`: one saver writes a name at a time, so nothing older is still
+    being copied. Keys of other names are never touched; failing to list or delete only leaves
+    them (the checkpoint is committed already)."""
+    fs, key = filesystem(url)
+    pattern = re.compile(rf"\.{re.escape(_name(key))}\.[^.]+-\d+\.[0-9a-f]{{8}}\.tmp")
+    with suppress(Exception):
+        for entry in fs.ls(key.rstrip("/").rpartition("/")[0], detail=True):
+            name = _name(entry["name"])
+            if pattern.fullmatch(name) and fs.modified(entry["name"]).timestamp() < int(started):
+                fs.rm_file(entry["name"])
 
 
 # -- reading -------------------------------------------------------------------------------------
