@@ -1,11 +1,13 @@
 """Checkpoints at an `s3://` URL against moto's S3 server on 127.0.0.1: Lite against the same
 work written by hand with fsspec and torch, in one run, interleaved, medians.
 
-    python benchmarks/cloud_checkpoint.py [--mib 64] [--repeats 7]
+    python benchmarks/cloud_checkpoint.py [--mib 64] [--repeats 7] [--sharded]
 
-Needs `moto[server]` and `s3fs` (`hatch.toml`'s `test` environment has both). One process, one
-file (`single_device`): the sharded path (`fsdp`, torch distributed checkpoint's `FsspecWriter`)
-is not measured here yet.
+Needs `moto[server]` and `s3fs` (`hatch.toml`'s `test` environment has both). By default one
+process, one file (`single_device`). With `--sharded`, 2 processes under `fsdp`
+(`_cloud_sharded_worker.py`, started by `lite run`): Lite's sharded save and load against torch
+distributed checkpoint's `FsspecWriter`/`FsspecReader` by hand (`dcp.save`/`dcp.load` of
+`get_model_state_dict`), and the stall of a background sharded save.
 
 - `save`: `LightningLite.save(state, url)` (pending marker, upload to a temporary key, copy into
   place, marker removed) vs `torch.save` into `fsspec.open(url, "wb")` by hand (no commit rule).
@@ -24,6 +26,7 @@ import io
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -54,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="model size in MiB (float32 weights)")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sharded", action="store_true", help="fsdp on 2 processes against DCP by hand")
     args = parser.parse_args()
 
     from moto.server import ThreadedMotoServer
@@ -68,6 +72,13 @@ def main() -> None:
     fs = fsspec.filesystem("s3")
     fs.mkdir("bench")
     torch.set_num_threads(1)
+    if args.sharded:
+        median = _sharded(args.mib, args.repeats)
+        server.stop()
+        _report(f"{args.mib} MiB model under fsdp on 2 processes, {args.repeats} rounds, medians"
+                f" (torch {torch.__version__}); by hand: torch distributed checkpoint's FsspecWriter/FsspecReader",
+                median)
+        return
 
     from lite_core import LightningLite
 
@@ -105,10 +116,27 @@ def main() -> None:
     server.stop()
 
     median = {name: statistics.median(values) for name, values in times.items()}
-    print(f"{args.mib} MiB model, {args.repeats} rounds, medians (torch {torch.__version__}):")
-    print(f"save to s3://: torch.save into fsspec {median['plain save']:.3f} s, Lite {median['lite save']:.3f} s,"
+    _report(f"{args.mib} MiB model, {args.repeats} rounds, medians (torch {torch.__version__});"
+            " by hand: torch.save into fsspec.open, torch.load of fs.cat_file", median)
+
+
+def _sharded(mib: int, repeats: int) -> dict[str, float]:
+    """Run `_cloud_sharded_worker.py` on 2 processes (`lite run`); its medians by name."""
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cloud_sharded_worker.py")
+    done = subprocess.run([sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", "2",
+                           worker, "s3://bench/sharded", str(mib), str(repeats)],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("plain_save=")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"the sharded worker failed:\n{done.stdout}\n{done.stderr}")
+    return {name.replace("_", " "): float(value) for name, value in (pair.split("=") for pair in lines[-1].split())}
+
+
+def _report(title: str, median: dict[str, float]) -> None:
+    print(f"{title}:")
+    print(f"save to s3://: by hand {median['plain save']:.3f} s, Lite {median['lite save']:.3f} s,"
           f" ratio {median['lite save'] / median['plain save']:.3f}")
-    print(f"load from s3://: fsspec + torch.load {median['plain load']:.3f} s, Lite {median['lite load']:.3f} s,"
+    print(f"load from s3://: by hand {median['plain load']:.3f} s, Lite {median['lite load']:.3f} s,"
           f" ratio {median['lite load'] / median['plain load']:.3f}")
     print(f"training stall: save(blocking=False) {median['stall']:.3f} s vs blocking save {median['lite save']:.3f} s,"
           f" ratio {median['stall'] / median['lite save']:.3f}")
