@@ -8,7 +8,9 @@ middle of an upload fails the save on every rank, leaves the previous checkpoint
 the broken one refused; a missing bucket, refused credentials and an unreachable endpoint each
 give one sentence on every rank; a job of two `lite run` nodes (c10d on loopback, each node with
 a folder of its own, no common path) restarted by `--max-restarts 1` after a rank died resumes
-from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`)."""
+from the latest complete checkpoint in the bucket (`tests/scripts/cloud_resume.py`), and so does the
+same job preempted (every process gone) and started again elsewhere: one `lite run` of 2 processes
+in a new folder, with nothing but the bucket."""
 
 from __future__ import annotations
 
@@ -170,10 +172,11 @@ def _start_node(start_script: Any, port: int, node: int, base: str, out: Path, h
     return start_script("cloud_resume.py", base, out, how, env=env, python_args=options)
 
 
-def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # 2 nodes, `--max-restarts 1`
+def test_a_restarted_or_preempted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # 2 nodes
         start_script: Any, free_tcp_port: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
     """Two `lite run` nodes on loopback, each with a folder of its own and no common path: a rank
-    that dies restarts both, and the job resumes from the bucket alone."""
+    that dies restarts both (`--max-restarts 1`), and the job resumes from the bucket alone; a
+    preempted job started again on another machine resumes the same way."""
     import json
 
     runs = {}
@@ -198,3 +201,27 @@ def test_a_restarted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # 2 
         assert restarted["started_at"] == 1  # the second attempt trained epochs 1 and 2 only
         assert uninterrupted["resumed_from"] == "" and uninterrupted["started_at"] == 0
         assert restarted["weight"] == uninterrupted["weight"]
+
+    # Preempted: every process of the 2-node job leaves after the first epoch's checkpoint. The job
+    # is started again on "another machine": one `lite run` of 2 processes in a new folder, with
+    # nothing but the bucket.
+    outs = [tmp_path / "preempt" / f"node{node}" for node in (0, 1)]
+    port = free_tcp_port()
+    nodes = []
+    for node, out in enumerate(outs):
+        out.mkdir(parents=True)
+        nodes.append(_start_node(start_script, port, node, f"{s3_bucket}/preempt", out, "preempt", "0", s3_server.env))
+    for node in nodes:
+        stdout, stderr = node.communicate(timeout=300)  # a hang guard, as above
+        assert node.returncode != 0, f"{stdout}\n{stderr}"
+    assert any((out / "preempted").exists() for out in outs), "the job was never preempted"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = start_script("cloud_resume.py", f"{s3_bucket}/preempt", elsewhere, "preempt", env=s3_server.env,
+                       python_args=("-m", "lite_core.cli", "run", "--accelerator", "cpu", "--devices", "2"))
+    stdout, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, f"{stdout}\n{stderr}"
+    for rank, uninterrupted in enumerate(runs["live"]):
+        moved = json.loads((elsewhere / f"rank{rank}.json").read_text())
+        assert moved["resumed_from"] == "epoch-1" and moved["started_at"] == 1
+        assert moved["weight"] == uninterrupted["weight"]

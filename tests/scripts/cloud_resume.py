@@ -7,7 +7,9 @@ makes a rank's death invisible without any shared folder.
 (or one process on each of two `lite run` nodes, each with an OUT_DIR of its own). BASE: an
 `s3://bucket/run` prefix (the S3 client is set up by the environment). HOW: `die` makes rank 1
 exit in the middle of the second epoch on the attempt that started from scratch only
-(OUT_DIR/died marks that it did); `live` runs through. Each rank writes OUT_DIR/rank{r}.json with
+(OUT_DIR/died marks that it did); `preempt` makes every rank leave with exit code 143 (as a
+preempted job's processes do on SIGTERM) once the checkpoint of the first epoch is saved, on an
+attempt that started from scratch (OUT_DIR/preempted marks it); `live` runs through. Each rank writes OUT_DIR/rank{r}.json with
 its final weights, the checkpoint it resumed from, the epoch it started at and the attempt
 (`LITE_RESTART_COUNT`) it finished in.
 """
@@ -58,6 +60,9 @@ class FromTheBucket(LightningLite):
                 optimizer.step()
             state["epoch"] = epoch + 1
             self.save(state, f"{base}/epoch-{epoch + 1}")
+            if how == "preempt" and epoch == 0 and resumed_from is None:
+                Path(out_dir, "preempted").touch()
+                os._exit(143)
         record = {"weight": [p.detach().flatten().tolist() for p in model.parameters()],
                   "resumed_from": os.path.basename(resumed_from or ""), "started_at": started_at,
                   "restart": os.environ.get("LITE_RESTART_COUNT")}
