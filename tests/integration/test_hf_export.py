@@ -1,7 +1,9 @@
 """`export_safetensors`: a tiny Llama trained under fsdp (2 processes) and under model parallel
 (data 2 x tensor 2, 4 processes), exported, and loaded by `transformers`' `from_pretrained` with
 the trained weights and their logits; from a bucket too (moto's S3 server on 127.0.0.1). A
-planted fault, a file left out of the index, fails the same check."""
+planted fault, a file left out of the index, fails the same check. And `load_safetensors`: what
+`transformers` saved, loaded in the same jobs into a model built on the meta device and sharded,
+equals `from_pretrained`'s weights and logits while no process held the whole model."""
 
 from __future__ import annotations
 
@@ -70,6 +72,25 @@ def test_an_fsdp_export_loads_in_transformers_from_a_folder_and_from_a_bucket(
 def test_a_model_parallel_export_loads_in_transformers(jobs: Any) -> None:
     out = jobs("model_parallel")
     assert_loads_as_trained(out / "export", out)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_what_transformers_saved_loads_into_a_sharded_model_that_no_process_holds_whole(
+        jobs: Any, s3_server: Any, s3_bucket: str, strategy: str) -> None:
+    from transformers import LlamaForCausalLM
+
+    out = jobs(strategy, f"{s3_bucket}/llama", env=s3_server.env) if strategy == "fsdp" else jobs(strategy)
+    saved = LlamaForCausalLM.from_pretrained(out / "saved_by_transformers").eval()
+    assert len(list((out / "saved_by_transformers").glob("*.safetensors"))) > 1  # several files and an index
+    record = torch.load(out / "loaded.pt", weights_only=True)
+    assert sorted(record["state"]) == sorted(saved.state_dict())
+    for name, tensor in saved.state_dict().items():
+        assert torch.equal(record["state"][name], tensor), f"{name} differs from what transformers saved"
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():  # tensor parallel sums partial products in another order
+        torch.testing.assert_close(record["logits"], saved(tokens).logits, rtol=0, atol=1e-5)
+    # built on the meta device and loaded in place: rank 0 held a part of the model, never all of it
+    assert record["on_meta"] and record["held"] <= 0.6 * record["whole"], (record["on_meta"], record["held"] / record["whole"])
 
 
 def test_a_file_left_out_of_the_index_fails_the_check(jobs: Any, tmp_path: Path) -> None:

@@ -7,6 +7,12 @@ STRATEGY: `fsdp` (2 processes) or `model_parallel` (4 processes: data parallel 2
 parallel 2, `fully_shard` over the data dimension). The job exports into OUT_DIR/export (and into
 URL when given) and rank 0 writes OUT_DIR/config.json's model config and OUT_DIR/trained.pt, the
 model's whole trained state (`full_state_dict`), which the test compares the export with.
+
+Then the other way: rank 0 has `transformers` save a fresh model of the same config
+(OUT_DIR/saved_by_transformers, several files and their index), and every rank builds the model
+inside `init_module(empty_init=True)`, sets it up and `load_safetensors` it. Rank 0 writes
+OUT_DIR/loaded.pt: the loaded model's whole state, its logits on fixed tokens, how many
+parameter elements rank 0 held after the load and how many the whole model has.
 """
 
 from __future__ import annotations
@@ -65,6 +71,34 @@ class Export(LightningLite):
         if self.global_rank == 0:
             config().save_pretrained(out)
             torch.save(trained, out / "trained.pt")
+        self.load_what_transformers_saved(out)
+
+    def load_what_transformers_saved(self, out: Path) -> None:
+        from transformers import LlamaForCausalLM
+
+        saved = out / "saved_by_transformers"
+        if self.global_rank == 0:
+            torch.manual_seed(7)
+            LlamaForCausalLM(config()).save_pretrained(saved, max_shard_size="40KB")
+        self.barrier()
+        with self.init_module(empty_init=True):
+            model = LlamaForCausalLM(config())
+        whole = sum(p.numel() for p in model.parameters())
+        on_meta = all(p.is_meta for p in model.parameters())
+        model = self.setup_module(model)
+        self.load_safetensors(model, saved)
+        held = sum(_local(p).numel() for p in model.parameters())
+        tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model(input_ids=tokens).logits
+        loaded = self.full_state_dict(model)
+        if self.global_rank == 0:
+            torch.save({"state": loaded, "logits": _local(logits), "held": held, "whole": whole, "on_meta": on_meta}, out / "loaded.pt")
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a tensor (a DTensor's local shard)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def strategy(name: str) -> Any:

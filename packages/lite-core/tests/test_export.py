@@ -82,3 +82,54 @@ def test_a_missing_safetensors_is_named_with_its_install(tmp_path: Path, monkeyp
     with pytest.raises(MissingDependencyError, match=r"pip install 'lite-core\[hf\]'"):
         lite.export_safetensors(lite.setup(_gpt2()), tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+# -- load_safetensors: what transformers saved, into a set-up model -----------------------------
+def test_what_transformers_saved_loads_into_the_set_up_model_with_the_head_still_tied(tmp_path: Path) -> None:
+    saved = _gpt2()
+    saved.save_pretrained(tmp_path, max_shard_size="20KB")  # several files and their index
+    lite = LightningLite(accelerator="cpu")
+    with lite.init_module(empty_init=True):
+        torch.manual_seed(1)  # other weights than the saved ones until the load
+        fresh = transformers.GPT2LMHeadModel(saved.config).eval()
+    model = lite.setup(fresh)
+    lite.load_safetensors(model, tmp_path)
+    for name, tensor in saved.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+    tokens = torch.randint(0, 101, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, saved(tokens).logits)
+
+
+def test_files_of_another_model_are_refused_naming_the_weights_they_lack(tmp_path: Path) -> None:
+    saved = _gpt2()
+    saved.save_pretrained(tmp_path)  # one file, model.safetensors
+    other = transformers.GPT2Config(n_layer=3, n_head=2, n_embd=32, vocab_size=101, n_positions=16)
+    lite = LightningLite(accelerator="cpu")
+    model = lite.setup(transformers.GPT2LMHeadModel(other))
+    with pytest.raises(CheckpointError, match=r"hold no weight for \d+ of the \d+ weights of GPT2LMHeadModel,"
+                                              r" such as 'transformer.h.2.") as info:
+        lite.load_safetensors(model, tmp_path)
+    assert str(info.value).endswith(".") and ". " not in str(info.value)
+
+
+def test_a_url_and_a_folder_without_safetensors_are_refused(tmp_path: Path) -> None:
+    lite = LightningLite(accelerator="cpu")
+    model = lite.setup(_gpt2())
+    with pytest.raises(CheckpointError, match="reads a local folder, not 'memory://hf/gpt2': download"):
+        lite.load_safetensors(model, "memory://hf/gpt2")
+    with pytest.raises(CheckpointError, match="No safetensors model in"):
+        lite.load_safetensors(model, tmp_path)
+
+
+def test_a_strategy_that_holds_weights_its_own_way_refuses(tmp_path: Path) -> None:
+    from lite_core.strategies.single_device import SingleDeviceStrategy
+
+    class OwnWeights(SingleDeviceStrategy):
+        loads_safetensors = False
+
+    lite = LightningLite(accelerator="cpu", strategy=OwnWeights())
+    model = lite.setup(_gpt2())
+    with pytest.raises(CheckpointError, match="holds its modules' weights its own way"):
+        lite.load_safetensors(model, tmp_path)

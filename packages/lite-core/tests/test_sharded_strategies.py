@@ -66,6 +66,34 @@ def test_fsdp_empty_init_builds_on_the_meta_device() -> None:
     assert model.weight.is_meta and model.bias.is_meta
 
 
+class _Scale(nn.Module):
+    """A module with a parameter and no reset_parameters(), as a transformers norm layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+
+def test_a_meta_module_is_reinitialised_by_the_roots_init_weights_where_it_lacks_reset_parameters() -> None:
+    from lite_core.errors import MisuseError
+    from lite_core.strategies._fsdp_init import _initialiser, check_reinitialisable
+
+    plain = nn.Sequential(nn.Linear(4, 4), _Scale())
+    with pytest.raises(MisuseError, match=r"The module '1' \(_Scale\) holds parameters but has no reset_parameters\(\)"):
+        check_reinitialisable(plain)
+
+    class WithInitWeights(nn.Sequential):  # the transformers convention: the root initialises each module
+        def _init_weights(self, module: nn.Module) -> None:
+            if isinstance(module, _Scale):
+                module.weight.data.fill_(2.0)
+
+    model = WithInitWeights(nn.Linear(4, 4), _Scale())
+    check_reinitialisable(model)
+    _initialiser(model, model[1])()
+    assert torch.equal(model[1].weight, torch.full((4,), 2.0))
+    assert _initialiser(model, model[0]) == model[0].reset_parameters  # its own reset_parameters() first
+
+
 # -- ddp_sharded configuration --------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ddp_sharded", "ddp_sharded_spawn"])
 def test_ddp_sharded_without_fairscale_names_the_install_line(name: str, monkeypatch: pytest.MonkeyPatch) -> None:

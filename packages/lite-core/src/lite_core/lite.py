@@ -389,6 +389,26 @@ class LightningLite:
         """
         self._checkpoints.export_safetensors(model, folder, max_file_bytes)
 
+    def load_safetensors(self, model: nn.Module, folder: str | os.PathLike[str]) -> None:
+        """Load Hugging Face safetensors (what `transformers`' `save_pretrained` or
+        `export_safetensors` wrote) into the set-up model, each process reading only the slices
+        its own shards hold: a model built inside `init_module(empty_init=True)` under fsdp or
+        model parallel is never whole on any process.
+
+        Through torch distributed checkpoint's `HuggingFaceStorageReader`. A weight tied to an
+        earlier one is the same tensor and is not read. Call it on every rank.
+
+        Args:
+            model: the set-up model (under `deepspeed` and XLA strategies, refused: load with
+                `from_pretrained` before `setup` there).
+            folder: a local folder with `model.safetensors.index.json` and its files, or one
+                `model.safetensors`, on every node (a URL is refused: download it first).
+
+        Raises:
+            CheckpointError: the files lack a weight of the model (naming how many and the first).
+        """
+        self._checkpoints.load_safetensors(model, folder)
+
     def save(self, content: dict[str, Any], filepath: str | os.PathLike[str], blocking: bool = True) -> None:
         """Save `content` (modules and optimizers become their state) atomically from rank 0.
 

@@ -67,6 +67,7 @@ class DeepSpeedStrategy(DDPStrategy):
     #: DeepSpeed's engine writes and reads its checkpoint directories on local files only: Lite
     #: refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
     checkpoint_urls: ClassVar[bool] = False
+    loads_safetensors: ClassVar[bool] = False  # the engine holds the weights its own way
 
     def __init__(self, stage: int | None = None, offload_optimizer: bool | None = None,
                  offload_parameters: bool | None = None, *, allgather_bucket_size: int | None = None,

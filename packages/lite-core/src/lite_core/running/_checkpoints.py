@@ -12,7 +12,7 @@ from typing import Any
 from lite_core._user_frame import warn_user
 from lite_core.checkpoint import _store
 from lite_core.checkpoint._background import BackgroundSaves
-from lite_core.errors import ConfigurationError, MissingDependencyError
+from lite_core.errors import CheckpointError, ConfigurationError, MissingDependencyError
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
 
@@ -60,15 +60,32 @@ class Checkpoints:
     def wait(self) -> None:
         self._background.wait(self._strategy)
 
+    def load_safetensors(self, module: Any, folder: str | os.PathLike[str]) -> None:
+        """Each process reads its part of the safetensors files in the local `folder` into `module`."""
+        from lite_core.checkpoint._hf_load import read_safetensors
+        from lite_core.model.parts import forward_module
+
+        require_processes(self._strategy, "load_safetensors")
+        _require_safetensors("load_safetensors")
+        path = os.fspath(folder)
+        if _store.is_url(path):
+            raise CheckpointError(f"load_safetensors reads a local folder, not '{path}': download the files first"
+                                  " (huggingface_hub's snapshot_download, or the store's fsspec `get`) on every node.")
+        if not type(self._strategy).loads_safetensors:
+            raise CheckpointError(
+                f"strategy={self._strategy.name!r} holds its modules' weights its own way, so load_safetensors"
+                " cannot read into them: load the model with transformers' from_pretrained before setup()."
+            )
+        self.wait()
+        read_safetensors(forward_module(module), path)
+
     def export_safetensors(self, module: Any, folder: str | os.PathLike[str], max_file_bytes: int) -> None:
         """The set-up model's whole state gathered to rank 0, which writes it as safetensors."""
         from lite_core.checkpoint import on_rank_zero
         from lite_core.checkpoint._export import export, tied_names
 
         require_processes(self._strategy, "export_safetensors")
-        if importlib.util.find_spec("safetensors") is None:
-            raise MissingDependencyError("export_safetensors needs the safetensors package, which is not installed:"
-                                         " run `pip install 'lite-core[hf]'`.")
+        _require_safetensors("export_safetensors")
         if max_file_bytes <= 0:
             raise ConfigurationError(f"max_file_bytes={max_file_bytes} is not a size: pass a positive number of bytes.")
         path = _store.as_local(os.fspath(folder))
@@ -95,3 +112,9 @@ class Checkpoints:
         if missing_ok and not _store.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+
+
+def _require_safetensors(call: str) -> None:
+    if importlib.util.find_spec("safetensors") is None:
+        raise MissingDependencyError(f"{call} needs the safetensors package, which is not installed:"
+                                     " run `pip install 'lite-core[hf]'`.")

@@ -6,12 +6,17 @@ written in `__init__` has no `reset_parameters()` that could recreate it). After
 module's `reset_parameters()` is replayed in the order a normal build runs them, from the random
 state captured when the context was entered, on full-size temporaries of that module's own
 parameters only; each process keeps its shard. So the weights equal a normal build's for the
-same seed, and no more than one module's parameters exist whole at once.
+same seed, and no more than one module's parameters exist whole at once. A module without
+`reset_parameters()` is initialised by the root module's `_init_weights(module)` where the root
+has one, as `transformers` models initialise each of their modules (their norms have no
+`reset_parameters()`); such a model is usually built this way to load its weights afterwards
+(`LightningLite.load_safetensors`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -51,15 +56,25 @@ def _own_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 
 def check_reinitialisable(module: nn.Module) -> None:
-    """Refuse a meta-built module with parameters that no `reset_parameters()` could recreate."""
+    """Refuse a meta-built module with parameters that nothing could recreate (`_initialiser`)."""
     for name, submodule in module.named_modules():
-        if _own_parameters(submodule) and not callable(getattr(submodule, "reset_parameters", None)):
+        if _own_parameters(submodule) and _initialiser(module, submodule) is None:
             raise MisuseError(
                 f"The module '{name or type(submodule).__name__}' ({type(submodule).__name__}) holds"
                 " parameters but has no reset_parameters(), so init_module(empty_init=True)"
                 " cannot initialise it after sharding: give it a reset_parameters() method or build"
                 " the model with empty_init=False."
             )
+
+
+def _initialiser(root: nn.Module, module: nn.Module) -> Callable[[], None] | None:
+    """What recreates `module`'s own parameters: its `reset_parameters()`, else the root's
+    `_init_weights(module)` (the `transformers` convention), else nothing."""
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        return reset
+    init_weights = getattr(root, "_init_weights", None)
+    return functools.partial(init_weights, module) if callable(init_weights) else None
 
 
 def capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -82,8 +97,9 @@ def materialise(module: nn.Module, shard_device: torch.device, device: torch.dev
             if on_device and rng_state[1] is not None:
                 torch.get_device_module(device).set_rng_state(rng_state[1], device)
         for submodule in module.modules():
-            if _own_parameters(submodule):
-                _reset_one(submodule, device)
+            initialiser = _initialiser(module, submodule)
+            if _own_parameters(submodule) and initialiser is not None:
+                _reset_one(submodule, initialiser, device)
 
 
 def _parameters_to_empty(module: nn.Module, device: torch.device) -> None:
@@ -95,8 +111,8 @@ def _parameters_to_empty(module: nn.Module, device: torch.device) -> None:
         owner._buffers[name] = buffer
 
 
-def _reset_one(module: nn.Module, device: torch.device) -> None:
-    """`module.reset_parameters()` on full-size stand-ins for its sharded parameters."""
+def _reset_one(module: nn.Module, initialiser: Callable[[], None], device: torch.device) -> None:
+    """`initialiser()` (`module.reset_parameters()`, say) on full-size stand-ins for its sharded parameters."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     sharded = {n: p for n, p in module.named_parameters(recurse=False) if isinstance(p, DTensor)}
@@ -106,7 +122,7 @@ def _reset_one(module: nn.Module, device: torch.device) -> None:
         for name, stand_in in full.items():
             module._parameters[name] = stand_in
         with torch.no_grad():
-            module.reset_parameters()  # type: ignore[operator]
+            initialiser()
     finally:
         for name, param in sharded.items():
             module._parameters[name] = param

@@ -117,6 +117,11 @@ class Strategy:
     #: checkpoint, which both reach any fsspec URL; a strategy whose engine writes only local
     #: files sets `False`, and Lite then refuses a URL before anything is written.
     checkpoint_urls: ClassVar[bool] = True
+    #: Whether `load_safetensors` can read Hugging Face safetensors into the set-up modules: torch's
+    #: state-dict helpers see their weights (plain, DDP, FSDP2, tensor parallel). A strategy whose
+    #: engine holds the weights its own way (DeepSpeed's partitions, XLA's) sets `False`, and Lite
+    #: refuses the call in one sentence.
+    loads_safetensors: ClassVar[bool] = True
 
     @classmethod
     def why_not_on(cls, accelerator: Accelerator | type[Accelerator]) -> str | None:

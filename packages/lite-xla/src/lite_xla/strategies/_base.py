@@ -30,6 +30,7 @@ class XLAStrategyBase(Strategy):
     #: torch-xla writes and reads checkpoints on local files only (`xm.save`, its sharded format):
     #: Lite refuses an fsspec URL before anything is written (docs/cloud-checkpoints.md).
     checkpoint_urls: ClassVar[bool] = False
+    loads_safetensors: ClassVar[bool] = False  # the engine holds the weights its own way
 
     def __init__(self) -> None:
         super().__init__()
