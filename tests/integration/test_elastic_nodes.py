@@ -3,9 +3,10 @@ machines running the same command: a plain 2-node job, a worker that dies once o
 `--max-restarts 1`, node 2's launcher killed for good under `--nnodes 1:2`, and node 2 started
 while node 1 trains alone under `--nnodes 1:2 --max-restarts 0` (taken in without spending a
 restart); and with `split_batches=True` and a checkpoint every step, node 2 lost in the middle of
-an epoch, node 1 going on from the last step's sample; and the same under fsdp with two nodes that
-share no folder, the sharded checkpoint kept in a bucket only (moto's S3 server on loopback), so the
-survivor reads back the lost node's shards from the store. Each ends with the weights of one
+an epoch, node 1 going on from the last step's sample; and the same under fsdp over a stream, with
+two nodes that share no folder, the sharded checkpoint kept in a bucket only (moto's S3 server on
+loopback), so the survivor reads back the lost node's shards from the store and the stream's
+position. Each ends with the weights of one
 uninterrupted process (1e-6), because `elastic_job.py` resumes from its checkpoint and keeps its
 global batch at any world size."""
 
@@ -27,18 +28,18 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 RDZV_CONF = "join_timeout=60,last_call_timeout=1,close_timeout=5"
 
 
-def uninterrupted_weights(shuffle: bool = False) -> list[list[float]]:
-    """elastic_job.py in one plain PyTorch process: batches of 8, in order (or shuffled)."""
+def uninterrupted_weights(shuffle: bool = False, stream: bool = False) -> list[list[float]]:
+    """elastic_job.py in one plain PyTorch process: batches of 8, in order (or shuffled, or from its stream)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     try:
         from elastic_job import reference_weights
     finally:
         sys.path.pop(0)
-    return reference_weights(shuffle=shuffle)
+    return reference_weights(shuffle=shuffle, stream=stream)
 
 
-def assert_uninterrupted(record: dict, shuffle: bool = False) -> None:
-    for got, want in zip(record["weight"], uninterrupted_weights(shuffle)):
+def assert_uninterrupted(record: dict, shuffle: bool = False, stream: bool = False) -> None:
+    for got, want in zip(record["weight"], uninterrupted_weights(shuffle, stream)):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
@@ -152,17 +153,18 @@ def test_a_node_that_starts_later_is_taken_in_without_using_a_restart(start_scri
         assert_uninterrupted(record)
 
 
-def test_nodes_without_a_common_folder_lose_one_and_resume_from_the_bucket_at_the_smaller_world_size(
+def test_nodes_without_a_common_folder_lose_one_reading_a_stream_and_resume_from_the_bucket(
         start_script, free_tcp_port, tmp_path, wait_gone, s3_server, s3_bucket):
     # fsdp's sharded checkpoint after every step, in the bucket only: each node wrote its own shards
-    # there, and node 1, alone, reads both of them back at world size 1, mid-epoch.
+    # there, and node 1, alone, reads both of them back at world size 1, mid-epoch, and goes on
+    # with the stream's next global batch.
     folders = [tmp_path / "node0", tmp_path / "node1"]
     env = {**s3_server.env, "LITE_STRATEGY": "fsdp", "ELASTIC_JOB_CHECKPOINT": f"{s3_bucket}/elastic/last"}
     port = free_tcp_port()
     nodes = []
     for node, folder in enumerate(folders):
         folder.mkdir()
-        nodes.append(start_node(start_script, port, folder, "wait-to-be-killed+split", node, "1:2", 1, env))
+        nodes.append(start_node(start_script, port, folder, "wait-to-be-killed+stream", node, "1:2", 1, env))
     worker = wait_until_waiting(folders[1], nodes)  # rank 1 runs on node 2 (agents rank by pid)
     os.kill(nodes[1].pid, signal.SIGKILL)
     nodes[1].wait()
@@ -172,5 +174,5 @@ def test_nodes_without_a_common_folder_lose_one_and_resume_from_the_bucket_at_th
     done = records(folders[0])
     assert sorted(done) == [0] and done[0]["world"] == 1 and done[0]["restart"] == "1", output
     assert done[0]["resumed_step"] == 5, output  # after the 2-node job's last checkpoint: 4 + 1 steps
-    assert_uninterrupted(done[0], shuffle=True)
+    assert_uninterrupted(done[0], stream=True)
     assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("*.distcp")), "a checkpoint went to a folder"

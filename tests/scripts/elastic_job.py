@@ -21,7 +21,9 @@ environment's name and the restart it finished in (`LITE_RESTART_COUNT`).
 HOW with `+split` (e.g. `wait-to-be-killed+split`): the loader is the user's shuffled
 `DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)` set up with `split_batches=True`, and the
 job checkpoints (loader included) after every step, so a restart resumes in the middle of the epoch;
-it ends with `reference_weights(shuffle=True)`.
+it ends with `reference_weights(shuffle=True)`. HOW with `+stream`: the same, over a stream instead
+(`DataLoader(Stream(), batch_size=GLOBAL_BATCH)` with `split_batches=True`, the samples through a
+shuffle buffer seeded by the epoch); it ends with `reference_weights(stream=True)`.
 
 With ELASTIC_JOB_CHECKPOINT set (a URL such as `s3://bucket/run/last`), the checkpoint goes there
 instead of OUT_DIR/last.ckpt: nodes that share no folder resume from the store alone. Each rank's
@@ -32,13 +34,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from lite_core import LightningLite
 
@@ -52,14 +56,40 @@ def data() -> TensorDataset:
     return TensorDataset(x, x.sum(1, keepdim=True) + 1)
 
 
-def reference_weights(epochs: int = EPOCHS, shuffle: bool = False) -> list[list[float]]:
+class Stream(IterableDataset):
+    """`data()`'s samples as a stream that knows nothing of ranks: through a shuffle buffer of 5,
+    seeded by the epoch (`set_epoch`)."""
+
+    def __init__(self) -> None:
+        self.samples = data()
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        rng, pending = random.Random(self.epoch), []
+        for index in range(len(self.samples)):
+            pending.append(index)
+            if len(pending) == 5:
+                yield self.samples[pending.pop(rng.randrange(len(pending)))]
+        rng.shuffle(pending)
+        yield from (self.samples[index] for index in pending)
+
+
+def reference_weights(epochs: int = EPOCHS, shuffle: bool = False, stream: bool = False) -> list[list[float]]:
     """The job on one process in plain PyTorch, without any failure (`shuffle`: the `+split` job's
-    `DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)`)."""
+    `DataLoader(data, batch_size=GLOBAL_BATCH, shuffle=True)`; `stream`: the `+stream` job's
+    `DataLoader(Stream(), batch_size=GLOBAL_BATCH)`, its epoch set before each pass)."""
     torch.manual_seed(0)
     model = nn.Linear(4, 1).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(epochs):
-        for x, y in DataLoader(data(), batch_size=GLOBAL_BATCH, shuffle=shuffle):
+    source = Stream()
+    for epoch in range(epochs):
+        source.set_epoch(epoch)
+        loader = DataLoader(source, batch_size=GLOBAL_BATCH) if stream else \
+            DataLoader(data(), batch_size=GLOBAL_BATCH, shuffle=shuffle)
+        for x, y in loader:
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
@@ -90,8 +120,10 @@ class Elastic(LightningLite):
         torch.manual_seed(0)
         model = nn.Linear(4, 1).double()
         model, optimizer = self.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-        how, split = how.removesuffix("+split"), how.endswith("+split")
-        if split:  # the user's shuffled loader of global batches, and a checkpoint after every step
+        how, split, stream = how.removesuffix("+split").removesuffix("+stream"), how.endswith("+split"), how.endswith("+stream")
+        if stream:  # a stream of global batches, and a checkpoint after every step
+            loader = self.setup_dataloaders(DataLoader(Stream(), batch_size=GLOBAL_BATCH), split_batches=True)
+        elif split:  # the user's shuffled loader of global batches, and a checkpoint after every step
             loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH, shuffle=True),
                                             split_batches=True)
         else:
@@ -99,7 +131,8 @@ class Elastic(LightningLite):
             # hold the same 8 samples as one process's batch of 8.
             loader = self.setup_dataloaders(DataLoader(data(), batch_size=GLOBAL_BATCH // self.world_size))
         checkpoint = os.environ.get("ELASTIC_JOB_CHECKPOINT") or Path(out_dir, "last.ckpt")
-        state = {"epoch": 0, "step": 0, "model": model, "optimizer": optimizer, **({"loader": loader} if split else {})}
+        mid_epoch = split or stream  # checkpoints after every step, the loader's position included
+        state = {"epoch": 0, "step": 0, "model": model, "optimizer": optimizer, **({"loader": loader} if mid_epoch else {})}
         self.load(checkpoint, state, missing_ok=True)
         resumed_step = state["step"]
         for epoch in range(state["epoch"], EPOCHS):
@@ -111,7 +144,7 @@ class Elastic(LightningLite):
                 optimizer.step()
                 state["step"] += 1
                 time.sleep(seconds_per_step)
-                if split:
+                if mid_epoch:
                     state["epoch"] = epoch
                     self.save(state, checkpoint)
             print(f"epoch {epoch} world {self.world_size}", flush=True)
