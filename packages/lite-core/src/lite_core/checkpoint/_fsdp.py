@@ -191,7 +191,7 @@ def _start_at_url(strategy: Any, url: str, extra: dict[str, Any]) -> None:
     the values besides modules and optimizers written."""
     _store.begin(url)
     _store.clear_sharded(url)
-    strategy.checkpoint_io.save(extra, _store.join(url, EXTRA_FILE))
+    strategy.checkpoint_io.save_part(extra, _store.join(url, EXTRA_FILE))
 
 
 def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], path: str, started: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import torch
 
 from lite_core._user_frame import warn_user
-from lite_core.checkpoint._store import _host, is_url, load_file, save_file, writer
+from lite_core.checkpoint._store import _host, is_url, load_file, put_file, save_file, writer
 from lite_core.errors import CheckpointError
 
 
@@ -29,6 +29,11 @@ class CheckpointIO(ABC):
     @abstractmethod
     def load(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
         """Read the checkpoint at `path`."""
+
+    def save_part(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        """Write `checkpoint` to `path` inside a sharded checkpoint directory, whose commit marker
+        (`.metadata`) is written after it: the file needs no commit of its own. By default `save`."""
+        self.save(checkpoint, path)
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -44,6 +49,14 @@ class TorchCheckpointIO(CheckpointIO):
     (`.NAME.HOST-PID.XXXXXXXX.tmp` beside `path`) behind; the next successful save of the same
     path removes such leftovers (see `remove_stale_temporaries`).
     """
+
+    def save_part(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        """At a URL one upload (`put_file`), without the pending marker and the temporary key of a
+        one-file checkpoint; a local path as `save`."""
+        if isinstance(path, str) and is_url(path):
+            put_file(checkpoint, path)
+            return
+        self.save(checkpoint, path)
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
         if isinstance(path, str) and is_url(path):

@@ -198,10 +198,20 @@ def clear_sharded(url: str) -> None:
     """Remove a sharded checkpoint at `url` that a new one replaces: its `.metadata` first, so that
     whatever an interruption leaves behind is never taken for a checkpoint."""
     fs, key = filesystem(url)
+    if not fs.exists(key):  # a new name: one request
+        return
     with suppress(FileNotFoundError):
         fs.rm_file(join(key, METADATA_FILE))
-    if fs.exists(key):
-        fs.rm(key, recursive=True)
+    fs.rm(key, recursive=True)
+
+
+def put_file(checkpoint: dict[str, Any], url: str) -> None:
+    """`torch.save` of `checkpoint` uploaded to `url` in one call, with no commit of its own: for a
+    file inside a sharded checkpoint, which its `.metadata` commits."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    fs, key = filesystem(url)
+    fs.pipe_file(key, buffer.getvalue())
 
 
 def save_file(checkpoint: dict[str, Any], url: str) -> None:
