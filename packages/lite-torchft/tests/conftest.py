@@ -1,8 +1,11 @@
 """Fixtures for lite-torchft's tests (run them with `hatch run test-torchft:all`).
 
-`lighthouse` starts torchft's lighthouse in the test process on a free loopback port, with short
-timeouts, so that a killed replica group is dropped within a couple of seconds. `plain_run`
-runs `scripts/ft_train.py`'s plain PyTorch loop in the test process.
+`lighthouse` starts torchft's lighthouse in the test process on a free loopback port, with a
+short heartbeat timeout, so that a killed replica group is dropped within a second or two, and a
+long join timeout (10 s): a quorum waits that long for a group that heartbeats but has not asked
+yet, so that two groups released together meet in one quorum even on a busy machine (the tests
+open a gate for both at once, see test_heal.py). `plain_run` runs `scripts/ft_train.py`'s plain
+PyTorch loop in the test process.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def lighthouse() -> Iterator[str]:
     """The address of a lighthouse that forms a quorum of one group or more."""
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=1000)
     port = server.address().rsplit(":", 1)[1]
     yield f"http://127.0.0.1:{port}"
     server.shutdown()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
@@ -40,7 +41,9 @@ def _load(name: str) -> Any:
 
 
 def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.Tensor]]:
-    """Both groups' final weights, after each ran `diloco_train.py OUT args`."""
+    """Both groups' final weights, after each ran `diloco_train.py OUT args` (started together:
+    each waits at `OUT/gate` until both are set up)."""
+    (out / "gate").touch()
     procs = []
     for group in (0, 1):
         env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
@@ -49,6 +52,12 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
         procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env=env,
                                       text=True, stdout=log, stderr=subprocess.STDOUT))
     try:
+        deadline = time.monotonic() + 120  # a hang guard: set-up takes seconds
+        while not all(any(out.glob(f"ready-{group}-{proc.pid}")) for group, proc in enumerate(procs)):
+            assert all(proc.poll() is None for proc in procs), f"a group ended before it was set up:\n{_logs(out)}"
+            assert time.monotonic() < deadline, f"the groups were not set up in 120 s:\n{_logs(out)}"
+            time.sleep(0.05)
+        (out / "gate").unlink()
         for group, proc in enumerate(procs):
             assert proc.wait(timeout=150) == 0, f"group {group} failed:\n{(out / f'group-{group}.log').read_text()[-4000:]}"
     finally:
@@ -56,6 +65,10 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
             if proc.poll() is None:
                 proc.kill()
     return [torch.load(out / f"weights-{group}.pt", weights_only=True) for group in (0, 1)]
+
+
+def _logs(out: Path) -> str:
+    return "\n".join((out / f"group-{group}.log").read_text()[-2000:] for group in (0, 1))
 
 
 def _distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:

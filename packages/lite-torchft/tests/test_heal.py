@@ -61,6 +61,15 @@ def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], log: P
         time.sleep(0.05)
 
 
+def _open_the_gate_when_ready(out: Path, procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+    """Both groups wait at `OUT/gate` once set up (their Managers heartbeat): opened when both are
+    ready, they meet the lighthouse together. Without it, a group that started seconds later on a
+    busy machine found the other alone at the last step, and healed there."""
+    for group, proc in enumerate(procs):
+        _wait_for(lambda: any(out.glob(f"ready-{group}-{proc.pid}")), proc, logs[group])
+    (out / "gate").unlink()
+
+
 def _hold(out: Path, group: int, at_step: int) -> None:
     """Group `group` waits between steps once it has committed `at_step`, until `hold-<group>` is removed."""
     part = out / f"hold-{group}.part"
@@ -75,10 +84,12 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
     after its step 5 until `ready_to_kill()` holds, and is killed there."""
     survivor = 1 - victim
     logs = [out / "group-0.log", out / "group-1.log"]
+    (out / "gate").touch()
     if ready_to_kill is not None:
         _hold(out, victim, 5)
     procs = [_start(g, lighthouse, out, mode, logs[g]) for g in (0, 1)]
     try:
+        _open_the_gate_when_ready(out, procs, logs)
         _wait_for_step(out, victim, 5, procs[victim], logs[victim])
         if ready_to_kill is not None:
             _wait_for(ready_to_kill, procs[victim], logs[victim])
@@ -112,7 +123,8 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["split", "split fsdp"], ids=["ddp_ft", "fsdp_ft-2-processes-per-group"])
+@pytest.mark.parametrize("mode", ["split", "split fsdp", "split shuffle"],
+                         ids=["ddp_ft", "fsdp_ft-2-processes-per-group", "ddp_ft-shuffled"])
 def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path, mode: str,
                                                             plain_run: Callable[[Path], None]) -> None:
     _kill_and_restart(lighthouse, tmp_path, mode)
@@ -122,7 +134,7 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert len({pid for _, pid, _ in records}) == 1
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
     assert all(torch.equal(first[name], second[name]) for name in first)
-    plain_run(tmp_path)  # in this process: one plain PyTorch loop over the same loader
+    plain_run(tmp_path, shuffle="shuffle" in mode)  # in this process: one plain PyTorch loop over the same loader
     plain = _weights(tmp_path / "weights-plain.pt")
     assert sorted(plain) == sorted(first)
     for name in plain:

@@ -21,7 +21,7 @@ class HealingState:
         self.modules: list[nn.Module] = []
         self.optimizers: list[Optimizer] = []
         self.streams: list[LoaderStream] = []
-        self._waiting_loaders: list[dict[str, int]] = []
+        self._waiting_loaders: list[dict[str, Any]] = []
         self.heals = 0  # the peer states this group took over (torchft's first sync of a new group too)
 
     def add_stream(self, stream: LoaderStream) -> None:
@@ -48,7 +48,7 @@ class HealingState:
             optimizer.load_state_dict(optimizer_state)
         self.load_positions(state["loaders"])
 
-    def load_positions(self, positions: list[dict[str, int]]) -> None:
+    def load_positions(self, positions: list[dict[str, Any]]) -> None:
         """Move every loader to its position (a loader not iterated yet takes it at its first pass)."""
         for stream, position in zip(self.streams, positions):
             stream.load_state_dict(position)

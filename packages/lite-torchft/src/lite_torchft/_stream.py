@@ -12,7 +12,9 @@ yet committed:
 A step that commits advances the position past what it took; a step that does not commit takes
 the same batches again, shared over the processes of the next step. So no committed step repeats
 or skips a sample, and with `split_batches=True` the job computes the steps of one plain process.
-The position (`epoch`, `committed`) travels in the state a healing group receives from a peer.
+The position (`epoch`, `committed`, and the states at the epoch's start of the random generators
+that a pass draws its order and seeds from) travels in the state a healing group receives from a
+peer: a shuffled loader started again draws the peer's order of the epoch, not a new one.
 """
 
 from __future__ import annotations
@@ -35,15 +37,22 @@ class LoaderStream:
         self._pending: list[Any] = []  # fetched, not yet committed
         self._taken = 0  # how many of `_pending` the open step uses
         self._iterator: Iterator[Any] | None = None
+        #: The states of `_generators()` when this epoch's pass began (None before it began).
+        self._epoch_rng: list[torch.Tensor] | None = None
 
     # -- position ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, int]:
-        """The committed position."""
-        return {"epoch": self.epoch, "committed": self.committed}
+    def state_dict(self) -> dict[str, Any]:
+        """The committed position, and the generators' states that the epoch's order came from."""
+        position: dict[str, Any] = {"epoch": self.epoch, "committed": self.committed}
+        if self._epoch_rng is not None:
+            position["rng"] = list(self._epoch_rng)
+        return position
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Move to a committed position (a peer's, while healing): fetched batches are dropped."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Move to a committed position (a peer's, while healing): fetched batches are dropped,
+        and the epoch's pass starts again from the generators' states it began with there."""
         self.epoch, self.committed = int(state["epoch"]), int(state["committed"])
+        self._epoch_rng = list(state["rng"]) if "rng" in state else None
         self._pending, self._taken, self._iterator = [], 0, None
 
     def commit(self) -> None:
@@ -71,6 +80,7 @@ class LoaderStream:
             yield self._share(index, count)
         self.epoch += 1
         self.committed, self._pending, self._taken, self._iterator = 0, [], 0, None
+        self._epoch_rng = None
 
     def _set_epoch(self) -> None:
         sampler = getattr(self.dataloader, "sampler", None)
@@ -81,7 +91,7 @@ class LoaderStream:
         """Fetch until `needed` uncommitted batches are there; False when the epoch runs out first."""
         if self._iterator is None:
             self._set_epoch()
-            self._iterator = iter(self.dataloader)
+            self._start_pass()
             for _ in range(self.committed):  # resume inside the epoch at the committed position
                 next(self._iterator, None)
         while len(self._pending) < needed:
@@ -91,12 +101,36 @@ class LoaderStream:
             self._pending.append(batch)
         return True
 
+    def _start_pass(self) -> None:
+        """`iter(dataloader)` as the epoch's pass first drew it: from the generators' states it
+        began with (this process's own at a fresh epoch, a peer's after healing)."""
+        generators = _generators(self.dataloader)
+        if self._epoch_rng is None or len(self._epoch_rng) != len(generators):
+            self._epoch_rng = [generator.get_state() for generator in generators]
+        else:
+            for generator, state in zip(generators, self._epoch_rng):
+                generator.set_state(state)
+        self._iterator = iter(self.dataloader)
+
     def _share(self, index: int, count: int) -> Any:
         if self.split_batches:
             self._taken = 1
             return tree_map_only(torch.Tensor, lambda rows: torch.tensor_split(rows, count)[index], self._pending[0])
         self._taken = count
         return self._pending[index]
+
+
+def _generators(dataloader: Any) -> list[torch.Generator]:
+    """The random generators one pass of `dataloader` draws from: its own `generator` and its
+    sampler's (a `DataLoader` draws its workers' base seed from the first, a `RandomSampler` its
+    order from the second), torch's default generator where either is missing."""
+    owners = (dataloader, getattr(dataloader, "sampler", None))
+    found = [getattr(owner, "generator", None) for owner in owners if hasattr(owner, "generator")]
+    generators: list[torch.Generator] = []
+    for generator in (*found, torch.default_generator if None in found or not found else None):
+        if isinstance(generator, torch.Generator) and all(generator is not seen for seen in generators):
+            generators.append(generator)
+    return generators
 
 
 _END = object()

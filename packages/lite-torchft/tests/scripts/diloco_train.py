@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -73,6 +74,15 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
     return [net.state_dict() for net in inner]
 
 
+def wait_at_the_gate(out: Path, group: str) -> None:
+    """Say that this group is set up (its Manager heartbeats to the lighthouse) with
+    OUT_DIR/ready-<group>-<pid>, and wait while OUT_DIR/gate exists: the test opens it once every
+    group is ready, so that no group meets the lighthouse alone because another started later."""
+    (out / f"ready-{group}-{os.getpid()}").touch()
+    while (out / "gate").exists():
+        time.sleep(0.05)
+
+
 def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool) -> None:
     from lite_core import LightningLite
     from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
@@ -84,6 +94,7 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
             net = model()
             net, optimizer = self.setup(net, inner_optimizer(net))
             loader = self.setup_dataloaders(data(), split_batches=True)
+            wait_at_the_gate(out, group)
             for x, y, _ in loader:
                 optimizer.zero_grad()
                 self.backward(mse_loss(net(x), y))

@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [bucket=URL]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle] [bucket=URL]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -17,7 +17,8 @@ step, the loss and the id of the group that logged it. With `bucket=URL` (an `s3
 resumes at its top from the latest complete checkpoint under URL (`lite_core.checkpoint.latest`) and
 saves `URL/step-<step>` after each committed step, before recording it; a group writes the name of
 the checkpoint it resumed from (or nothing) to `OUT_DIR/resumed-<group>-<pid>`, and at the end the
-number of times it healed from a peer to `OUT_DIR/heals-<group>`.
+number of times it healed from a peer to `OUT_DIR/heals-<group>`. With `shuffle`, the training loader is the user's shuffled one
+(`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ BATCH = 4
 SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0.25"))
 
 
-def data() -> DataLoader:
+def data(shuffle: bool = False) -> DataLoader:
+    """The training loader (`shuffle`: the user's shuffled one, its order drawn from its own generator)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(STEPS * BATCH, 3, generator=generator)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1
     index = torch.arange(len(x), dtype=torch.float64).unsqueeze(1)
-    return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=False)
+    order = torch.Generator().manual_seed(3) if shuffle else None
+    return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=shuffle, generator=order)
 
 
 def eval_data() -> DataLoader:
@@ -69,10 +72,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def plain(out: Path) -> None:
+def plain(out: Path, shuffle: bool = False) -> None:
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    for x, y, _ in data():
+    for x, y, _ in data(shuffle):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
@@ -89,7 +92,7 @@ def _held(out: Path, group: str, step: int) -> bool:
     return not text or step >= int(text)
 
 
-def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None) -> None:
+def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, shuffle: bool = False) -> None:
     from lite_core import CSVLogger, LightningLite, ThroughputMonitor, TrackioLogger
     from lite_core.checkpoint import latest
 
@@ -99,7 +102,7 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None) 
         def run(self) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-            loader, evaluation = self.setup_dataloaders(data(), eval_data(), split_batches=split)
+            loader, evaluation = self.setup_dataloaders(data(shuffle), eval_data(), split_batches=split)
             monitor = ThroughputMonitor(self, log_every_n_steps=1)  # a row at each committed step
             state = {"model": net, "optimizer": optimizer}  # the strategy adds its step and the loader positions
             if bucket is not None:  # the two lines that resume from the store
@@ -109,6 +112,8 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None) 
                 if self.global_rank == 0:
                     (out / f"resumed-{group}-{os.getpid()}").write_text(os.path.basename(resumed_from or ""))
             (out / f"ready-{group}-{os.getpid()}").touch()
+            while (out / "gate").exists():  # the test opens it once every group is ready (see test_heal.py)
+                time.sleep(0.05)
             for x, y, index in loader:
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(net(x), y)
@@ -153,4 +158,4 @@ if __name__ == "__main__":
     else:
         buckets = [arg.removeprefix("bucket=") for arg in sys.argv[2:] if arg.startswith("bucket=")]
         lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:],
-             bucket=buckets[0] if buckets else None)
+             bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:])

@@ -1,0 +1,45 @@
+"""`LoaderStream`, the loader's part in the quorum, in this process: a group that takes a peer's
+position of a shuffled loader goes on with the peer's order of the epoch, whatever its own
+generators drew before (as a group started again, or healed at its first quorum, does)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lite_torchft._stream import LoaderStream
+
+
+def _loader(generator: torch.Generator | None) -> DataLoader:
+    return DataLoader(TensorDataset(torch.arange(24)), batch_size=4, shuffle=True, generator=generator)
+
+
+def _one_step(index: int = 0, count: int = 1) -> tuple[int, int]:
+    return index, count
+
+
+def _take(stream: LoaderStream, steps: int) -> list[list[int]]:
+    taken, batches = [], stream.batches(_one_step)
+    for _ in range(steps):
+        (rows,) = next(batches)
+        taken.append(rows.tolist())
+        stream.commit()
+    return taken
+
+
+def test_a_peer_position_of_a_shuffled_loader_continues_the_peers_order() -> None:
+    for generator in (torch.Generator().manual_seed(3), None):  # its own generator, or torch's default one
+        peer = LoaderStream(_loader(generator), split_batches=True)
+        torch.manual_seed(0)
+        first = _take(peer, 2)
+        position = peer.state_dict()
+        rest = _take(peer, 4)
+        assert sorted(sum(first + rest, [])) == list(range(24))
+        # another process, whose generators drew something else before it took the peer's position
+        own = torch.Generator().manual_seed(99) if generator is not None else None
+        torch.manual_seed(1)
+        healed = LoaderStream(_loader(own), split_batches=True)
+        if own is not None:
+            own.set_state(torch.Generator().manual_seed(99).get_state())
+        healed.load_state_dict(position)
+        assert _take(healed, 4) == rest, "the healed stream drew its own order of the epoch"
