@@ -230,10 +230,10 @@ def save_file(checkpoint: dict[str, Any], url: str) -> None:
             fs.rm_file(temporary)
         raise
     end(url)
-    remove_stale_temporaries(url, started)
+    remove_stale_uploads(url, started)
 
 
-def remove_stale_temporaries(url: str, started: float) -> None:
+def remove_stale_uploads(url: str, started: float) -> None:
     """Rank 0, once a one-file checkpoint at `url` committed: remove the temporary keys that
     earlier saves of the same name left beside it (a process killed, or a store gone, between its
     upload and the copy). A key counts as stale when the store last wrote it before the second
