@@ -123,8 +123,8 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["split", "split fsdp", "split shuffle"],
-                         ids=["ddp_ft", "fsdp_ft-2-processes-per-group", "ddp_ft-shuffled"])
+@pytest.mark.parametrize("mode", ["split", "split fsdp", "split shuffle", "split stream"],
+                         ids=["ddp_ft", "fsdp_ft-2-processes-per-group", "ddp_ft-shuffled", "ddp_ft-stream"])
 def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tmp_path: Path, mode: str,
                                                             plain_run: Callable[[Path], None]) -> None:
     _kill_and_restart(lighthouse, tmp_path, mode)
@@ -134,7 +134,7 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert len({pid for _, pid, _ in records}) == 1
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
     assert all(torch.equal(first[name], second[name]) for name in first)
-    plain_run(tmp_path, shuffle="shuffle" in mode)  # in this process: one plain PyTorch loop over the same loader
+    plain_run(tmp_path, shuffle="shuffle" in mode, stream="stream" in mode)  # one plain PyTorch loop over the same loader
     plain = _weights(tmp_path / "weights-plain.pt")
     assert sorted(plain) == sorted(first)
     for name in plain:

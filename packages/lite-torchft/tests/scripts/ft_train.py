@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle] [bucket=URL]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -18,30 +18,54 @@ resumes at its top from the latest complete checkpoint under URL (`lite_core.che
 saves `URL/step-<step>` after each committed step, before recording it; a group writes the name of
 the checkpoint it resumed from (or nothing) to `OUT_DIR/resumed-<group>-<pid>`, and at the end the
 number of times it healed from a peer to `OUT_DIR/heals-<group>`. With `shuffle`, the training loader is the user's shuffled one
-(`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way.
+(`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way;
+with `stream`, the same rows come from a stream (`RowStream`: an `IterableDataset` with a shuffle
+buffer), and `plain(out, stream=True)` reads that.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 STEPS = 24
 BATCH = 4
 SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0.25"))
 
 
-def data(shuffle: bool = False) -> DataLoader:
-    """The training loader (`shuffle`: the user's shuffled one, its order drawn from its own generator)."""
+class RowStream(IterableDataset):
+    """The rows of a dataset as a stream that knows nothing of ranks or groups, through a shuffle
+    buffer of 5 (a seeded `random.Random`)."""
+
+    def __init__(self, rows: TensorDataset) -> None:
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        rng, pending = random.Random(0), []
+        for index in range(len(self.rows)):
+            pending.append(index)
+            if len(pending) == 5:
+                yield self.rows[pending.pop(rng.randrange(len(pending)))]
+        rng.shuffle(pending)
+        yield from (self.rows[index] for index in pending)
+
+
+def data(shuffle: bool = False, stream: bool = False) -> DataLoader:
+    """The training loader (`shuffle`: the user's shuffled one, its order drawn from its own
+    generator; `stream`: the same rows read from a `RowStream`)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(STEPS * BATCH, 3, generator=generator)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1
     index = torch.arange(len(x), dtype=torch.float64).unsqueeze(1)
+    if stream:
+        return DataLoader(RowStream(TensorDataset(x, y, index)), batch_size=BATCH)
     order = torch.Generator().manual_seed(3) if shuffle else None
     return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=shuffle, generator=order)
 
@@ -72,10 +96,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def plain(out: Path, shuffle: bool = False) -> None:
+def plain(out: Path, shuffle: bool = False, stream: bool = False) -> None:
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    for x, y, _ in data(shuffle):
+    for x, y, _ in data(shuffle, stream):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
@@ -92,7 +116,8 @@ def _held(out: Path, group: str, step: int) -> bool:
     return not text or step >= int(text)
 
 
-def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, shuffle: bool = False) -> None:
+def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, shuffle: bool = False,
+         stream: bool = False) -> None:
     from lite_core import CSVLogger, LightningLite, ThroughputMonitor, TrackioLogger
     from lite_core.checkpoint import latest
 
@@ -102,7 +127,7 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
         def run(self) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-            loader, evaluation = self.setup_dataloaders(data(shuffle), eval_data(), split_batches=split)
+            loader, evaluation = self.setup_dataloaders(data(shuffle, stream), eval_data(), split_batches=split)
             monitor = ThroughputMonitor(self, log_every_n_steps=1)  # a row at each committed step
             state = {"model": net, "optimizer": optimizer}  # the strategy adds its step and the loader positions
             if bucket is not None:  # the two lines that resume from the store
@@ -158,4 +183,4 @@ if __name__ == "__main__":
     else:
         buckets = [arg.removeprefix("bucket=") for arg in sys.argv[2:] if arg.startswith("bucket=")]
         lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:],
-             bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:])
+             bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:], stream="stream" in sys.argv[2:])
