@@ -3,14 +3,17 @@ nothing of ranks or workers, trained 2 epochs of 5 global steps against one plai
 reading the same stream (1e-5 on the weights, every global step's sample ids equal):
 
 - under `ddp` on 2, uninterrupted: a shuffle-buffered stream with `split_batches=True` and with
-  per-rank batches (each sample once per epoch across the ranks);
+  per-rank batches (each sample once per epoch across the ranks); under `fsdp` on 2 with
+  `split_batches=True`, uninterrupted, and checkpointed mid-epoch (sharded) then resumed under
+  `ddp` on 3;
 - checkpointed mid-epoch (after step 3) on 2 with `split_batches=True` and resumed on 1 (the
   shuffled stream with `num_workers` 2 -> 0, a packed token stream 0 -> 2) and on 3 (2 -> 2);
 - per-rank batches checkpointed on 2 and resumed on 3: each sample once per epoch;
 - an evaluation pass over a stream of 9 samples on 2 and 3 (the last round leaving a process
   without a sample): `gather_for_metrics` collects each sample once.
 
-Two launches (2 then 3 processes), each running several tasks, and one task in the test's own process.
+Three launches (ddp on 2, fsdp on 2, ddp on 3), each running several tasks, and one task in the
+test's own process.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ job = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(job)  # type: ignore[union-attr]
 
 STEPS_PER_EPOCH = job.SAMPLES // job.GLOBAL_BATCH
-#: (devices, tasks) under ddp, in the order they run: later starts resume what earlier ones saved.
+#: (strategy, devices, tasks), in the order they run: later starts resume what earlier ones saved.
 LAUNCHES = [
-    (2, ["rs2:rows:split:0:-:-", "rr2:rows:rank:0:-:-", "rs2i:rows:split:2:-:3", "ps2i:packed:split:0:-:3",
-         "rr2i:rows:rank:0:-:3", "e2:evaluate:9"]),
-    (3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-", "e3:evaluate:9"]),
+    ("ddp", 2, ["rs2:rows:split:0:-:-", "rr2:rows:rank:0:-:-", "rs2i:rows:split:2:-:3", "ps2i:packed:split:0:-:3",
+                "rr2i:rows:rank:0:-:3", "e2:evaluate:9"]),
+    ("fsdp", 2, ["fs2:rows:split:0:-:-", "fs2i:rows:split:2:-:3"]),  # sharded checkpoint, resumed under ddp on 3
+    ("ddp", 3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-", "fs2to3:rows:split:0:fs2i.ckpt:-",
+                "e3:evaluate:9"]),
 ]
 #: Run last, on one device, in the test's own process.
 ONE_PROCESS = ["rs2to1:rows:split:0:rs2i.ckpt:-", "ps2to1:packed:split:2:ps2i.ckpt:-"]
@@ -43,8 +48,8 @@ ONE_PROCESS = ["rs2to1:rows:split:0:rs2i.ckpt:-", "ps2to1:packed:split:2:ps2i.ck
 @pytest.fixture(scope="module")
 def runs(run_script, output_of, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("streams")
-    for devices, tasks in LAUNCHES:
-        proc = run_script("stream_job.py", "ddp", devices, out, *tasks, timeout=150,
+    for strategy, devices, tasks in LAUNCHES:
+        proc = run_script("stream_job.py", strategy, devices, out, *tasks, timeout=150,
                           env={"LITE_COLLECTIVE_TIMEOUT": "60"})
         assert proc.returncode == 0, output_of(proc)
     job.Job(accelerator="cpu", devices=1).run(str(out), ONE_PROCESS)
@@ -74,6 +79,8 @@ def assert_weights_equal(out: Path, tag: str, expected: dict[str, torch.Tensor])
     ("rows", "rs2i", 2, "rs2to1", 1),
     ("rows", "rs2i", 2, "rs2to3", 3),
     ("packed", "ps2i", 2, "ps2to1", 1),
+    ("rows", None, 0, "fs2", 2),  # under fsdp
+    ("rows", "fs2i", 2, "fs2to3", 3),  # fsdp's sharded checkpoint with 2 workers, resumed under ddp on 3 with none
 ])
 def test_a_stream_takes_the_steps_of_one_plain_process_reading_it(
         runs, plain, data, before, devices_before, after, devices_after) -> None:  # type: ignore[no-untyped-def]

@@ -163,8 +163,9 @@ class Job(LightningLite):
 
     def finish(self, out: Path, tag: str, steps: dict[int, list[int]], model: nn.Module) -> None:
         (out / f"{tag}-rank{self.global_rank}.json").write_text(json.dumps(steps))
+        weights = self.full_state_dict(model)  # gathered from the shards under fsdp
         if self.global_rank == 0:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out / f"{tag}-weights.pt")
+            torch.save(weights, out / f"{tag}-weights.pt")
         self.barrier()
 
 
