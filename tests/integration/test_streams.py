@@ -5,15 +5,16 @@ reading the same stream (1e-5 on the weights, every global step's sample ids equ
 - under `ddp` on 2, uninterrupted: a shuffle-buffered stream with `split_batches=True` and with
   per-rank batches (each sample once per epoch across the ranks); under `fsdp` on 2 with
   `split_batches=True`, uninterrupted, and checkpointed mid-epoch (sharded) then resumed under
-  `ddp` on 3;
+  `ddp` on 3; under `model_parallel` (data 2 x tensor 2) uninterrupted, both ranks of a
+  tensor-parallel group with the same batch;
 - checkpointed mid-epoch (after step 3) on 2 with `split_batches=True` and resumed on 1 (the
   shuffled stream with `num_workers` 2 -> 0, a packed token stream 0 -> 2) and on 3 (2 -> 2);
 - per-rank batches checkpointed on 2 and resumed on 3: each sample once per epoch;
 - an evaluation pass over a stream of 9 samples on 2 and 3 (the last round leaving a process
   without a sample): `gather_for_metrics` collects each sample once.
 
-Three launches (ddp on 2, fsdp on 2, ddp on 3), each running several tasks, and one task in the
-test's own process.
+Four launches (ddp on 2, fsdp on 2, data 2 x tensor 2 on 4, ddp on 3), each running one task or
+more, and one task in the test's own process.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ LAUNCHES = [
     ("ddp", 2, ["rs2:rows:split:0:-:-", "rr2:rows:rank:0:-:-", "rs2i:rows:split:2:-:3", "ps2i:packed:split:0:-:3",
                 "rr2i:rows:rank:0:-:3", "e2:evaluate:9"]),
     ("fsdp", 2, ["fs2:rows:split:0:-:-", "fs2i:rows:split:2:-:3"]),  # sharded checkpoint, resumed under ddp on 3
+    ("model_parallel", 4, ["ms4:rows:split:0:-:-"]),  # data parallel 2 x tensor parallel 2
     ("ddp", 3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-", "fs2to3:rows:split:0:fs2i.ckpt:-",
                 "e3:evaluate:9"]),
 ]
@@ -61,9 +63,13 @@ def plain() -> dict[str, tuple[list[list[int]], dict[str, torch.Tensor]]]:
     return {data: job.plain_run(data) for data in ("rows", "packed")}
 
 
-def steps_of(out: Path, tag: str, devices: int) -> dict[int, list[int]]:
-    """Each global step's sample ids: the ranks' batches in rank order."""
+def steps_of(out: Path, tag: str, devices: int, tensor_parallel: int = 1) -> dict[int, list[int]]:
+    """Each global step's sample ids: the data-parallel ranks' batches in rank order (the ranks of
+    one tensor-parallel group, `tensor_parallel` consecutive ranks, must hold the same batch)."""
     per_rank = [json.loads((out / f"{tag}-rank{rank}.json").read_text()) for rank in range(devices)]
+    for rank in range(devices):
+        assert per_rank[rank] == per_rank[rank - rank % tensor_parallel], f"rank {rank} left its group's batch"
+    per_rank = per_rank[::tensor_parallel]
     return {int(step): [i for rank in per_rank for i in rank[step]] for step in per_rank[0]}
 
 
@@ -92,6 +98,13 @@ def test_a_stream_takes_the_steps_of_one_plain_process_reading_it(
     for step, samples in steps.items():
         assert samples == plain_steps[step - 1], f"step {step}"
     assert_weights_equal(runs, after, plain_weights)
+
+
+def test_a_stream_under_data_2_x_tensor_2_takes_the_steps_of_one_plain_process(runs, plain) -> None:  # type: ignore[no-untyped-def]
+    plain_steps, plain_weights = plain["rows"]
+    steps = steps_of(runs, "ms4", 4, tensor_parallel=2)
+    assert [steps[step] for step in sorted(steps)] == plain_steps
+    assert_weights_equal(runs, "ms4", plain_weights)
 
 
 @pytest.mark.parametrize(("before", "devices_before", "after", "devices_after"), [

@@ -25,6 +25,7 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -169,5 +170,24 @@ class Job(LightningLite):
         self.barrier()
 
 
+def tensor_parallel(model: nn.Module, mesh: Any) -> nn.Module:
+    """The first Linear split by columns and the last by rows over the tensor-parallel dimension,
+    the model sharded over the data-parallel one."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return fully_shard(model, mesh=mesh["data_parallel"])
+
+
+def strategy_of(name: str) -> Any:
+    """`model_parallel`: data parallel 2 x tensor parallel 2 (`tensor_parallel`); else the name."""
+    if name != "model_parallel":
+        return name
+    from lite_core.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(tensor_parallel, data_parallel_size=2, tensor_parallel_size=2)
+
+
 if __name__ == "__main__":
-    Job(accelerator="cpu", strategy=sys.argv[1], devices=int(sys.argv[2])).run(sys.argv[3], sys.argv[4:])
+    Job(accelerator="cpu", strategy=strategy_of(sys.argv[1]), devices=int(sys.argv[2])).run(sys.argv[3], sys.argv[4:])
