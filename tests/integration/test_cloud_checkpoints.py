@@ -172,6 +172,7 @@ def _start_node(start_script: Any, port: int, node: int, base: str, out: Path, h
     return start_script("cloud_resume.py", base, out, how, env=env, python_args=options)
 
 
+@pytest.mark.timeout(800)  # a hang guard: four 2-process jobs, about 55 s on an idle machine
 def test_a_restarted_or_preempted_job_resumes_from_the_latest_checkpoint_in_the_bucket(  # 2 nodes
         start_script: Any, free_tcp_port: Any, s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
     """Two `lite run` nodes on loopback, each with a folder of its own and no common path: a rank

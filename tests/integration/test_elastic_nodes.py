@@ -153,6 +153,7 @@ def test_a_node_that_starts_later_is_taken_in_without_using_a_restart(start_scri
         assert_uninterrupted(record)
 
 
+@pytest.mark.timeout(400)  # a hang guard: about 30 s on an idle machine
 def test_nodes_without_a_common_folder_lose_one_reading_a_stream_and_resume_from_the_bucket(
         start_script, free_tcp_port, tmp_path, wait_gone, s3_server, s3_bucket):
     # fsdp's sharded checkpoint after every step, in the bucket only: each node wrote its own shards
