@@ -230,16 +230,17 @@ def _replace(staging: Path, target: Path) -> None:
 def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
          weights_only: bool) -> dict[str, Any]:
     """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
-    if not _store.exists(path):
+    sharded = is_sharded(path)  # first: a sharded checkpoint needs no other check (one request at a URL)
+    if not sharded and not _store.exists(path):
         if is_url(path):
             raise _store.missing(path)
         raise CheckpointError(f"No checkpoint at '{path}': check the path you passed to load().")
     if state is None:
-        if is_sharded(path):
+        if sharded:
             return read_sharded(path, strategy.checkpoint_io, weights_only)
         return read_checkpoint(path, strategy.checkpoint_io, weights_only)
     objects, plain = _split(state)
-    if is_sharded(path):
+    if sharded:
         content = _load_sharded(strategy, path, objects, strict, weights_only)
     else:
         content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
@@ -260,14 +261,15 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
 
     extra_file = _store.join(path, EXTRA_FILE) if is_url(path) else os.path.join(path, EXTRA_FILE)
     content = strategy.checkpoint_io.load(extra_file, weights_only=weights_only)
-    saved = _saved_entries(path)
+    reader = _reading_metadata_once(storage_reader(path))
+    saved = set(reader.read_metadata().state_dict_metadata)
     top_level = {fqn.split(".", 1)[0] for fqn in saved}
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
         _check_sharded_keys(strategy, objects, targets, saved)
     try:
-        dcp.load(targets, storage_reader=storage_reader(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+        dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=not strict))
     except CheckpointException as err:  # a BaseException
         cause = first_failure(err)[1]
         raise CheckpointError(f"Reading the sharded checkpoint '{path}' failed with {_describe(cause)}: point load()"
@@ -288,9 +290,19 @@ def _check_sharded_keys(strategy: ShardsCheckpoints, objects: dict[str, Any], ta
             check_module_keys(objects[key], strategy.whole_module_keys(objects[key]) or target, held)
 
 
-def _saved_entries(path: str) -> set[str]:
-    """The flattened names of everything the sharded checkpoint at `path` holds."""
-    return set(storage_reader(path).read_metadata().state_dict_metadata)
+def _reading_metadata_once(reader: Any) -> Any:
+    """`reader`, whose `.metadata` is read on the first `read_metadata()` only: Lite's key check
+    and `dcp.load` both ask for it (at a URL, two requests each time)."""
+    read = reader.read_metadata
+    metadata: list[Any] = []
+
+    def read_metadata(*args: Any, **kwargs: Any) -> Any:
+        if not metadata:
+            metadata.append(read(*args, **kwargs))
+        return metadata[0]
+
+    reader.read_metadata = read_metadata
+    return reader
 
 
 def _load_target(strategy: ShardsCheckpoints, key: str, obj: Any, saved: set[str]) -> Any:
