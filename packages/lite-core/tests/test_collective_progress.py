@@ -7,6 +7,7 @@ function that raises gloo's timeout error.
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -111,6 +112,20 @@ def test_progress_is_published_only_by_the_thread_and_close_stops_it() -> None:
     zero.run("all_reduce", lambda: None)
     time.sleep(5 * INTERVAL)
     assert store.get("lite/collectives/0") == b"1 barrier"
+
+
+def test_a_collective_before_the_thread_first_runs_is_published(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a busy machine the publishing thread may first run after the first collective; its
+    # progress must still reach the store (it once took it for published: CI's run at 24e3c76).
+    held: list[threading.Thread] = []
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: held.append(thread))
+    store = dist.HashStore()
+    (zero,) = ranks(1, store)
+    zero.run("barrier", lambda: None)
+    monkeypatch.undo()
+    held[0].start()  # the thread runs only now
+    published(store, (0, "1 barrier"))
+    zero.close()
 
 
 def test_a_collective_costs_no_store_call() -> None:

@@ -59,7 +59,9 @@ class CollectiveProgress:
         self._thread.join(timeout=2 * self._interval + 1)
 
     def _publish(self) -> None:
-        published = self._last
+        # What `__init__` put in the store, not `self._last`: on a busy machine this thread may
+        # first run after a collective, whose progress it would then take as published already.
+        published: tuple[int, str] = (0, "")
         while not self._closed.wait(self._interval):
             last = self._last
             if last == published:
