@@ -10,10 +10,13 @@ momentum dropped, or the pseudo-gradient's sign flipped, must not match: the com
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,19 +47,9 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
     """Both groups' final weights, after each ran `diloco_train.py OUT args` (started together:
     each waits at `OUT/gate` until both are set up)."""
     (out / "gate").touch()
-    procs = []
-    for group in (0, 1):
-        env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        log = (out / f"group-{group}.log").open("w")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env=env,
-                                      text=True, stdout=log, stderr=subprocess.STDOUT))
+    procs = [_start(group, lighthouse, out, args) for group in (0, 1)]
     try:
-        deadline = time.monotonic() + 120  # a hang guard: set-up takes seconds
-        while not all(any(out.glob(f"ready-{group}-{proc.pid}")) for group, proc in enumerate(procs)):
-            assert all(proc.poll() is None for proc in procs), f"a group ended before it was set up:\n{_logs(out)}"
-            assert time.monotonic() < deadline, f"the groups were not set up in 120 s:\n{_logs(out)}"
-            time.sleep(0.05)
+        _wait_until_ready(out, procs)
         (out / "gate").unlink()
         for group, proc in enumerate(procs):
             assert proc.wait(timeout=150) == 0, f"group {group} failed:\n{(out / f'group-{group}.log').read_text()[-4000:]}"
@@ -65,6 +58,30 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
             if proc.poll() is None:
                 proc.kill()
     return [torch.load(out / f"weights-{group}.pt", weights_only=True) for group in (0, 1)]
+
+
+def _start(group: int, lighthouse: str, out: Path, args: tuple[str, ...], **env: str) -> subprocess.Popen[str]:
+    """Group `group` running `diloco_train.py OUT args`, its output appended to OUT/group-<group>.log."""
+    env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), **env)
+    log = (out / f"group-{group}.log").open("a")
+    return subprocess.Popen([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env=env,
+                            text=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_until_ready(out: Path, procs: dict[int, subprocess.Popen[str]] | list[subprocess.Popen[str]]) -> None:
+    """Until each group (index: process) is set up and waits at the gate."""
+    procs = dict(enumerate(procs)) if isinstance(procs, list) else procs
+    _wait(lambda: all(any(out.glob(f"ready-{group}-{proc.pid}")) for group, proc in procs.items()),
+          list(procs.values()), out, "set up")
+
+
+def _wait(condition: Callable[[], bool], procs: list[subprocess.Popen[str]], out: Path, what: str) -> None:
+    deadline = time.monotonic() + 120  # a hang guard: each wait takes seconds
+    while not condition():
+        assert all(proc.poll() is None for proc in procs), f"a group ended before the groups were {what}:\n{_logs(out)}"
+        assert time.monotonic() < deadline, f"the groups were not {what} in 120 s:\n{_logs(out)}"
+        time.sleep(0.05)
 
 
 def _logs(out: Path) -> str:
@@ -124,6 +141,82 @@ def test_local_sgd_averages_the_groups_weights(lighthouse: str, tmp_path: Path) 
     train = _load("diloco_train")
     assert _distance(first, train.simulate(4, 1.0, 0.0)[0]) < 1e-5  # averaging is an outer SGD at lr 1
     assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "DiLoCo's outer Nesterov step"
+
+
+# About 15 s when idle (two starts of group 1); 240 s is a hang guard only.
+@pytest.mark.timeout(240)
+def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equal(lighthouse: str,
+                                                                                 tmp_path: Path) -> None:
+    """Group 1 is SIGKILLed after inner step 6, between the outer syncs at 4 and 8. Group 0 goes on
+    alone (syncing with itself at 8 and 12) and waits after step 12 until group 1, started again,
+    has trained 4 inner steps from the start of its data and asked the lighthouse for a quorum;
+    group 0 joins it at step 16. (Asked first, group 0 would sync alone again: the lighthouse forms
+    a quorum at once when the last one's groups are all there.) Group 1 heals there from group 0: the model, the inner optimizer, the outer
+    optimizer and the last synchronised weights, the loader's position and the step count. Both end
+    bit-identical, and where the algorithm's simulation with group 1's lost steps ends."""
+    out, args = tmp_path, ("4", "0.7", "0.9", "1")
+    (out / "gate").touch()
+    _hold(out, 1, 6)
+    procs = [_start(group, lighthouse, out, args, FT_STEP_SLEEP="0.1") for group in (0, 1)]
+    try:
+        _wait_until_ready(out, procs)
+        (out / "gate").unlink()
+        _wait(lambda: _batches(out, 1)[-1:] == [6], procs, out, "at step 6")
+        _hold(out, 0, 12)  # set before the kill: group 0 cannot run to the end while group 1 is down
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].wait()
+        (out / "hold-1").unlink()  # its second life runs free
+        _wait(lambda: _batches(out, 0)[-1:] == [12], procs[:1], out, "at step 12")
+        procs[1] = _start(1, lighthouse, out, args, FT_STEP_SLEEP="0.1")
+        # the lighthouse holds group 1's request (one of two live groups) until group 0 asks too
+        _wait(lambda: "[1/1 participants healthy]" in _lighthouse_status(lighthouse), procs, out,
+              "asked for a quorum by group 1's second life")
+        (out / "hold-0").unlink()
+        for group, proc in enumerate(procs):
+            assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{_logs(out)}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    survivor, victim = _records(out, 0), _records(out, 1)
+    assert [batch for batch, _, _ in survivor] == list(range(1, 25)) and len({pid for *_, pid in survivor}) == 1
+    second_life = [batch for batch, _, pid in victim if pid == procs[1].pid]
+    # 4 inner steps from its own start, then on from group 0's position after the sync at 16
+    assert second_life == [1, 2, 3, 4, *range(17, 25)], second_life
+    assert [(out / f"heals-{g}").read_text() for g in (0, 1)] == ["0", "1"]
+    assert [(out / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]
+    first, second = (torch.load(out / f"weights-{g}.pt", weights_only=True) for g in (0, 1))
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    # what the failure changed: group 1's slices of steps 5-8 were lost, group 0 trained on whole
+    # batches from 9 to 16 (the syncs at 8 and 12 had one group), and two groups again from 17
+    train = _load("diloco_train")
+    lost = [(2, 2), (2, 1), (1, 1), (1, 1), (2, 2), (2, 2)]  # (slices of a batch, groups alive) per interval
+    assert _distance(first, train.simulate(4, 0.7, 0.9, schedule=lost)[0]) < 1e-5
+    assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "the failure changed nothing"
+
+
+def _hold(out: Path, group: int, batch: int) -> None:
+    """Group `group` waits between steps once it has trained global batch `batch`, until `hold-<group>` is removed."""
+    part = out / f"hold-{group}.part"
+    part.write_text(str(batch))
+    part.replace(out / f"hold-{group}")  # the group never reads a half-written file
+
+
+def _lighthouse_status(lighthouse: str) -> str:
+    """The lighthouse's status page: its next quorum's state, with the groups that asked for it."""
+    with urllib.request.urlopen(f"{lighthouse}/status", timeout=10) as page:
+        return page.read().decode()
+
+
+def _records(out: Path, group: int) -> list[tuple[int, int, int]]:
+    """(global batch, outer steps, pid) of each inner step the group took."""
+    path = out / f"progress-{group}"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(batch), int(steps), int(pid)) for batch, steps, pid in (line.split() for line in lines)]
+
+
+def _batches(out: Path, group: int) -> list[int]:
+    return [batch for batch, _, _ in _records(out, group)]
 
 
 # One group in this process: a few seconds when idle; 90 s is a hang guard only.

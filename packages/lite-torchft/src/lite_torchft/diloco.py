@@ -96,11 +96,11 @@ class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
         raise NotImplementedError
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """The inner step (torchft's hook syncs after every `sync_every`-th); the loaders move on."""
-        result = super(FaultTolerantReplication, self).optimizer_step(optimizer, **kwargs)
+        """The inner step (torchft's hook syncs after every `sync_every`-th). The loaders move on
+        first: a peer that heals from this group in that sync takes the position after this step."""
         for stream in self._healing.streams:
             stream.commit()
-        return result
+        return super(FaultTolerantReplication, self).optimizer_step(optimizer, **kwargs)
 
     # -- checkpoints: the inner steps since the last sync (and what `_algorithm_state` adds) ------
     def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:

@@ -10,10 +10,17 @@ Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 row
 its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
 to `OUT_DIR/weights-<group>.pt` and the outer steps taken (the Manager's step) to
 `OUT_DIR/steps-<group>`. `simulate` computes the same in one process without Lite or torchft.
+
+For the test that kills a group, as ft_train.py does: each inner step appends `<global batch>
+<outer steps> <pid>` to `OUT_DIR/progress-<group>` (the global batch numbered from 1, read from the
+rows' indices), the group waits between steps while `OUT_DIR/hold-<group>` names a global batch it
+has reached, sleeps FT_STEP_SLEEP seconds per step (0 by default), and at the end writes the number
+of times it healed from a peer to `OUT_DIR/heals-<group>`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -22,9 +29,10 @@ from pathlib import Path
 import torch
 from torch.nn.functional import mse_loss
 
-from ft_train import data, model  # the same data, model and inner optimizer as the ddp_ft tests
+from ft_train import BATCH, _held, data, model  # the same data, model and inner optimizer as the ddp_ft tests
 
 INNER_LR, INNER_MOMENTUM = 0.05, 0.9
+SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0"))
 
 
 def inner_optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
@@ -32,7 +40,8 @@ def inner_optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: int = 2,
-             sign: float = 1.0, fragments: int = 1) -> list[dict[str, torch.Tensor]]:
+             sign: float = 1.0, fragments: int = 1,
+             schedule: list[tuple[int, int]] | None = None) -> list[dict[str, torch.Tensor]]:
     """DiLoCo in one process: `groups` inner models, each on its slice of every global batch.
 
     Every `sync_every / fragments` steps one fragment, in turn, synchronises: its pseudo-gradients
@@ -40,7 +49,13 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
     (Nesterov when it has momentum) steps its weights of the last sync, and every inner model takes
     the result for that fragment (keeping its inner optimizer's state). The fragments are the
     model's top-level children in `fragments` consecutive runs. Returns each inner model's weights
-    (they differ in the fragments that trained alone since their sync)."""
+    (they differ in the fragments that trained alone since their sync).
+
+    `schedule` (one entry per sync interval, default `(groups, groups)` each) says, for a job that
+    lost groups: `(shares, alive)`, the global batch cut into `shares` slices (the groups of the
+    last sync) of which the first `alive` groups train on theirs (a dead group's slice is lost) and
+    average their pseudo-gradients. A group alive again after an interval away takes group 0's
+    inner optimizer state (it healed from it; its weights are the sync's result anyway)."""
     outer_model = model()
     outer = torch.optim.SGD(outer_model.parameters(), lr=outer_lr, momentum=outer_momentum,
                             nesterov=outer_momentum > 0)  # a parameter without a gradient is left alone
@@ -49,9 +64,13 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
     children = [name for name, _ in outer_model.named_children()]
     bounds = [round(i * len(children) / fragments) for i in range(fragments + 1)]
     fragment_of = {child: f for f in range(fragments) for child in children[bounds[f]:bounds[f + 1]]}
-    interval, syncs = sync_every // fragments, 0
+    interval, syncs, was_alive = sync_every // fragments, 0, groups
     for step, (x, y, _) in enumerate(data(), start=1):
-        for net, optimizer, xs, ys in zip(inner, optimizers, x.tensor_split(groups), y.tensor_split(groups)):
+        shares, alive = schedule[syncs] if schedule else (groups, groups)
+        for optimizer in optimizers[was_alive:alive]:  # back from a failure: healed from group 0
+            optimizer.load_state_dict(copy.deepcopy(optimizers[0].state_dict()))
+        was_alive = alive
+        for net, optimizer, xs, ys in zip(inner[:alive], optimizers, x.tensor_split(shares), y.tensor_split(shares)):
             optimizer.zero_grad()
             mse_loss(net(xs), ys).backward()
             optimizer.step()
@@ -62,8 +81,8 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
         weights = dict(outer_model.named_parameters())
         with torch.no_grad():
             for name in names:
-                local = [dict(net.named_parameters())[name] for net in inner]
-                weights[name].grad = sign * sum(weights[name] - w for w in local) / groups
+                local = [dict(net.named_parameters())[name] for net in inner[:alive]]
+                weights[name].grad = sign * sum(weights[name] - w for w in local) / alive
         outer.step()
         outer.zero_grad()
         with torch.no_grad():
@@ -95,12 +114,19 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
             net, optimizer = self.setup(net, inner_optimizer(net))
             loader = self.setup_dataloaders(data(), split_batches=True)
             wait_at_the_gate(out, group)
-            for x, y, _ in loader:
+            for x, y, index in loader:
                 optimizer.zero_grad()
                 self.backward(mse_loss(net(x), y))
                 optimizer.step()
+                batch = int(index[0]) // BATCH + 1
+                with open(out / f"progress-{group}", "a") as f:
+                    f.write(f"{batch} {self.strategy.step} {os.getpid()}\n")
+                time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
+                while _held(out, group, batch):  # the test holds this group between steps
+                    time.sleep(0.05)
             torch.save(net.state_dict(), out / f"weights-{group}.pt")
             (out / f"steps-{group}").write_text(str(self.strategy.step))
+            (out / f"heals-{group}").write_text(str(int(self.strategy.fault_tolerance_figures()["fault/heals"])))
 
     if local_sgd:
         strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5)
