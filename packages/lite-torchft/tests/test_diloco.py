@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from conftest import free_port, script_env  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.plugins import ConfigurationError
-from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
+from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -95,8 +95,12 @@ def _distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -
 
 # A run takes a few seconds when idle; 180 s is far above 10x that (a hang guard only).
 @pytest.mark.timeout(180)
-def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str, tmp_path: Path) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "1")
+@pytest.mark.parametrize("inside", ["", "fsdp"], ids=["diloco", "diloco_fsdp-2-processes-per-group"])
+def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str, tmp_path: Path, inside: str) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "1", *[inside] if inside else [])
+    if inside == "fsdp":  # a sharded checkpoint between syncs (after step 6) resumes exactly
+        for group, straight in enumerate((first, second)):
+            assert _distance(torch.load(tmp_path / f"resumed-{group}.pt", weights_only=True), straight) == 0.0
     assert _distance(first, second) == 0.0  # both groups hold the outer step's result
     assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]  # 24 inner steps, H=4
     train = _load("diloco_train")
@@ -282,4 +286,6 @@ def test_the_names_are_registered_as_entry_points() -> None:
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     strategies = pyproject["project"]["entry-points"]["lite_core.strategies"]
     assert strategies["diloco"] == "lite_torchft.diloco:DiLoCoStrategy" and DiLoCoStrategy.name == "diloco"
+    assert strategies["diloco_fsdp"] == "lite_torchft.diloco:DiLoCoFSDPStrategy"
+    assert DiLoCoFSDPStrategy.name == "diloco_fsdp"
     assert strategies["local_sgd"] == "lite_torchft.diloco:LocalSGDStrategy" and LocalSGDStrategy.name == "local_sgd"

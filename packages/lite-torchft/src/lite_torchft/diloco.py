@@ -20,10 +20,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import SGD, Optimizer
+from torch.utils._pytree import tree_map_only
 
-from lite_core.plugins import ConfigurationError, DDPStrategy
+from lite_core.plugins import ConfigurationError, DDPStrategy, FSDPStrategy
 from lite_torchft._replication import FaultTolerantReplication
 from lite_torchft._variables import read_variables
 
@@ -32,14 +35,15 @@ OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
 
 
-class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
-    """What `diloco` and `local_sgd` share: no quorum per step; torchft's hooks on the one set-up
-    optimizer open a quorum every `sync_every` inner steps; loaders share each batch over the
-    groups of the last quorum (before the first one: every group, as the variables say)."""
+class _PeriodicReplication(FaultTolerantReplication):
+    """What `diloco`, `diloco_fsdp` and `local_sgd` share, mixed into the group's own strategy: no
+    quorum per step; torchft's hooks on the one set-up optimizer open a quorum every `sync_every`
+    inner steps; loaders share each batch over the groups of the last quorum (before the first
+    one: every group, as the variables say)."""
 
     _init_sync: ClassVar[bool] = False  # the first quorum comes after local steps (module docstring)
     _groups_agree_at_save: ClassVar[bool] = False  # between syncs each group holds its own weights
-    # `backward` is DDP's, without the per-step quorum of `ddp_ft`; kept routed through the strategy.
+    # `backward` is the group strategy's, without the per-step quorum of `ddp_ft`; kept routed through the strategy.
     changes_backward: ClassVar[bool] = True
     steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` moves the loaders' streams on
 
@@ -129,27 +133,8 @@ class _PeriodicReplication(FaultTolerantReplication, DDPStrategy):
         return f"{type(self).__name__}(sync_every={self._sync_every})"
 
 
-class DiLoCoStrategy(_PeriodicReplication):
-    """`strategy="diloco"`: DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512)
-    across replica groups, on torchft's `DiLoCo`.
-
-    Args:
-        sync_every: inner steps (the user's `optimizer.step()` calls) between outer steps (H).
-        outer_lr: the outer SGD's learning rate (0.7 by default, as in the paper).
-        outer_momentum: the outer SGD's Nesterov momentum (0.9; 0 for none).
-        outer_optimizer: instead of those two, a function from a list of parameters to the outer
-            optimizer (one per fragment).
-        fragments: Streaming DiLoCo: the model's top-level children split into this many
-            consecutive fragments, synchronised in turn, one every `sync_every / fragments` steps.
-        fragment_sync_delay: inner steps between sending a fragment's pseudo-gradient and using
-            the average (the paper's tau; less than `sync_every / fragments`).
-        fragment_update_alpha: how much of the group's own weights a synchronised fragment keeps
-            (0: it takes the outer step's result).
-        should_quantize: all-reduce the pseudo-gradients quantized (torchft's; needs a GPU).
-        **kwargs: `ddp_ft`'s arguments (timeouts, `min_replica_size`, ...), and `ddp`'s for the group.
-    """
-
-    name = "diloco"
+class _DiLoCo(_PeriodicReplication):
+    """What `diloco` and `diloco_fsdp` share: torchft's `DiLoCo` on the one set-up optimizer."""
 
     def __init__(self, sync_every: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_optimizer: Callable[[list[nn.Parameter]], Optimizer] | None = None, fragments: int = 1,
@@ -179,20 +164,72 @@ class DiLoCoStrategy(_PeriodicReplication):
                       sync_every=self._sync_every, backup_device=None, pin_memory=False, **self._options)
 
     # torchft registers each fragment's outer optimizer and last synchronised weights with the
-    # Manager (for healing) under these keys; a checkpoint holds them too
+    # Manager (for healing) under these keys; a checkpoint holds them too. torchft keeps this rank's
+    # part of a sharded parameter's tensors: the checkpoint holds them whole (gathered while saving;
+    # see docs/regions.md), so that it loads under another layout, and `load` takes this rank's part.
     def _algorithm_state(self) -> dict[str, Any]:
-        keys = [f"StreamingDiLoCoFragment_{i}" for i in range(self._fragments)]
-        return {"fragments": {key: self._manager._user_state_dicts[key]() for key in keys}}
+        states = {}
+        for index, fragment in enumerate(self._algorithm._fragments):  # torchft 0.2.0's fragments
+            key = f"StreamingDiLoCoFragment_{index}"
+            state = self._manager._user_state_dicts[key]()
+            layouts = dict(fragment._model_fragment.named_parameters())
+            weights = {name: _whole(local, layouts[name]) for name, local in state["original_parameters"].items()}
+            outer = tree_map_only(DTensor, lambda tensor: tensor.full_tensor(), state["outer_optimizer"])
+            states[key] = {"original_parameters": weights, "outer_optimizer": outer}
+        return {"fragments": states}
 
     def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
-        for key, fragment_state in saved["fragments"].items():
-            self._manager._load_state_dict_fns[key](fragment_state)
+        for index, fragment in enumerate(self._algorithm._fragments):
+            key = f"StreamingDiLoCoFragment_{index}"
+            state = saved["fragments"][key]
+            layouts = dict(fragment._model_fragment.named_parameters())
+            weights = {name: _local(_part(whole, layouts[name])) for name, whole in state["original_parameters"].items()}
+            parameters = [p for group in fragment._outer_optimizer.param_groups for p in group["params"]]
+            outer = {**state["outer_optimizer"], "state": {
+                index: {name: _part(value, parameters[index]) for name, value in values.items()}
+                for index, values in state["outer_optimizer"]["state"].items()}}
+            self._manager._load_state_dict_fns[key]({"original_parameters": weights, "outer_optimizer": outer})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sync_every={self._sync_every}, fragments={self._fragments})"
 
 
-class LocalSGDStrategy(_PeriodicReplication):
+class DiLoCoStrategy(_DiLoCo, DDPStrategy):
+    """`strategy="diloco"`: DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512)
+    across replica groups, on torchft's `DiLoCo`, with DDP inside each group.
+
+    Args:
+        sync_every: inner steps (the user's `optimizer.step()` calls) between outer steps (H).
+        outer_lr: the outer SGD's learning rate (0.7 by default, as in the paper).
+        outer_momentum: the outer SGD's Nesterov momentum (0.9; 0 for none).
+        outer_optimizer: instead of those two, a function from a list of parameters to the outer
+            optimizer (one per fragment).
+        fragments: Streaming DiLoCo: the model's top-level children split into this many
+            consecutive fragments, synchronised in turn, one every `sync_every / fragments` steps.
+        fragment_sync_delay: inner steps between sending a fragment's pseudo-gradient and using
+            the average (the paper's tau; less than `sync_every / fragments`).
+        fragment_update_alpha: how much of the group's own weights a synchronised fragment keeps
+            (0: it takes the outer step's result).
+        should_quantize: all-reduce the pseudo-gradients quantized (torchft's; needs a GPU).
+        **kwargs: `ddp_ft`'s arguments (timeouts, `min_replica_size`, ...), and `ddp`'s for the group.
+    """
+
+    name = "diloco"
+
+
+class DiLoCoFSDPStrategy(_DiLoCo, FSDPStrategy):
+    """`strategy="diloco_fsdp"`: `diloco` with FSDP2 inside each replica group.
+
+    Each group shards the model with `fully_shard`; at a sync rank r of every group averages its
+    shard of the pseudo-gradient with rank r of the other groups, and steps its shard of the outer
+    optimizer (as `fsdp_ft` averages gradients). Every group must have as many processes. Takes
+    `strategy="diloco"`'s arguments and `strategy="fsdp"`'s for the group.
+    """
+
+    name = "diloco_fsdp"
+
+
+class LocalSGDStrategy(_PeriodicReplication, DDPStrategy):
     """`strategy="local_sgd"`: the groups' weights averaged every `sync_every` inner steps
     (arXiv 1805.09767), on torchft's `LocalSGD`.
 
@@ -224,6 +261,28 @@ def _split(model: nn.Module, count: int) -> list[nn.Module]:
         )
     bounds = [round(i * len(children) / count) for i in range(count + 1)]
     return [nn.ModuleList(children[bounds[i]:bounds[i + 1]]) for i in range(count)]
+
+
+def _whole(local: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of which `local` is this rank's part, laid out as `parameter` is (gathered
+    from every rank of its mesh for a sharded parameter)."""
+    if not isinstance(parameter, DTensor):
+        return local
+    laid_out = DTensor.from_local(local, parameter.device_mesh, parameter.placements, shape=parameter.shape,
+                                  stride=parameter.stride())
+    return laid_out.full_tensor()
+
+
+def _part(whole: Any, parameter: torch.Tensor) -> Any:
+    """A whole tensor shaped as `parameter`, laid out as it is (a `DTensor` of its mesh and
+    placements, cut from this rank's copy without communication); anything else as it is."""
+    if not isinstance(parameter, DTensor) or not isinstance(whole, torch.Tensor) or whole.shape != parameter.shape:
+        return whole
+    return distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 _PERIODIC_KEY = "_torchft_diloco"  # DiLoCo's and LocalSGD's state in a checkpoint

@@ -1,10 +1,13 @@
 """A user's ordinary loop under `strategy="diloco"` (one replica group; the test starts two), and
 the algorithm simulated in one plain process.
 
-Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd]
+Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd|fsdp]
 
 (`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
-at lr 1 without momentum.)
+at lr 1 without momentum. `fsdp`: `strategy="diloco_fsdp"`, two processes per group, each holding
+half of every parameter; the same simulation. Each group also saves a checkpoint after step 6, to
+`OUT_DIR/ckpt-<group>`, and after the pass loads it and trains the rest of the pass again: its
+weights then go to `OUT_DIR/resumed-<group>.pt`.)
 
 Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 rows), each group on
 its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
@@ -25,11 +28,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.functional import mse_loss
 
-from ft_train import BATCH, _held, data, model  # the same data, model and inner optimizer as the ddp_ft tests
+from ft_train import BATCH, _full, _held, data, model  # the same data, model and inner optimizer as the ddp_ft tests
 
 INNER_LR, INNER_MOMENTUM = 0.05, 0.9
 SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0"))
@@ -102,9 +106,10 @@ def wait_at_the_gate(out: Path, group: str) -> None:
         time.sleep(0.05)
 
 
-def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool) -> None:
+def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool,
+         fsdp: bool) -> None:
     from lite_core import LightningLite
-    from lite_torchft.diloco import DiLoCoStrategy, LocalSGDStrategy
+    from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
 
     group = os.environ["REPLICA_GROUP_ID"]
 
@@ -112,30 +117,48 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
         def run(self) -> None:
             net = model()
             net, optimizer = self.setup(net, inner_optimizer(net))
+            if fsdp:  # each process holds a shard of every parameter
+                assert all(type(p).__name__ == "DTensor" for p in net.parameters())
             loader = self.setup_dataloaders(data(), split_batches=True)
             wait_at_the_gate(out, group)
+            self.train(net, optimizer, loader)
+            weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
+            if self.global_rank == 0:
+                torch.save(weights, out / f"weights-{group}.pt")
+                (out / f"steps-{group}").write_text(str(self.strategy.step))
+                (out / f"heals-{group}").write_text(str(int(self.strategy.fault_tolerance_figures()["fault/heals"])))
+            if fsdp:  # the pass again from the checkpoint taken after step 6, between the syncs at 4 and 8
+                self.load(out / f"ckpt-{group}", {"model": net, "optimizer": optimizer})
+                self.train(net, optimizer, loader)
+                weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
+                if self.global_rank == 0:
+                    torch.save(weights, out / f"resumed-{group}.pt")
+
+        def train(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> None:
             for x, y, index in loader:
                 optimizer.zero_grad()
                 self.backward(mse_loss(net(x), y))
                 optimizer.step()
                 batch = int(index[0]) // BATCH + 1
-                with open(out / f"progress-{group}", "a") as f:
-                    f.write(f"{batch} {self.strategy.step} {os.getpid()}\n")
+                if fsdp and batch == 6:
+                    self.save({"model": net, "optimizer": optimizer}, out / f"ckpt-{group}")
+                if self.global_rank == 0:
+                    with open(out / f"progress-{group}", "a") as f:
+                        f.write(f"{batch} {self.strategy.step} {os.getpid()}\n")
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
                 while _held(out, group, batch):  # the test holds this group between steps
                     time.sleep(0.05)
-            torch.save(net.state_dict(), out / f"weights-{group}.pt")
-            (out / f"steps-{group}").write_text(str(self.strategy.step))
-            (out / f"heals-{group}").write_text(str(int(self.strategy.fault_tolerance_figures()["fault/heals"])))
 
     if local_sgd:
         strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5)
     else:
-        strategy = DiLoCoStrategy(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                                  fragments=fragments, ft_timeout=5)
-    Train(accelerator="cpu", strategy=strategy).run()
+        kind = DiLoCoFSDPStrategy if fsdp else DiLoCoStrategy
+        strategy = kind(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments,
+                        ft_timeout=5)
+    Train(accelerator="cpu", devices=2 if fsdp else 1, strategy=strategy).run()
 
 
 if __name__ == "__main__":
     out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
-    lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:])
+    lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:],
+         "fsdp" in sys.argv[6:])
