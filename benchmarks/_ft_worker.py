@@ -3,8 +3,13 @@
     python _ft_worker.py OUT STRATEGY STEPS SLEEP
 
 Appends `<step> <committed> <time>` to `OUT/steps-<group>-<pid>` after every optimizer step (the
-committed step count of the job under ddp_ft, the step index under ddp), after `start <time>` (the process began) and `loop <time>` (set-up done).
-Under ddp_ft it writes the seconds of each of the Manager's calls to `OUT/calls-<group>-<pid>.json`.
+committed step count of the job under ddp_ft, the outer steps under diloco, the step index under
+ddp), after `start <time>` (the process began) and `loop <time>` (set-up done).
+Under ddp_ft and diloco it writes the seconds of each of the Manager's calls to
+`OUT/calls-<group>-<pid>.json`, with `bytes`: the bytes of each tensor handed to its cross-group
+all-reduce. STRATEGY `diloco` syncs every FT_SYNC_EVERY inner steps (8 by default). With
+FT_STRAGGLE=`P,SECONDS`, each step sleeps SECONDS with probability P (drawn from a generator seeded
+by the group id and the pid's life: a straggling machine, independent per group).
 STRATEGY `torchft` is the same loop without Lite: torchft's own `Manager`, `DistributedDataParallel`
 and `Optimizer` wrapper, written by hand as torchft's examples do (its calls timed the same way).
 """
@@ -40,19 +45,22 @@ def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
 
     group = os.environ.get("REPLICA_GROUP_ID", "ddp")
     loader = _loader(steps)
+    straggle = _straggler(group)
+    fault_tolerant = strategy in ("ddp_ft", "diloco")
 
     class Bench(LightningLite):
         def run(self) -> None:
             net = _model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))
-            calls = _count_calls(self.strategy.manager) if strategy == "ddp_ft" else {}
+            calls = _count_calls(self.strategy.manager) if fault_tolerant else {}
             record = out / f"steps-{group}-{os.getpid()}"
             lines = [f"start {START}", f"loop {time.time()}"]  # the first batch opens the first quorum
             for index, (inputs, target) in enumerate(self.setup_dataloaders(loader)):
                 optimizer.zero_grad()
                 self.backward(torch.nn.functional.mse_loss(net(inputs), target))
+                straggle()
                 optimizer.step()
-                committed = self.strategy.step if strategy == "ddp_ft" else index + 1
+                committed = self.strategy.step if fault_tolerant else index + 1
                 lines.append(f"{index + 1} {committed} {time.time()}")
                 if sleep:
                     record.write_text("\n".join(lines) + "\n")
@@ -61,8 +69,25 @@ def main(out: Path, strategy: str, steps: int, sleep: float) -> None:
             if calls and self.global_rank == 0:
                 (out / f"calls-{group}-{os.getpid()}.json").write_text(json.dumps(calls))
 
-    # the same work per process: ddp_ft with 2 groups of 1 process, ddp with 2 processes
-    Bench(accelerator="cpu", strategy=strategy, devices=1 if strategy == "ddp_ft" else 2).run()
+    if strategy == "diloco":
+        from lite_torchft.diloco import DiLoCoStrategy
+
+        chosen = DiLoCoStrategy(sync_every=int(os.environ.get("FT_SYNC_EVERY", "8")))
+    else:
+        chosen = strategy
+    # the same work per process: ddp_ft and diloco with 2 groups of 1 process, ddp with 2 processes
+    Bench(accelerator="cpu", strategy=chosen, devices=1 if fault_tolerant else 2).run()
+
+
+def _straggler(group: str):
+    """What a step waits for on a straggling machine (FT_STRAGGLE): nothing by default."""
+    if "FT_STRAGGLE" not in os.environ:
+        return lambda: None
+    import random
+
+    chance, seconds = (float(v) for v in os.environ["FT_STRAGGLE"].split(","))
+    draw = random.Random(f"{group}-{os.environ.get('FT_LIFE', '0')}")
+    return lambda: time.sleep(seconds) if draw.random() < chance else None
 
 
 def plain_torchft(out: Path, steps: int) -> None:
@@ -102,7 +127,7 @@ def _count_calls(manager) -> dict[str, list[float]]:
     """Time each of the Manager's per-step calls (quorum, all-reduce, commit vote): seconds per
     call, an all-reduce's until its result is there."""
     calls: dict[str, list[float]] = {"start_quorum": [], "allreduce": [], "should_commit": []}
-    for name in calls:
+    for name in list(calls):
         original = getattr(manager, name)
 
         def timed(*args, _name=name, _original=original, **kwargs):
@@ -114,7 +139,15 @@ def _count_calls(manager) -> dict[str, list[float]]:
             return result
 
         setattr(manager, name, timed)
-    return calls
+    sent: list[float] = []
+    allreduce = manager.allreduce
+
+    def counted(tensor, *args, **kwargs):
+        sent.append(float(tensor.numel() * tensor.element_size()))
+        return allreduce(tensor, *args, **kwargs)
+
+    manager.allreduce = counted
+    return {**calls, "bytes": sent}
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ def _replica_groups(lighthouse: str, steps: int, strategy: str,
         committed = _records(_record_of(out, "0"))[1][-1][1]
     # calls per committed step, and the median call (the first quorum, which waits for the other
     # group to start, left out)
-    return step, {name: (len(times) / committed, statistics.median(times[1:])) for name, times in calls.items()}
+    return step, {name: (len(times) / committed, statistics.median(times[1:])) for name, times in calls.items()
+                  if name != "bytes"}
 
 
 def steady(lighthouse: str, steps: int) -> tuple[float, float, float, dict, dict]:
