@@ -14,6 +14,9 @@ where `lost` is what one failure costs, in seconds of the whole job not training
 
 - whole-job restart from the last checkpoint (`lite run --max-restarts`): R + L + T / 2, the
   restart, the load, and on average half a checkpoint interval trained again;
+- elastic scale-down (`lite run --nnodes MIN:MAX`): E + L + T / 2, the same with the survivors'
+  restart at the smaller size (E) instead; no replacement is waited for, but taking a node back in
+  later restarts the workers again and costs as much once more;
 - `ddp_ft` (G replica groups, per-step replication): D + S / G, every group held for the drop
   (D), and one group's share of the job missing while its replacement starts and heals (S);
 - `diloco` (G groups, a sync every H steps of s seconds): D + (S + H * s + H * s / 2) / G, the
@@ -50,6 +53,7 @@ class Scale:
 @dataclass(frozen=True)
 class Recovery:
     restart_s: float  # R: a worker's death to every worker training again (no load)
+    elastic_s: float  # E: a node's death to the survivors training again at the smaller size (no load)
     drop_s: float  # D: a group's death to the survivors' next committed step
     heal_s: float  # S: a replacement group's process start to its first committed step
 
@@ -58,12 +62,14 @@ def lost_per_failure(path: str, scale: Scale, recovery: Recovery) -> float:
     """Seconds of the whole job not training, for one failure, under `path`."""
     if path == "restart":
         return recovery.restart_s + scale.load_s + scale.checkpoint_every_s / 2
+    if path == "elastic":
+        return recovery.elastic_s + scale.load_s + scale.checkpoint_every_s / 2
     if path == "ddp_ft":
         return recovery.drop_s + recovery.heal_s / scale.groups
     if path == "diloco":
         interval = scale.sync_every * scale.step_s
         return recovery.drop_s + (recovery.heal_s + interval + interval / 2) / scale.groups
-    raise ValueError(f"unknown recovery path {path!r}: pass 'restart', 'ddp_ft' or 'diloco'")
+    raise ValueError(f"unknown recovery path {path!r}: pass 'restart', 'elastic', 'ddp_ft' or 'diloco'")
 
 
 def goodput(path: str, scale: Scale, recovery: Recovery) -> float:
@@ -90,20 +96,22 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8, help="replica groups (ddp_ft, diloco)")
     parser.add_argument("--sync-every", type=int, default=100, help="DiLoCo's H")
     parser.add_argument("--restart", type=float, default=measured.get("restart_s"), help="R, seconds")
+    parser.add_argument("--elastic", type=float, default=measured.get("elastic_s"), help="E, seconds")
     parser.add_argument("--drop", type=float, default=measured.get("ddp_ft_drop_s"), help="D, seconds")
     parser.add_argument("--heal", type=float, default=measured.get("ddp_ft_heal_s"), help="S, seconds")
     options = parser.parse_args()
-    if None in (options.restart, options.drop, options.heal):
-        parser.error(f"no measured recovery times in {RESULTS}: run regions_bench.py, or pass --restart, --drop and --heal")
+    if None in (options.restart, options.elastic, options.drop, options.heal):
+        parser.error(f"no measured recovery times in {RESULTS}: run regions_bench.py, or pass --restart, --elastic,"
+                     " --drop and --heal")
     scale = Scale(options.failures_per_hour, options.step, options.checkpoint_every * 60, options.checkpoint_stall,
                   options.load, options.groups, options.sync_every)
-    recovery = Recovery(options.restart, options.drop, options.heal)
+    recovery = Recovery(options.restart, options.elastic, options.drop, options.heal)
     print(f"F = {scale.failures_per_hour:g}/h, step {scale.step_s:g} s, checkpoint every {options.checkpoint_every:g} min"
           f" (stall {scale.checkpoint_stall_s:g} s, load {scale.load_s:g} s), G = {scale.groups}, H = {scale.sync_every};"
-          f" R = {recovery.restart_s:.2f} s, D = {recovery.drop_s:.2f} s, S = {recovery.heal_s:.2f} s\n")
+          f" R = {recovery.restart_s:.2f} s, E = {recovery.elastic_s:.2f} s, D = {recovery.drop_s:.2f} s, S = {recovery.heal_s:.2f} s\n")
     print("| recovery path | lost per failure | goodput |")
     print("| --- | --- | --- |")
-    for path in ("restart", "ddp_ft", "diloco"):
+    for path in ("restart", "elastic", "ddp_ft", "diloco"):
         print(f"| {path} | {lost_per_failure(path, scale, recovery):.1f} s | {goodput(path, scale, recovery):.4f} |")
     best = replace(scale, checkpoint_every_s=best_checkpoint_interval(scale))
     print(f"| restart, checkpoint every {best.checkpoint_every_s / 60:.1f} min (the best interval) |"

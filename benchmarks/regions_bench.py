@@ -19,13 +19,14 @@ the recovery times to results/regions.json for `goodput.py`):
 - the recovery paths, each in seconds and as a ratio of one steady `ddp_ft` step:
   - whole-job restart: `lite run --max-restarts 1` (2 processes, `_restart_job.py`), a worker's
     death to every worker training again (no checkpoint load: see `goodput.py`);
+  - elastic scale-down: two `lite run --nnodes 1:2 --max-restarts 1` nodes of one process
+    (`_elastic_job.py`), one node's launcher SIGKILLed, to the survivor training again alone (no
+    checkpoint load);
   - `ddp_ft` drop: group 1 SIGKILLed, to group 0's next committed step (lighthouse heartbeat
     timeout 1 s, as `lite run --replica-groups` sets it); heal: the restarted group's process
     start to its first committed step;
   - `diloco` loss between syncs: group 1 SIGKILLed half-way through an interval, to group 0's next
     committed sync, and the inner steps group 1 lost (those since its last sync).
-
-An elastic scale-down (`lite run --nnodes 1:2`, a node lost) is not measured here yet.
 """
 
 from __future__ import annotations
@@ -109,6 +110,39 @@ def restart() -> float:
         return max(float(p.read_text()) for p in Path(out).glob("trained_rank*")) - died
 
 
+def elastic(keep_alive: int | None = None) -> float:
+    """Seconds from a node's death (its launcher SIGKILLed) to the survivor training again alone,
+    under `lite run --nnodes 1:2 --max-restarts 1` on two nodes of one process (`_elastic_job.py`);
+    the rendezvous gives a silent node up after 3 keep-alives (torch's default interval 5 s, or
+    `keep_alive` seconds)."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+
+        def node(index: int) -> subprocess.Popen[bytes]:
+            rendezvous = f"join_timeout=60,last_call_timeout=1,close_timeout=5,is_host={int(index == 0)}"
+            if keep_alive is not None:
+                rendezvous += f",keep_alive_interval={keep_alive}"
+            return subprocess.Popen(
+                [sys.executable, "-m", "lite_core.cli", "run", "--nnodes", "1:2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+                 "--rdzv-conf", rendezvous, "--max-restarts", "1", str(HERE / "_elastic_job.py"), str(out)],
+                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        nodes = [node(0), node(1)]
+        deadline = time.monotonic() + 300
+        while not (out / "waiting").exists():
+            if any(n.poll() is not None for n in nodes) or time.monotonic() > deadline:
+                raise RuntimeError("the two nodes did not reach step 3 together")
+            time.sleep(0.02)
+        os.kill(nodes[1].pid, signal.SIGKILL)  # the launcher: its worker dies with it
+        killed = time.time()
+        nodes[1].wait()
+        if nodes[0].wait(timeout=300) != 0:
+            raise RuntimeError("node 1 did not go on alone")
+        return float((out / "trained_at").read_text()) - killed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=64)
@@ -129,6 +163,8 @@ def main() -> None:
     lost_s, lost_steps = diloco_loss(lighthouse, options.sync_every)
     server.shutdown()
     whole = statistics.median(restart() for _ in range(3))
+    scale_down = statistics.median(elastic() for _ in range(3))
+    scale_down_fast = statistics.median(elastic(keep_alive=1) for _ in range(3))
     H = options.sync_every
     chance, seconds = (float(v) for v in STRAGGLE.split(","))
     pause = chance * seconds  # the mean pause per step of one group: what no schedule can hide
@@ -145,7 +181,8 @@ def main() -> None:
     ]
     recovery = {
         "step_s": ft_step, "inner_step_s": lo_step, "sync_every": H,
-        "restart_s": whole, "ddp_ft_drop_s": drop, "ddp_ft_heal_s": heal_total, "ddp_ft_heal_step_s": heal_step,
+        "restart_s": whole, "elastic_s": scale_down, "elastic_keep_alive_1_s": scale_down_fast,
+        "ddp_ft_drop_s": drop, "ddp_ft_heal_s": heal_total, "ddp_ft_heal_step_s": heal_step,
         "diloco_drop_s": lost_s, "diloco_lost_inner_steps": lost_steps,
     }
     rows += [
@@ -153,6 +190,10 @@ def main() -> None:
         "| recovery path | seconds | steps of ddp_ft |",
         "| --- | --- | --- |",
         f"| whole-job restart, `lite run --max-restarts 1`: death to training again | {whole:.2f} | {whole / ft_step:.0f} |",
+        f"| elastic scale-down, `lite run --nnodes 1:2`: a node killed to the survivor training alone (no load) |"
+        f" {scale_down:.2f} | {scale_down / ft_step:.0f} |",
+        f"| the same, the rendezvous's keep-alive every 1 s instead of 5 (`--rdzv-conf keep_alive_interval=1`) |"
+        f" {scale_down_fast:.2f} | {scale_down_fast / ft_step:.0f} |",
         f"| ddp_ft: group killed to the survivor's next committed step | {drop:.2f} | {drop / ft_step:.0f} |",
         f"| ddp_ft: restarted group's process start to its first committed step | {heal_total:.2f} | {heal_total / ft_step:.0f} |",
         f"| diloco: group killed half-way through an interval to the survivor's next sync | {lost_s:.2f} | {lost_s / ft_step:.0f} |",
