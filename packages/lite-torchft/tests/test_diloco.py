@@ -263,6 +263,10 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
         strategy.teardown()  # the Manager would go on heartbeating to this test's lighthouse
     assert straight_steps == resumed_steps == 2
     assert _distance(straight, resumed) == 0.0
+    # the checkpoint loads under `ddp` for evaluation: the group's weights, the torchft state left over
+    evaluated, leftover = LightningLite(accelerator="cpu", strategy="ddp", devices=1).launch(_load_for_evaluation, path)
+    assert _distance(evaluated, torch.load(path, weights_only=True)["model"]) == 0.0
+    assert {"_torchft_manager", "_torchft_diloco"} <= set(leftover)
     saved = torch.load(path, weights_only=True)["_torchft_diloco"]
     assert saved["local_step"] == 2
     if kind is LocalSGDStrategy:
@@ -270,6 +274,14 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
     fragment = saved["fragments"]["StreamingDiLoCoFragment_0"]
     assert len(fragment["original_parameters"]) == 4  # the weights of the last outer step
     assert all("momentum_buffer" in s for s in fragment["outer_optimizer"]["state"].values())
+
+
+def _load_for_evaluation(lite: LightningLite, path: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A fresh model of the same shape, set up under this `lite`, with the checkpoint at `path`
+    loaded into it; and the keys of the checkpoint that `load` handed back."""
+    net = lite.setup(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+    leftover = lite.load(path, {"model": net})
+    return {k: v.clone() for k, v in net.state_dict().items()}, list(leftover)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
