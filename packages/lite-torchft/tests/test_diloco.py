@@ -125,16 +125,20 @@ def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse
 
 
 @pytest.mark.timeout(180)  # hang guard, as above
-def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(lighthouse: str, tmp_path: Path) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "2")
+@pytest.mark.parametrize("delay", [0, 1], ids=["no-delay", "fragment-sync-delay-1"])
+def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(lighthouse: str, tmp_path: Path,
+                                                                           delay: int) -> None:
+    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "2", f"delay={delay}")
     # the last sync (step 24) was the second fragment's (the last layer); the first trained alone since
     assert all(torch.equal(first[name], second[name]) for name in ("2.weight", "2.bias"))
     # a fragment syncs every 2 steps, in turn: 12 outer steps over 24 inner steps
     assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["12", "12"]
     train = _load("diloco_train")
-    simulated = train.simulate(4, 0.7, 0.9, fragments=2)  # group g took the g-th half of every batch
+    simulated = train.simulate(4, 0.7, 0.9, fragments=2, delay=delay)  # group g took the g-th half of every batch
     assert _distance(first, simulated[0]) < 1e-5 and _distance(second, simulated[1]) < 1e-5
     assert _distance(first, train.simulate(4, 0.7, 0.9)[0]) > 1e-3, "the whole model synced every 4 steps"
+    other = train.simulate(4, 0.7, 0.9, fragments=2, delay=1 - delay)[0]
+    assert _distance(first, other) > 1e-3, "the pseudo-gradients taken at the sync (tau 0) or a step before (tau 1)"
 
 
 @pytest.mark.timeout(180)  # hang guard, as above

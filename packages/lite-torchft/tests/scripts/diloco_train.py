@@ -1,7 +1,7 @@
 """A user's ordinary loop under `strategy="diloco"` (one replica group; the test starts two), and
 the algorithm simulated in one plain process.
 
-Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd|fsdp]
+Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd|fsdp] [delay=TAU]
 
 (`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
 at lr 1 without momentum. `fsdp`: `strategy="diloco_fsdp"`, two processes per group, each holding
@@ -44,16 +44,18 @@ def inner_optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: int = 2,
-             sign: float = 1.0, fragments: int = 1,
-             schedule: list[tuple[int, int]] | None = None) -> list[dict[str, torch.Tensor]]:
+             sign: float = 1.0, fragments: int = 1, schedule: list[tuple[int, int]] | None = None,
+             delay: int = 0) -> list[dict[str, torch.Tensor]]:
     """DiLoCo in one process: `groups` inner models, each on its slice of every global batch.
 
     Every `sync_every / fragments` steps one fragment, in turn, synchronises: its pseudo-gradients
     (its weights at its last sync minus each inner model's, times `sign`) are averaged, an outer SGD
     (Nesterov when it has momentum) steps its weights of the last sync, and every inner model takes
     the result for that fragment (keeping its inner optimizer's state). The fragments are the
-    model's top-level children in `fragments` consecutive runs. Returns each inner model's weights
-    (they differ in the fragments that trained alone since their sync).
+    model's top-level children in `fragments` consecutive runs. With `delay` (the fragment sync
+    delay, tau), the pseudo-gradients are taken `delay` inner steps before the sync that uses them,
+    and the fragment's inner steps in between are overwritten by the sync's result. Returns each
+    inner model's weights (they differ in the fragments that trained alone since their sync).
 
     `schedule` (one entry per sync interval, default `(groups, groups)` each) says, for a job that
     lost groups: `(shares, alive)`, the global batch cut into `shares` slices (the groups of the
@@ -78,15 +80,18 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
             optimizer.zero_grad()
             mse_loss(net(xs), ys).backward()
             optimizer.step()
-        if step % interval:
-            continue
-        fragment, syncs = syncs % fragments, syncs + 1
+        fragment = syncs % fragments
         names = [name for name, _ in outer_model.named_parameters() if fragment_of[name.split(".")[0]] == fragment]
         weights = dict(outer_model.named_parameters())
-        with torch.no_grad():
-            for name in names:
-                local = [dict(net.named_parameters())[name] for net in inner[:alive]]
-                weights[name].grad = sign * sum(weights[name] - w for w in local) / alive
+        if step % interval == (interval - delay) % interval:  # the fragment's pseudo-gradient, averaged
+            with torch.no_grad():
+                pending = {name: sign * sum(weights[name] - dict(net.named_parameters())[name]
+                                            for net in inner[:alive]) / alive for name in names}
+        if step % interval:
+            continue
+        syncs += 1
+        for name in names:
+            weights[name].grad = pending[name]
         outer.step()
         outer.zero_grad()
         with torch.no_grad():
@@ -107,7 +112,7 @@ def wait_at_the_gate(out: Path, group: str) -> None:
 
 
 def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool,
-         fsdp: bool) -> None:
+         fsdp: bool, delay: int = 0) -> None:
     from lite_core import LightningLite
     from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
 
@@ -154,11 +159,12 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
     else:
         kind = DiLoCoFSDPStrategy if fsdp else DiLoCoStrategy
         strategy = kind(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments,
-                        ft_timeout=5)
+                        fragment_sync_delay=delay, ft_timeout=5)
     Train(accelerator="cpu", devices=2 if fsdp else 1, strategy=strategy).run()
 
 
 if __name__ == "__main__":
     out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
+    delays = [int(arg.removeprefix("delay=")) for arg in sys.argv[6:] if arg.startswith("delay=")]
     lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:],
-         "fsdp" in sys.argv[6:])
+         "fsdp" in sys.argv[6:], delays[0] if delays else 0)
