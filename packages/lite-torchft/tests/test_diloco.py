@@ -153,16 +153,19 @@ def test_local_sgd_averages_the_groups_weights(lighthouse: str, tmp_path: Path) 
 
 # About 15 s when idle (two starts of group 1); 240 s is a hang guard only.
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("plant", ["", "no-outer-heal"], ids=["healed", "planted-heal-without-outer-optimizer"])
 def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equal(lighthouse: str,
-                                                                                 tmp_path: Path) -> None:
+                                                                                 tmp_path: Path, plant: str) -> None:
     """Group 1 is SIGKILLed after inner step 6, between the outer syncs at 4 and 8. Group 0 goes on
     alone (syncing with itself at 8 and 12) and waits after step 12 until group 1, started again,
     has trained 4 inner steps from the start of its data and asked the lighthouse for a quorum;
-    group 0 joins it at step 16. (Asked first, group 0 would sync alone again: the lighthouse forms
-    a quorum at once when the last one's groups are all there.) Group 1 heals there from group 0: the model, the inner optimizer, the outer
-    optimizer and the last synchronised weights, the loader's position and the step count. Both end
-    bit-identical, and where the algorithm's simulation with group 1's lost steps ends."""
-    out, args = tmp_path, ("4", "0.7", "0.9", "1")
+    group 0 joins it at step 16. (Asked first, group 0 would sync alone again: the lighthouse
+    forms a quorum at once when the last one's groups are all there.) Group 1 heals there from
+    group 0: the model, the inner optimizer, the outer optimizer and the last synchronised
+    weights, the loader's position and the step count. Both end bit-identical, and where the
+    algorithm's simulation with group 1's lost steps ends. With a planted fault (the healed group
+    keeps its own outer optimizer state) they do not."""
+    out, args = tmp_path, ("4", "0.7", "0.9", "1", *([f"plant={plant}"] if plant else []))
     (out / "gate").touch()
     _hold(out, 1, 6)
     procs = [_start(group, lighthouse, out, args, FT_STEP_SLEEP="0.1") for group in (0, 1)]
@@ -194,6 +197,9 @@ def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equ
     assert [(out / f"heals-{g}").read_text() for g in (0, 1)] == ["0", "1"]
     assert [(out / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]
     first, second = (torch.load(out / f"weights-{g}.pt", weights_only=True) for g in (0, 1))
+    if plant:  # the fault is seen: the healed group's outer steps differ from its peer's
+        assert _distance(first, second) > 1e-3
+        return
     assert all(torch.equal(first[name], second[name]) for name in first)
     # what the failure changed: group 1's slices of steps 5-8 were lost, group 0 trained on whole
     # batches from 9 to 16 (the syncs at 8 and 12 had one group), and two groups again from 17

@@ -2,6 +2,7 @@
 the algorithm simulated in one plain process.
 
 Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd|fsdp] [delay=TAU]
+       [plant=no-outer-heal]
 
 (`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
 at lr 1 without momentum. `fsdp`: `strategy="diloco_fsdp"`, two processes per group, each holding
@@ -18,7 +19,8 @@ For the test that kills a group, as ft_train.py does: each inner step appends `<
 <outer steps> <pid>` to `OUT_DIR/progress-<group>` (the global batch numbered from 1, read from the
 rows' indices), the group waits between steps while `OUT_DIR/hold-<group>` names a global batch it
 has reached, sleeps FT_STEP_SLEEP seconds per step (0 by default), and at the end writes the number
-of times it healed from a peer to `OUT_DIR/heals-<group>`.
+of times it healed from a peer to `OUT_DIR/heals-<group>`. `plant=no-outer-heal` plants a fault for that test to see: a group that
+heals from a peer keeps its own outer optimizer state.
 """
 
 from __future__ import annotations
@@ -111,8 +113,16 @@ def wait_at_the_gate(out: Path, group: str) -> None:
         time.sleep(0.05)
 
 
+def _heal_without_the_outer_optimizer(manager: Any) -> None:
+    """A planted fault: this group, healing from a peer, keeps its own outer optimizer state."""
+    load = manager._load_state_dict_fns["StreamingDiLoCoFragment_0"]  # torchft 0.2.0's registry
+    own = manager._user_state_dicts["StreamingDiLoCoFragment_0"]
+    manager._load_state_dict_fns["StreamingDiLoCoFragment_0"] = (
+        lambda state: load({**state, "outer_optimizer": own()["outer_optimizer"]}))
+
+
 def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool,
-         fsdp: bool, delay: int = 0) -> None:
+         fsdp: bool, delay: int = 0, plant: str = "") -> None:
     from lite_core import LightningLite
     from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
 
@@ -125,6 +135,8 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
             if fsdp:  # each process holds a shard of every parameter
                 assert all(type(p).__name__ == "DTensor" for p in net.parameters())
             loader = self.setup_dataloaders(data(), split_batches=True)
+            if plant == "no-outer-heal":
+                _heal_without_the_outer_optimizer(self.strategy.manager)
             wait_at_the_gate(out, group)
             self.train(net, optimizer, loader)
             weights = {name: _full(tensor) for name, tensor in net.state_dict().items()}
@@ -165,6 +177,6 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
 
 if __name__ == "__main__":
     out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
-    delays = [int(arg.removeprefix("delay=")) for arg in sys.argv[6:] if arg.startswith("delay=")]
+    options = dict(arg.split("=", 1) for arg in sys.argv[6:] if "=" in arg)
     lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:],
-         "fsdp" in sys.argv[6:], delays[0] if delays else 0)
+         "fsdp" in sys.argv[6:], int(options.get("delay", 0)), options.get("plant", ""))
