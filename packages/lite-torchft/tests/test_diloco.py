@@ -286,6 +286,38 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
     assert all("momentum_buffer" in s for s in fragment["outer_optimizer"]["state"].values())
 
 
+# One group in this process, no step taken: a second or two; 90 s is a hang guard only.
+@pytest.mark.timeout(90)
+def test_the_options_reach_torchfts_diloco(lighthouse: str, monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
+    """What `DiLoCoStrategy` is given is what torchft's `DiLoCo` runs with (quantized all-reduce
+    runs only on a GPU, so here it is seen passed on, not run)."""
+    monkeypatch.setenv("REPLICA_GROUP_ID", "0")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "1")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", lighthouse)
+    outer = []
+
+    def adam(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        outer.append(torch.optim.Adam(params, lr=0.01))
+        return outer[-1]
+
+    strategy = DiLoCoStrategy(sync_every=6, fragments=2, fragment_sync_delay=2, fragment_update_alpha=0.25,
+                              should_quantize=True, outer_optimizer=adam, ft_timeout=5)
+
+    def set_up(lite: LightningLite) -> None:
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.05))
+
+    try:
+        LightningLite(accelerator="cpu", strategy=strategy).launch(set_up)
+        algorithm = strategy._algorithm
+        assert algorithm._sync_every == 3 and algorithm._fragment_sync_delay == 2  # per fragment: 6 / 2
+        fragments = algorithm._fragments
+        assert [f._outer_optimizer for f in fragments] == outer and len(outer) == 2
+        assert all(f.should_quantize and f._fragment_update_alpha == 0.25 for f in fragments)
+    finally:
+        strategy.teardown()
+
+
 def _load_for_evaluation(lite: LightningLite, path: str) -> tuple[dict[str, torch.Tensor], list[str]]:
     """A fresh model of the same shape, set up under this `lite`, with the checkpoint at `path`
     loaded into it; and the keys of the checkpoint that `load` handed back."""
