@@ -153,6 +153,36 @@ def test_killed_group_heals_and_run_equals_one_plain_process(lighthouse: str, tm
     assert _rows(tmp_path, 1) == [], "group 1 logged, but only the first group of the quorum logs"
 
 
+# About 10 s when idle; 240 s is a hang guard only.
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["split shuffle", "split stream"], ids=["ddp_ft-shuffled", "ddp_ft-stream"])
+def test_a_group_that_never_comes_back_leaves_the_plain_run(lighthouse: str, tmp_path: Path, mode: str,
+                                                             plain_run: Callable[[Path], None]) -> None:
+    """Group 1 is SIGKILLed after its step 5 and not started again: group 0 goes on alone, taking
+    each whole global batch, and ends where one plain process over the same loader ends."""
+    logs = [tmp_path / "group-0.log", tmp_path / "group-1.log"]
+    (tmp_path / "gate").touch()
+    _hold(tmp_path, 1, 5)
+    procs = [_start(g, lighthouse, tmp_path, mode, logs[g]) for g in (0, 1)]
+    try:
+        _open_the_gate_when_ready(tmp_path, procs, logs)
+        _wait_for_step(tmp_path, 1, 5, procs[1], logs[1])
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].wait()
+        assert procs[0].wait(timeout=120) == 0, f"group 0 failed:\n{logs[0].read_text()[-4000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    records = _records(tmp_path, 0)
+    assert [step for step, _, _ in records] == list(range(1, STEPS + 1)) and len({pid for _, pid, _ in records}) == 1
+    assert not (tmp_path / "weights-1.pt").exists()
+    plain_run(tmp_path, shuffle="shuffle" in mode, stream="stream" in mode)
+    plain, alone = _weights(tmp_path / "weights-plain.pt"), _weights(tmp_path / "weights-0.pt")
+    for name in plain:
+        torch.testing.assert_close(alone[name], plain[name], rtol=0, atol=1e-5)
+
+
 @pytest.mark.timeout(300)  # a hang guard: 15-26 s on an idle machine
 @pytest.mark.parametrize("mode", ["split", "split fsdp"], ids=["ddp_ft", "fsdp_ft-2-processes-per-group"])
 def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
