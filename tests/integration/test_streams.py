@@ -6,7 +6,8 @@ reading the same stream (1e-5 on the weights, every global step's sample ids equ
   per-rank batches (each sample once per epoch across the ranks); under `fsdp` on 2 with
   `split_batches=True`, uninterrupted, and checkpointed mid-epoch (sharded) then resumed under
   `ddp` on 3; under `model_parallel` (data 2 x tensor 2) uninterrupted, both ranks of a
-  tensor-parallel group with the same batch;
+  tensor-parallel group with the same batch, and checkpointed mid-epoch (sharded) then resumed in
+  the same layout with 2 workers and under `ddp` on 3;
 - checkpointed mid-epoch (after step 3) on 2 with `split_batches=True` and resumed on 1 (the
   shuffled stream with `num_workers` 2 -> 0, a packed token stream 0 -> 2) and on 3 (2 -> 2);
 - per-rank batches checkpointed on 2 and resumed on 3: each sample once per epoch;
@@ -39,9 +40,11 @@ LAUNCHES = [
     ("ddp", 2, ["rs2:rows:split:0:-:-", "rr2:rows:rank:0:-:-", "rs2i:rows:split:2:-:3", "ps2i:packed:split:0:-:3",
                 "rr2i:rows:rank:0:-:3", "e2:evaluate:9"]),
     ("fsdp", 2, ["fs2:rows:split:0:-:-", "fs2i:rows:split:2:-:3"]),  # sharded checkpoint, resumed under ddp on 3
-    ("model_parallel", 4, ["ms4:rows:split:0:-:-"]),  # data parallel 2 x tensor parallel 2
+    # data parallel 2 x tensor parallel 2: uninterrupted, and checkpointed mid-epoch (sharded), then
+    # resumed in the same layout with 2 workers, and under ddp on 3
+    ("model_parallel", 4, ["ms4:rows:split:0:-:-", "ms4i:rows:split:0:-:3", "ms4r:rows:split:2:ms4i.ckpt:-"]),
     ("ddp", 3, ["rs2to3:rows:split:2:rs2i.ckpt:-", "rr2to3:rows:rank:0:rr2i.ckpt:-", "fs2to3:rows:split:0:fs2i.ckpt:-",
-                "e3:evaluate:9"]),
+                "ms4to3:rows:split:0:ms4i.ckpt:-", "e3:evaluate:9"]),
 ]
 #: Run last, on one device, in the test's own process.
 ONE_PROCESS = ["rs2to1:rows:split:0:rs2i.ckpt:-", "ps2to1:packed:split:2:ps2i.ckpt:-"]
@@ -100,11 +103,19 @@ def test_a_stream_takes_the_steps_of_one_plain_process_reading_it(
     assert_weights_equal(runs, after, plain_weights)
 
 
-def test_a_stream_under_data_2_x_tensor_2_takes_the_steps_of_one_plain_process(runs, plain) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("before", "after", "devices_after", "tensor_parallel_after"), [
+    (None, "ms4", 4, 2),
+    ("ms4i", "ms4r", 4, 2),  # resumed in the same layout, with 2 workers instead of none
+    ("ms4i", "ms4to3", 3, 1),  # resumed under ddp on 3
+])
+def test_a_stream_under_data_2_x_tensor_2_takes_the_steps_of_one_plain_process(
+        runs, plain, before, after, devices_after, tensor_parallel_after) -> None:  # type: ignore[no-untyped-def]
     plain_steps, plain_weights = plain["rows"]
-    steps = steps_of(runs, "ms4", 4, tensor_parallel=2)
+    steps = steps_of(runs, before, 4, tensor_parallel=2) if before else {}
+    assert not before or sorted(steps) == [1, 2, 3]
+    steps.update(steps_of(runs, after, devices_after, tensor_parallel=tensor_parallel_after))
     assert [steps[step] for step in sorted(steps)] == plain_steps
-    assert_weights_equal(runs, "ms4", plain_weights)
+    assert_weights_equal(runs, after, plain_weights)
 
 
 @pytest.mark.parametrize(("before", "devices_before", "after", "devices_after"), [
