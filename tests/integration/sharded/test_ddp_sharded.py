@@ -50,3 +50,26 @@ def test_sharded_ddp_accumulation_with_no_backward_sync(strategy, sharded_job, r
 
 def test_sharded_ddp_checkpoint_round_trip(sharded_job):
     assert sharded_job("ddp_sharded")["round_trip_equal"]
+
+
+# About 40 s on 2 shared cores (one job saving twice, then a load here); 400 s is a hang guard only.
+@pytest.mark.timeout(400)
+def test_a_bucket_holds_what_a_local_folder_holds_under_ddp_sharded(run_script, output_of, s3_server, s3_bucket,
+                                                                     tmp_path):
+    """`ddp_sharded` at an `s3://` URL (moto's server on loopback): the OSS optimizer's shards are
+    gathered on rank 0, which writes one file to the bucket; the same training saved to a local
+    folder gives identical checkpoints, resumes the same, and one process loads what 2 saved
+    straight from the bucket (`tests/scripts/cloud_checkpoint.py`, as for the other strategies in
+    `tests/integration/test_cloud_checkpoints.py`)."""
+    remote = run_script("cloud_checkpoint.py", "ddp_sharded", "train", f"{s3_bucket}/run", tmp_path / "run",
+                        env=s3_server.env, timeout=300)
+    assert remote.returncode == 0, output_of(remote)
+    digests = [line for line in remote.stdout.splitlines() if line.startswith("digest")]
+    local = [line.removeprefix("local ") for line in remote.stdout.splitlines() if line.startswith("local digest")]
+    assert len(digests) == 4 and digests == local and "equal False" not in remote.stdout, output_of(remote)
+    assert "latest step-3" in remote.stdout, output_of(remote)
+    from lite_core import LightningLite
+
+    content = LightningLite(accelerator="cpu").load(f"{s3_bucket}/run/step-2")
+    assert content["step"] == 2 and sorted(content["optimizer"]["state"])  # the gathered optimizer state
+    assert not (tmp_path / "s3:").exists()
