@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchft_bench import WORKER, _env, _free_port, _records, _record_of_when, failure
+from torchft_bench import WORKER, _env, _free_port, _record_of_when, _records, failure, write_results
 
 HERE = Path(__file__).resolve().parent
 STRAGGLE = "0.25,0.04"  # each step of each group: a 40 ms pause with probability 1/4
@@ -199,12 +199,8 @@ def main() -> None:
         f"| diloco: group killed half-way through an interval to the survivor's next sync | {lost_s:.2f} | {lost_s / ft_step:.0f} |",
         f"| diloco: inner steps the killed group lost | {lost_steps} | |",
     ]
-    table = "\n".join(rows)
-    print(table)
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / "regions.md").write_text(table + "\n")
-    (results / "regions.json").write_text(json.dumps(recovery, indent=1) + "\n")
+    write_results("regions", rows)
+    (HERE / "results" / "regions.json").write_text(json.dumps(recovery, indent=1) + "\n")
 
 
 if __name__ == "__main__":

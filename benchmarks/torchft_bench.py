@@ -176,11 +176,17 @@ def main() -> None:
         f"| restarted group: process start -> first committed step | {heal_total:.2f} s |",
         f"| restarted group: its first step (quorum + healing from a peer) | {heal_step:.2f} s |",
     ]
+    write_results("torchft", rows)
+
+
+def write_results(name: str, rows: list[str]) -> str:
+    """Print the table of `rows` and write it to results/NAME.md; returns the table."""
     table = "\n".join(rows)
     print(table)
     results = HERE / "results"
     results.mkdir(exist_ok=True)
-    (results / "torchft.md").write_text(table + "\n")
+    (results / f"{name}.md").write_text(table + "\n")
+    return table
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ momentum dropped, or the pseudo-gradient's sign flipped, must not match: the com
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -18,7 +19,7 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -48,15 +49,10 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
     each waits at `OUT/gate` until both are set up)."""
     (out / "gate").touch()
     procs = [_start(group, lighthouse, out, args) for group in (0, 1)]
-    try:
+    with _killing_leftovers(procs):
         _wait_until_ready(out, procs)
         (out / "gate").unlink()
-        for group, proc in enumerate(procs):
-            assert proc.wait(timeout=150) == 0, f"group {group} failed:\n{(out / f'group-{group}.log').read_text()[-4000:]}"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _wait_for_the_end(procs, out)
     return [torch.load(out / f"weights-{group}.pt", weights_only=True) for group in (0, 1)]
 
 
@@ -82,6 +78,23 @@ def _wait(condition: Callable[[], bool], procs: list[subprocess.Popen[str]], out
         assert all(proc.poll() is None for proc in procs), f"a group ended before the groups were {what}:\n{_logs(out)}"
         assert time.monotonic() < deadline, f"the groups were not {what} in 120 s:\n{_logs(out)}"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _killing_leftovers(procs: list[subprocess.Popen[str]]) -> Iterator[None]:
+    """Kill whatever group is still running when the block ends (a failed assertion, a hang guard);
+    `procs` may have a group replaced inside the block."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _wait_for_the_end(procs: list[subprocess.Popen[str]], out: Path) -> None:
+    for group, proc in enumerate(procs):
+        assert proc.wait(timeout=150) == 0, f"group {group} failed:\n{_logs(out)}"  # a hang guard: seconds when idle
 
 
 def _logs(out: Path) -> str:
@@ -169,7 +182,7 @@ def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equ
     (out / "gate").touch()
     _hold(out, 1, 6)
     procs = [_start(group, lighthouse, out, args, FT_STEP_SLEEP="0.1") for group in (0, 1)]
-    try:
+    with _killing_leftovers(procs):
         _wait_until_ready(out, procs)
         (out / "gate").unlink()
         _wait(lambda: _batches(out, 1)[-1:] == [6], procs, out, "at step 6")
@@ -183,12 +196,7 @@ def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equ
         _wait(lambda: "[1/1 participants healthy]" in _lighthouse_status(lighthouse), procs, out,
               "asked for a quorum by group 1's second life")
         (out / "hold-0").unlink()
-        for group, proc in enumerate(procs):
-            assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{_logs(out)}"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _wait_for_the_end(procs, out)
     survivor, victim = _records(out, 0), _records(out, 1)
     assert [batch for batch, _, _ in survivor] == list(range(1, 25)) and len({pid for *_, pid in survivor}) == 1
     second_life = [batch for batch, _, pid in victim if pid == procs[1].pid]
