@@ -350,6 +350,31 @@ class Seekable(Numbers):
             yield sample
 
 
+class OwnIterator(Numbers):
+    """A stream that is its own iterator: `__iter__` starts it again and returns `self` (litdata's
+    `StreamingDataset` is written so)."""
+
+    def __iter__(self) -> OwnIterator:
+        self.next = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.next >= self.n:
+            raise StopIteration
+        self.next += 1
+        return self.next - 1
+
+
+# A pass takes milliseconds; 60 s is a hang guard (a stream started again at every round never ends).
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_that_is_its_own_iterator_is_read_once_per_pass(workers: int) -> None:
+    lite = LightningLite(accelerator="cpu")
+    loader = lite.setup_dataloaders(DataLoader(OwnIterator(20), batch_size=3, num_workers=workers))
+    assert batches(loader) == batches(DataLoader(Numbers(20), batch_size=3))
+    assert batches(loader) == batches(DataLoader(Numbers(20), batch_size=3))  # the next epoch, again from the start
+
+
 def test_a_stream_that_can_seek_resumes_without_reading_the_consumed_samples(tmp_path: Path) -> None:
     interrupted = _interrupted(lambda: Seekable(1000), 3, tmp_path / "ckpt.pt", batch_size=10)
     assert interrupted == batches(DataLoader(Numbers(1000), batch_size=10))

@@ -7,7 +7,9 @@ Lite picks one of two mechanisms from what the dataset offers:
   (`ShardsItself`) is asked for the dataset that yields only data-parallel rank `rank`'s samples
   of `num_replicas`; it must also split them over the loader's workers itself
   (`torch.utils.data.get_worker_info()`). Lite then only rebuilds the loader around what it
-  returns; the loader resumes at its epoch (or from its own state).
+  returns; the loader resumes at its epoch (or from its own state). Hugging Face
+  `datasets.IterableDataset` (`split_dataset_by_node`) and litdata's `StreamingDataset` (told the
+  data-parallel rank and size) are taken this way without a `lite_shard`.
 - **One global stream, cut per round** (`GlobalStream`, every other `IterableDataset`). Every
   process reads the whole stream and cuts it into rounds of one global batch: `batch_size *
   world_size` samples for per-rank batches, `batch_size` with `split_batches=True`. Rank `r` of `W`
@@ -27,6 +29,7 @@ Lite picks one of two mechanisms from what the dataset offers:
 
 from __future__ import annotations
 
+import copy
 import itertools
 import sys
 from collections.abc import Iterator
@@ -52,9 +55,14 @@ class ShardsItself(Protocol):
 
 
 def shards_itself(dataset: Any) -> bool:
-    """Whether `dataset` splits its samples over the ranks itself (`ShardsItself`, or a Hugging
-    Face `datasets.IterableDataset`, split with `split_dataset_by_node`)."""
-    return isinstance(dataset, ShardsItself) or _is_hugging_face_stream(dataset)
+    """Whether `dataset` splits its samples over the ranks itself (`ShardsItself`, a Hugging Face
+    `datasets.IterableDataset`, split with `split_dataset_by_node`, or a litdata `StreamingDataset`)."""
+    return isinstance(dataset, ShardsItself) or _is_hugging_face_stream(dataset) or _is_litdata_stream(dataset)
+
+
+def _is_litdata_stream(dataset: Any) -> bool:
+    litdata = sys.modules.get("litdata")  # never imported here: a dataset of it means it is loaded
+    return litdata is not None and isinstance(dataset, getattr(litdata, "StreamingDataset", ()))
 
 
 def _is_hugging_face_stream(dataset: Any) -> bool:
@@ -68,7 +76,20 @@ def own_shard(dataset: Any, num_replicas: int, rank: int) -> Any:
         from datasets.distributed import split_dataset_by_node  # type: ignore[import-not-found]
 
         return split_dataset_by_node(dataset, rank=rank, world_size=num_replicas)
+    if _is_litdata_stream(dataset) and not isinstance(dataset, ShardsItself):
+        return _litdata_shard(dataset, num_replicas, rank)
     return dataset.lite_shard(num_replicas, rank)
+
+
+def _litdata_shard(dataset: Any, num_replicas: int, rank: int) -> Any:
+    """A litdata `StreamingDataset` splits its chunks over the ranks of its `distributed_env`, which
+    it reads from torch.distributed when it is made (every process of the job, or none before the
+    process group exists): it is given the data-parallel ones instead, in place."""
+    env = copy.copy(dataset.distributed_env)
+    nodes = env.num_nodes if env.num_nodes >= 1 and num_replicas % env.num_nodes == 0 else 1
+    env.world_size, env.global_rank, env.num_nodes = num_replicas, rank, nodes
+    dataset.distributed_env = env
+    return dataset
 
 
 class GlobalStream(ForwardsEpoch, IterableDataset):
@@ -163,12 +184,14 @@ class GlobalStream(ForwardsEpoch, IterableDataset):
 
 def _from(source: Any, start: int) -> Iterator[Any]:
     """`source`'s samples from its `start`-th on: it seeks there itself with `lite_iter_from(start)`
-    (an iterable of the samples from `start` on), or its first `start` samples are read and dropped."""
-    if not start:
-        return iter(source)
+    (an iterable of the samples from `start` on), or its first `start` samples are read and dropped.
+
+    The result is always a fresh iterator that `iter()` leaves as it is: a dataset that is its own
+    iterator (`__iter__` returns `self` and starts the stream again, as litdata's
+    `StreamingDataset` does) would otherwise be started again by every round's `islice`."""
     seek = getattr(source, "lite_iter_from", None)
-    if callable(seek):
-        return iter(seek(start))
+    if start and callable(seek):
+        return itertools.islice(iter(seek(start)), None)
     return itertools.islice(iter(source), start, None)
 
 

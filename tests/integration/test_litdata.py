@@ -1,0 +1,44 @@
+"""litdata's `StreamingDataset`, unchanged in a user's loop (`tests/scripts/litdata_job.py`): it
+shards itself over the data-parallel ranks, and Lite does not cut its shard again, so each sample
+goes to one data-parallel rank per epoch, under `ddp` on 2 and under `model_parallel` (data 2 x
+tensor 2: both ranks of a tensor-parallel group read the same samples)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+litdata = pytest.importorskip("litdata", reason="needs litdata (installed in the test environment)")
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # a hang guard: a launch takes seconds
+
+SAMPLES = 48
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "litdata_job.py"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`OUT/data`: litdata's chunks of the items `{"id": i}`, written by `litdata.optimize` in a
+    process of its own (its worker processes and shared memory stay out of the test's)."""
+    out = tmp_path_factory.mktemp("litdata")
+    subprocess.run([sys.executable, str(SCRIPT), "optimize", str(SAMPLES), str(out)], check=True, timeout=120,
+                   capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize(("strategy", "devices", "tensor_parallel"), [("ddp", 2, 1), ("model_parallel", 4, 2)])
+def test_each_sample_goes_to_one_data_parallel_rank(run_script, output_of, data, strategy, devices,
+                                                     tensor_parallel) -> None:  # type: ignore[no-untyped-def]
+    for old in data.glob("rank*.json"):
+        old.unlink()
+    proc = run_script("litdata_job.py", strategy, devices, data, timeout=240)
+    assert proc.returncode == 0, output_of(proc)
+    ranks = [json.loads((data / f"rank{rank}.json").read_text()) for rank in range(devices)]
+    for rank in range(devices):  # the ranks of one tensor-parallel group read the same samples
+        assert ranks[rank] == ranks[rank - rank % tensor_parallel], f"rank {rank} left its group's samples"
+    read = [i for ids in ranks[::tensor_parallel] for i in ids]
+    assert sorted(read) == list(range(SAMPLES)), read  # each sample once: none cut away, none twice

@@ -1,0 +1,50 @@
+"""A user's loop over litdata's `StreamingDataset` (`tests/integration/test_litdata.py`).
+
+    python litdata_job.py STRATEGY DEVICES OUT_DIR
+    python litdata_job.py optimize SAMPLES OUT_DIR     (writes OUT_DIR/data first)
+
+Reads `OUT_DIR/data` (written by `litdata.optimize`: items `{"id": i}`) for one epoch through
+`setup_dataloaders(DataLoader(StreamingDataset(...), batch_size=4))`, the dataset made inside
+`run()` as a user makes it; each rank writes the ids it was given to `OUT_DIR/rank<r>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from torch.utils.data import DataLoader
+
+from lite_core import LightningLite
+
+
+class Read(LightningLite):
+    def run(self, out: Path) -> None:
+        from litdata import StreamingDataset
+
+        loader = self.setup_dataloaders(DataLoader(StreamingDataset(f"local:{out / 'data'}"), batch_size=4))
+        ids = [int(i) for batch in loader for i in batch["id"]]
+        (out / f"rank{self.global_rank}.json").write_text(json.dumps(ids))
+
+
+def strategy(name: str) -> object:
+    """`model_parallel`: data parallel 2 x tensor parallel 2 (a model-less job: the layout only)."""
+    if name != "model_parallel":
+        return name
+    from lite_core.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(lambda model, mesh: model, data_parallel_size=2, tensor_parallel_size=2)
+
+
+def _item(index: int) -> dict[str, int]:
+    return {"id": index}
+
+
+if __name__ == "__main__" and sys.argv[1] == "optimize":
+    from litdata import optimize
+
+    optimize(fn=_item, inputs=list(range(int(sys.argv[2]))), output_dir=str(Path(sys.argv[3]) / "data"),
+             chunk_size=8, num_workers=1)
+elif __name__ == "__main__":
+    Read(accelerator="cpu", strategy=strategy(sys.argv[1]), devices=int(sys.argv[2])).run(Path(sys.argv[3]))
