@@ -1,7 +1,8 @@
 """litdata's `StreamingDataset`, unchanged in a user's loop (`tests/scripts/litdata_job.py`): it
 shards itself over the data-parallel ranks, and Lite does not cut its shard again, so each sample
 goes to one data-parallel rank per epoch, under `ddp` on 2 and under `model_parallel` (data 2 x
-tensor 2: both ranks of a tensor-parallel group read the same samples)."""
+tensor 2: both ranks of a tensor-parallel group read the same samples); litdata's own
+`StreamingDataLoader`, saved mid-epoch on 2, resumes on 2 and on 3 with each sample once."""
 
 from __future__ import annotations
 
@@ -33,12 +34,27 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("strategy", "devices", "tensor_parallel"), [("ddp", 2, 1), ("model_parallel", 4, 2)])
 def test_each_sample_goes_to_one_data_parallel_rank(run_script, output_of, data, strategy, devices,
                                                      tensor_parallel) -> None:  # type: ignore[no-untyped-def]
-    for old in data.glob("rank*.json"):
-        old.unlink()
-    proc = run_script("litdata_job.py", strategy, devices, data, timeout=240)
+    proc = run_script("litdata_job.py", strategy, devices, data, "read", timeout=240)
     assert proc.returncode == 0, output_of(proc)
-    ranks = [json.loads((data / f"rank{rank}.json").read_text()) for rank in range(devices)]
+    ranks = [json.loads((data / f"read-rank{rank}.json").read_text()) for rank in range(devices)]
     for rank in range(devices):  # the ranks of one tensor-parallel group read the same samples
         assert ranks[rank] == ranks[rank - rank % tensor_parallel], f"rank {rank} left its group's samples"
     read = [i for ids in ranks[::tensor_parallel] for i in ids]
     assert sorted(read) == list(range(SAMPLES)), read  # each sample once: none cut away, none twice
+
+
+def test_its_own_loader_resumes_mid_epoch_on_as_many_processes_and_on_more(run_script, output_of,
+                                                                         data) -> None:  # type: ignore[no-untyped-def]
+    """litdata's `StreamingDataLoader`, set up by Lite and saved after 3 batches on 2 processes,
+    resumes from its own state (Lite loads rank 0's) on 2 and on 3: every sample once over the
+    epoch. (On 1 litdata refuses its own state: its loader drops the last batch only above one
+    process, and it checks that `drop_last` matches.)"""
+    first = run_script("litdata_job.py", "ddp", 2, data, "first", timeout=240)
+    assert first.returncode == 0, output_of(first)
+    before = [i for rank in range(2) for i in json.loads((data / f"first-rank{rank}.json").read_text())]
+    assert len(before) == 2 * 3 * 4
+    for devices in (2, 3):
+        resumed = run_script("litdata_job.py", "ddp", devices, data, "resume", f"on{devices}", timeout=240)
+        assert resumed.returncode == 0, output_of(resumed)
+        after = [i for rank in range(devices) for i in json.loads((data / f"on{devices}-rank{rank}.json").read_text())]
+        assert sorted(before + after) == list(range(SAMPLES)), (devices, sorted(before), sorted(after))

@@ -1,11 +1,15 @@
 """A user's loop over litdata's `StreamingDataset` (`tests/integration/test_litdata.py`).
 
-    python litdata_job.py STRATEGY DEVICES OUT_DIR
-    python litdata_job.py optimize SAMPLES OUT_DIR     (writes OUT_DIR/data first)
+    python litdata_job.py optimize SAMPLES OUT_DIR              (writes OUT_DIR/data first)
+    python litdata_job.py STRATEGY DEVICES OUT_DIR read
+    python litdata_job.py STRATEGY DEVICES OUT_DIR first|resume TAG
 
-Reads `OUT_DIR/data` (written by `litdata.optimize`: items `{"id": i}`) for one epoch through
+`read`: one epoch of `OUT_DIR/data` (items `{"id": i}`) through
 `setup_dataloaders(DataLoader(StreamingDataset(...), batch_size=4))`, the dataset made inside
-`run()` as a user makes it; each rank writes the ids it was given to `OUT_DIR/rank<r>.json`.
+`run()` as a user makes it; each rank writes the ids it was given to `OUT_DIR/read-rank<r>.json`.
+`first`: the same through litdata's own `StreamingDataLoader`, 3 batches, then `save` of the
+loader to `OUT_DIR/ckpt` (ids to `first-rank<r>.json`); `resume TAG`: `load` of that checkpoint,
+then the rest of the epoch (ids to `TAG-rank<r>.json`).
 """
 
 from __future__ import annotations
@@ -20,12 +24,23 @@ from lite_core import LightningLite
 
 
 class Read(LightningLite):
-    def run(self, out: Path) -> None:
-        from litdata import StreamingDataset
+    def run(self, out: Path, mode: str, tag: str) -> None:
+        from litdata import StreamingDataLoader, StreamingDataset
 
-        loader = self.setup_dataloaders(DataLoader(StreamingDataset(f"local:{out / 'data'}"), batch_size=4))
-        ids = [int(i) for batch in loader for i in batch["id"]]
-        (out / f"rank{self.global_rank}.json").write_text(json.dumps(ids))
+        dataset = StreamingDataset(f"local:{out / 'data'}")
+        if mode == "read":
+            loader = self.setup_dataloaders(DataLoader(dataset, batch_size=4))
+            ids = [int(i) for batch in loader for i in batch["id"]]
+        elif mode == "first":
+            loader = self.setup_dataloaders(StreamingDataLoader(dataset, batch_size=4))
+            batches = iter(loader)
+            ids = [int(i) for _ in range(3) for i in next(batches)["id"]]
+            self.save({"loader": loader}, out / "ckpt")
+        else:
+            loader = self.setup_dataloaders(StreamingDataLoader(dataset, batch_size=4))
+            self.load(out / "ckpt", {"loader": loader})
+            ids = [int(i) for batch in loader for i in batch["id"]]
+        (out / f"{tag}-rank{self.global_rank}.json").write_text(json.dumps(ids))
 
 
 def strategy(name: str) -> object:
@@ -47,4 +62,6 @@ if __name__ == "__main__" and sys.argv[1] == "optimize":
     optimize(fn=_item, inputs=list(range(int(sys.argv[2]))), output_dir=str(Path(sys.argv[3]) / "data"),
              chunk_size=8, num_workers=1)
 elif __name__ == "__main__":
-    Read(accelerator="cpu", strategy=strategy(sys.argv[1]), devices=int(sys.argv[2])).run(Path(sys.argv[3]))
+    mode = sys.argv[4]
+    Read(accelerator="cpu", strategy=strategy(sys.argv[1]), devices=int(sys.argv[2])).run(
+        Path(sys.argv[3]), mode, sys.argv[5] if mode == "resume" else mode)
