@@ -186,8 +186,8 @@ class _DiLoCo(_PeriodicReplication):
             weights = {name: _local(_part(whole, layouts[name])) for name, whole in state["original_parameters"].items()}
             parameters = [p for group in fragment._outer_optimizer.param_groups for p in group["params"]]
             outer = {**state["outer_optimizer"], "state": {
-                index: {name: _part(value, parameters[index]) for name, value in values.items()}
-                for index, values in state["outer_optimizer"]["state"].items()}}
+                slot: {name: _part(value, parameters[slot]) for name, value in values.items()}
+                for slot, values in state["outer_optimizer"]["state"].items()}}
             self._manager._load_state_dict_fns[key]({"original_parameters": weights, "outer_optimizer": outer})
 
     def __repr__(self) -> str:
