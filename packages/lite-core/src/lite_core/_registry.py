@@ -21,6 +21,7 @@ _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
         "ddp_ft": "torchft",
         "deepspeed": "deepspeed",
         "diloco": "torchft",
+        "diloco_fsdp": "torchft",
         "deepspeed_stage_1": "deepspeed",
         "deepspeed_stage_2": "deepspeed",
         "deepspeed_stage_2_offload": "deepspeed",
