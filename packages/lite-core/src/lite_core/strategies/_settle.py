@@ -22,10 +22,12 @@ import torch
 import torch.distributed as dist
 
 
-def settle_collectives(device: torch.device, timeout: float = 2.0) -> bool:
+def settle_collectives(device: torch.device, timeout: float = 30.0) -> bool:
     """Run one more all-reduce and wait until torch's background thread has released its tensor
     (C++ code holding a tensor that Python has seen holds a reference to its Python object);
-    whether it did within `timeout` seconds."""
+    whether it did within `timeout` seconds. The wait ends as soon as it is released (about a
+    millisecond); `timeout` is only a hang guard, far above what a starved thread takes (a 2 s
+    bound let a rank of a loaded fresh-clone CI run abort at exit)."""
     canary = torch.zeros(1, device=device)
     alone = sys.getrefcount(canary)
     dist.all_reduce(canary)
