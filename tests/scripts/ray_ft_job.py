@@ -1,7 +1,7 @@
 """A user's ordinary `strategy="ddp_ft"` script as a Ray Train `train_loop_per_worker`, for a
 `TorchTrainer(..., torch_config=TorchftConfig(...))`: it names no replica group, no rank and no
 process count. Each replica group that finishes writes its weights to
-`OUT_DIR/weights-<pid>.pt` (and the strategy's name to `OUT_DIR/strategy-<pid>`); `plain()` is the same loop in one plain PyTorch process.
+`OUT_DIR/weights-<pid>.pt`; `plain()` is the same loop in one plain PyTorch process.
 
 With `config["die"]` the test's harness (not the user's loop) has Ray worker 1 end its process
 after its second committed step on the first attempt (`OUT_DIR/died` marks it), and the survivor
@@ -65,19 +65,8 @@ def train(config: dict[str, Any]) -> None:
                     harness.after_step(self.strategy.step)
             if self.global_rank == 0:
                 torch.save(net.state_dict(), out / f"weights-{os.getpid()}.pt")
-                (out / f"strategy-{os.getpid()}").write_text(self.strategy.name)
 
-    Train(accelerator="cpu", strategy=_strategy(config.get("strategy", "ddp_ft"))).run()
-
-
-def _strategy(name: str) -> Any:
-    """`ddp_ft`, or `diloco-h1`: DiLoCo syncing after every inner step with an outer SGD at lr 1
-    without momentum, which is plain data-parallel training (so it ends as `plain()` does)."""
-    if name == "diloco-h1":
-        from lite_torchft.diloco import DiLoCoStrategy
-
-        return DiLoCoStrategy(sync_every=1, outer_lr=1.0, outer_momentum=0.0)
-    return name
+    Train(accelerator="cpu", strategy="ddp_ft").run()
 
 
 class _Harness:
