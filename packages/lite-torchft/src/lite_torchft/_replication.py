@@ -309,7 +309,7 @@ def _nothing() -> None:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of a gradient (the local shard of a `DTensor`)."""
+    """This process's part of a tensor (the local shard of a `DTensor`; any other tensor itself)."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if to_local is not None else tensor
 

@@ -27,7 +27,7 @@ from torch.optim import SGD, Optimizer
 from torch.utils._pytree import tree_map_only
 
 from lite_core.plugins import ConfigurationError, DDPStrategy, FSDPStrategy
-from lite_torchft._replication import FaultTolerantReplication
+from lite_torchft._replication import FaultTolerantReplication, _local
 from lite_torchft._variables import read_variables
 
 #: The DiLoCo paper's outer optimizer: SGD with Nesterov momentum 0.9 at learning rate 0.7.
@@ -279,10 +279,6 @@ def _part(whole: Any, parameter: torch.Tensor) -> Any:
     if not isinstance(parameter, DTensor) or not isinstance(whole, torch.Tensor) or whole.shape != parameter.shape:
         return whole
     return distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 _PERIODIC_KEY = "_torchft_diloco"  # DiLoCo's and LocalSGD's state in a checkpoint
