@@ -3,6 +3,7 @@ full file, both read back at any process count. The formats are described in `li
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -293,15 +294,7 @@ def _check_sharded_keys(strategy: ShardsCheckpoints, objects: dict[str, Any], ta
 def _reading_metadata_once(reader: Any) -> Any:
     """`reader`, whose `.metadata` is read on the first `read_metadata()` only: Lite's key check
     and `dcp.load` both ask for it (at a URL, two requests each time)."""
-    read = reader.read_metadata
-    metadata: list[Any] = []
-
-    def read_metadata(*args: Any, **kwargs: Any) -> Any:
-        if not metadata:
-            metadata.append(read(*args, **kwargs))
-        return metadata[0]
-
-    reader.read_metadata = read_metadata
+    reader.read_metadata = functools.cache(reader.read_metadata)
     return reader
 
 
