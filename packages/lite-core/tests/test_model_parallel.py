@@ -40,8 +40,8 @@ def test_sizes_that_do_not_make_the_world_size_are_refused_at_construction(dp, t
     with pytest.raises(ConfigurationError) as info:
         _strategy_of(ModelParallelStrategy(_identity, data_parallel_size=dp, tensor_parallel_size=tp), devices=4)
     message = str(info.value)
-    assert message.startswith(f"pipeline_parallel_size=1 x data_parallel_size={dp!r} x tensor_parallel_size={tp!r}"
-                              " does not make the world size 4")
+    assert message.startswith(f"pipeline_parallel_size=1 x data_parallel_size={dp!r} x context_parallel_size=1 x"
+                              f" tensor_parallel_size={tp!r} does not make the world size 4")
     assert _one_sentence(message)
 
 
@@ -124,8 +124,8 @@ def test_pipeline_sizes_that_do_not_make_the_world_size_are_refused(clean_env) -
     with pytest.raises(ConfigurationError) as info:
         _strategy_of(ModelParallelStrategy(_identity, pipeline_parallel_size=2, data_parallel_size=3), devices=4)
     message = str(info.value)
-    assert message.startswith("pipeline_parallel_size=2 x data_parallel_size=3 x tensor_parallel_size='auto'"
-                              " does not make the world size 4")
+    assert message.startswith("pipeline_parallel_size=2 x data_parallel_size=3 x context_parallel_size=1 x"
+                              " tensor_parallel_size='auto' does not make the world size 4")
     assert _one_sentence(message)
 
 
@@ -161,6 +161,36 @@ def test_one_sentence_refuses_every_layout_that_does_not_make_the_world_size(pp,
     with pytest.raises(ConfigurationError) as info:
         resolve(pp, dp, tp, devices=4, num_nodes=1)
     assert str(info.value) == (
-        f"pipeline_parallel_size={pp} x data_parallel_size={dp!r} x tensor_parallel_size={tp!r} does not make the"
-        " world size 4 (devices=4 x num_nodes=1): choose sizes whose product is the number of processes, or leave"
+        f"pipeline_parallel_size={pp} x data_parallel_size={dp!r} x context_parallel_size=1 x"
+        f" tensor_parallel_size={tp!r} does not make the world size 4 (devices=4 x num_nodes=1): choose sizes whose product is the number of processes, or leave"
         " data_parallel_size or tensor_parallel_size 'auto'.")
+
+
+def test_context_parallelism_is_a_mesh_dimension_between_data_and_tensor(clean_env) -> None:
+    layout = _strategy_of(ModelParallelStrategy(_identity, context_parallel_size=2, tensor_parallel_size=2),
+                          devices=8).mesh_layout
+    assert layout.sizes() == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 2}
+    assert layout.dim_names == ("data_parallel", "context_parallel", "tensor_parallel")
+    assert layout.shape == (2, 2, 2)
+    both_auto = _strategy_of(ModelParallelStrategy(_identity, context_parallel_size=2), devices=4).mesh_layout
+    assert (both_auto.data, both_auto.context, both_auto.tensor) == (2, 2, 1)
+
+
+@pytest.mark.parametrize(("kwargs", "start"), [
+    ({"context_parallel_size": "auto"}, "context_parallel_size='auto' is not valid: pass a positive integer."),
+    ({"context_parallel_size": 0}, "context_parallel_size=0 is not valid"),
+    ({"context_parallel_buffers": ["rope.freqs"]}, "context_parallel_buffers=['rope.freqs'] is not valid"),
+    ({"context_parallel_size": 2, "pipeline_parallel_size": 2},
+     "context_parallel_size > 1 cannot be combined with pipeline_parallel_size > 1"),
+])
+def test_bad_context_parallel_arguments_are_refused_in_one_sentence(kwargs, start) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ModelParallelStrategy(_identity, **kwargs)
+    assert str(info.value).startswith(start) and _one_sentence(str(info.value))
+
+
+def test_context_sizes_that_do_not_make_the_world_size_are_refused(clean_env) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _strategy_of(ModelParallelStrategy(_identity, context_parallel_size=3), devices=4)
+    assert str(info.value).startswith("pipeline_parallel_size=1 x data_parallel_size='auto' x context_parallel_size=3"
+                                      " x tensor_parallel_size='auto' does not make the world size 4")

@@ -6,6 +6,7 @@ into stages (`_split`) run by a `torch.distributed.pipelining` schedule (`_pipel
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -16,8 +17,15 @@ from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
-from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
-from lite_core.strategies._mesh import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES, MeshLayout
+from lite_core.strategies import _clip, _context, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
+from lite_core.strategies._context import ContextParallel
+from lite_core.strategies._mesh import (
+    CONTEXT_MESH_DIM_NAMES,
+    DATA_CONTEXT_DIM_NAME,
+    MESH_DIM_NAMES,
+    PIPELINE_MESH_DIM_NAMES,
+    MeshLayout,
+)
 from lite_core.strategies._pipeline import PipelineForward
 from lite_core.strategies.fsdp import FSDPStrategy
 
@@ -27,7 +35,7 @@ if TYPE_CHECKING:
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
 
-__all__ = ["MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ModelParallelStrategy"]
+__all__ = ["CONTEXT_MESH_DIM_NAMES", "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ModelParallelStrategy"]
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -74,6 +82,16 @@ class ModelParallelStrategy(FSDPStrategy):
             pass (see `DDPStrategy`); applied to your model before `parallelize_fn` (and before the
             pipeline cut), names and keys unchanged.
         activation_checkpointing_policy: torch's selective per-op policy (see `DDPStrategy`).
+        context_parallel_size: how many processes split each sequence (context parallelism on
+            torch's ring attention); `1` (default) means none. The mesh then has the dimensions
+            `("data_parallel", "context_parallel", "tensor_parallel")` plus the flattened
+            `"data_context_parallel"`, over which `parallelize_fn` must `fully_shard` the model.
+            Every batch tensor of two or more dimensions is cut along dimension 1, and
+            `F.scaled_dot_product_attention` runs as ring attention in the set-up model's forward
+            and backward passes (GPUs only; no `attn_mask`). Not with a pipeline.
+        context_parallel_buffers: buffers of the model cut along the sequence like the batches,
+            by name and sequence dimension (e.g. `{"rope.freqs": 0}`, a non-persistent buffer as
+            long as the training sequence).
 
     Example:
         >>> def parallelize(model, device_mesh):  # doctest: +SKIP
@@ -96,7 +114,8 @@ class ModelParallelStrategy(FSDPStrategy):
                  pipeline_schedule: str = "1F1B", microbatches: int | None = None,
                  split_points: list[str | int] | None = None, stages_per_rank: int | None = None,
                  loss_fn: Callable[..., Any] | None = None, activation_checkpointing: Any = None,
-                 activation_checkpointing_policy: Any = None) -> None:
+                 activation_checkpointing_policy: Any = None, context_parallel_size: int = 1,
+                 context_parallel_buffers: Mapping[str, int] | None = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
                          timeout=timeout, process_group_backend=process_group_backend,
                          activation_checkpointing=activation_checkpointing,
@@ -123,6 +142,13 @@ class ModelParallelStrategy(FSDPStrategy):
         self._parallelize_fn = parallelize_fn
         self._requested_sizes = (_check_size("data_parallel_size", data_parallel_size),
                                  _check_size("tensor_parallel_size", tensor_parallel_size))
+        self._context_size = int(_check_size("context_parallel_size", context_parallel_size, auto=False))
+        self._context_buffers = _context.check_buffers(context_parallel_buffers)
+        if self._context_size > 1 and self._pipeline is not None:
+            raise ConfigurationError(
+                "context_parallel_size > 1 cannot be combined with pipeline_parallel_size > 1 yet: choose one of them."
+            )
+        self._context: ContextParallel | None = None
         self._device_mesh: DeviceMesh | None = None
 
     # -- layout --------------------------------------------------------------------------------
@@ -141,7 +167,8 @@ class ModelParallelStrategy(FSDPStrategy):
         """The mesh's dimensions by name (pipeline x data (replicate x shard) x context x tensor),
         `"auto"` resolved and checked against the world size (`MeshLayout.sizes()`)."""
         dp, tp = self._requested_sizes
-        return _mesh.resolve(self.pipeline_parallel_size, dp, tp, len(self.device_indexes), self.num_nodes)
+        return _mesh.resolve(self.pipeline_parallel_size, dp, tp, len(self.device_indexes), self.num_nodes,
+                             context=self._context_size)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -163,17 +190,33 @@ class ModelParallelStrategy(FSDPStrategy):
             from torch.distributed.device_mesh import init_device_mesh
 
             layout = self.mesh_layout
-            self._device_mesh = init_device_mesh(self.root_device.type, layout.shape, mesh_dim_names=layout.dim_names)
+            mesh = init_device_mesh(self.root_device.type, layout.shape, mesh_dim_names=layout.dim_names)
+            if layout.context > 1:
+                mesh["data_parallel", "context_parallel"]._flatten(DATA_CONTEXT_DIM_NAME)
+            self._device_mesh = mesh
         return self._device_mesh
+
+    @property
+    def context_parallel(self) -> ContextParallel | None:
+        """The context-parallel group's work (cutting sequences, the ring); `None` without it."""
+        if self._context is None and self._context_size > 1:
+            self._context = ContextParallel(self.device_mesh["context_parallel"], self._context_buffers)
+        return self._context
 
     def teardown(self, failed: bool = False) -> None:
         self._device_mesh = None  # its groups die with the process group
+        self._context = None
         self._pipelines.clear()
         super().teardown(failed)
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         mesh = self.device_mesh
         return {"num_replicas": mesh["data_parallel"].size(), "rank": mesh["data_parallel"].get_local_rank()}
+
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        batches = super().process_dataloader(dataloader)
+        context = self.context_parallel
+        return batches if context is None else context.split_batches(batches)
 
     # -- modules -------------------------------------------------------------------------------
     def build_precision(self, name: str) -> Any:
@@ -195,7 +238,12 @@ class ModelParallelStrategy(FSDPStrategy):
                 " parallelize_fn(model, device_mesh)."
             )
         self._names_before_sharding.append(_fsdp_optimizers.NamesBeforeSharding(module))
+        context = self.context_parallel
+        if context is not None:
+            context.split_buffers(module)
         parallelised = self._apply_parallelize_fn(module)
+        if context is not None:
+            context.check_gradients_averaged(parallelised)
         self._sharded_modules.append(parallelised)
         return parallelised
 
@@ -276,7 +324,9 @@ class ModelParallelStrategy(FSDPStrategy):
                      loss_fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
         pipeline = self._pipelines.get(id(forward_module))
         if pipeline is None:
-            return super().forward_call(forward_module, compiled, loss_fn)
+            call = super().forward_call(forward_module, compiled, loss_fn)
+            context = self.context_parallel
+            return call if context is None else _context.RingForward(call or forward_module, context)
         if compiled is not None:
             raise MisuseError(
                 "A torch.compile'd model cannot be set up under pipeline parallelism: compile each stage's"
@@ -341,7 +391,11 @@ class ModelParallelStrategy(FSDPStrategy):
         pipeline = next((each for each in self._pipelines.values() if each.last_loss is tensor), None)
         if pipeline is None:
             if module is None or id(module) not in self._pipelines:
-                return super().backward(tensor, module, *args, **kwargs)
+                context = self.context_parallel
+                if context is None:
+                    return super().backward(tensor, module, *args, **kwargs)
+                with context.ring():
+                    return super().backward(tensor, module, *args, **kwargs)
             raise MisuseError(
                 "Under pipeline parallelism backward() takes the loss that model(x, target=y) returned, whose"
                 " backward pass the schedule already ran: pass that loss, and compute any other loss inside loss_fn."
@@ -372,14 +426,16 @@ class ModelParallelStrategy(FSDPStrategy):
         pipeline = "" if self._pipeline is None else (
             f"pipeline_parallel_size={self._pipeline.size}, pipeline_schedule={self._pipeline.schedule_name!r},"
             f" microbatches={self._pipeline.microbatches}, ")
-        return (f"{type(self).__name__}({pipeline}data_parallel_size={dp!r}, tensor_parallel_size={tp!r},"
+        context = "" if self._context_size == 1 else f"context_parallel_size={self._context_size}, "
+        return (f"{type(self).__name__}({pipeline}data_parallel_size={dp!r}, {context}tensor_parallel_size={tp!r},"
                 f" state_dict_type={self.state_dict_type!r}, timeout={self.timeout})")
 
 
-def _check_size(name: str, size: int | str) -> int | str:
-    if size == "auto" or (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+def _check_size(name: str, size: int | str, auto: bool = True) -> int | str:
+    if (auto and size == "auto") or (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
         return size
-    raise ConfigurationError(f"{name}={size!r} is not valid: pass a positive integer or 'auto'.")
+    choice = "a positive integer or 'auto'" if auto else "a positive integer"
+    raise ConfigurationError(f"{name}={size!r} is not valid: pass {choice}.")
 
 
 def _check_even_tensor_parallel_shards(module: nn.Module) -> None:
