@@ -14,14 +14,17 @@
 #   5. FP8 against bf16 on the GPT-style model, compiled: step-time ratio, Lite's FP8 step against
 #      torchao by hand, and loss curves (benchmarks/gpu_fp8.py). torchao is installed from the
 #      wheel in $DS_WHEELS (`pip download --no-deps torchao==0.18.0 -d .whl`) when it is not
-#      importable; without either, or below compute capability 8.9, it is skipped and says so.
+#      importable; without either, or below compute capability 8.9, it is skipped and says so;
+#   6. context parallelism: ModelParallelStrategy(context_parallel_size=2) over NCCL on 2 GPUs, a
+#      causal transformer on torch's ring attention against one plain process on whole sequences
+#      (benchmarks/gpu_context_parallel.py); with fewer than 2 GPUs it is skipped and says why.
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
 # deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json, fp8.txt,
-# gpu_fp8.md/.json and summary.txt.
+# gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json and summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -111,6 +114,11 @@ else
   FP8_RC=0
 fi
 
+echo "== context parallel (at most 90 s)"
+timeout -k 5 90 "$PY" benchmarks/gpu_context_parallel.py --out "$RESULTS/gpu_context_parallel.json" > "$RESULTS/context_parallel.txt" 2>&1
+CP_RC=$?
+grep -E "^context parallel|Error" "$RESULTS/context_parallel.txt" | tail -n 10
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
@@ -118,6 +126,7 @@ fi
   echo "deepspeed parity and step time: exit $DS_RC"
   echo "model parallel: exit $MP_RC ($(grep -E '^model parallel' "$RESULTS/model_parallel.txt" | tail -n 1))"
   echo "fp8: exit $FP8_RC ($(grep -E '^\| fp8 / bf16|^fp8: skipped|^== FP8: skipped' "$RESULTS/fp8.txt" | tail -n 1))"
+  echo "context parallel: exit $CP_RC ($(grep -E '^context parallel' "$RESULTS/context_parallel.txt" | tail -n 1))"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ]

@@ -25,9 +25,11 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == [
-        "tests", "benchmark", "deepspeed tests", "deepspeed parity and step time", "model parallel", "fp8"]
+        "tests", "benchmark", "deepspeed tests", "deepspeed parity and step time", "model parallel", "fp8",
+        "context parallel"]
     assert all(": exit 0" in line for line in summary), summary
     assert "passed" in summary[0] and "failed" not in summary[0]
+    assert "context parallel: skipped, the ring needs 2 or more GPUs" in summary[-1]  # the script ran, saw no GPU
     assert json.loads((tmp_path / "gpu_bench.json").read_text())
     fp8 = json.loads((tmp_path / "gpu_fp8.json").read_text())
     # Uncompiled on the CPU, Lite's FP8 arm computes exactly what torchao by hand does.
