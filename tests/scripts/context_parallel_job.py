@@ -1,5 +1,5 @@
-"""Context parallelism (`ModelParallelStrategy(context_parallel_size=2)`) on 2 CPU processes: what
-runs on a CPU, the loop as a user writes it.
+"""Context parallelism (`ModelParallelStrategy(context_parallel_size=2)`) on 4 CPU processes, data 2
+x context 2: what runs on a CPU, the loop as a user writes it.
 
     python context_parallel_job.py OUT_DIR
 
@@ -9,7 +9,8 @@ runs on a CPU, the loop as a user writes it.
   (head-tail). Records the token ids each rank saw per step, the mean loss over the group and the
   final weights, for the test to replay in one plain process; and the warnings of the forward.
 - `refusals`: the sentences for an attention call on the CPU, an `attn_mask`, a `parallelize_fn`
-  that leaves the context-parallel ranks' gradients apart, and a sequence the group cannot halve.
+  that shards over the data-parallel or the context-parallel ranks alone (gradients left apart),
+  and a sequence the group cannot cut into 4 chunks.
 
 Rank 0 writes `OUT_DIR/results.pt`.
 """
@@ -33,7 +34,8 @@ from lite_core.strategies import ModelParallelStrategy
 
 torch.set_num_threads(1)
 
-VOCAB, WIDTH, LENGTH, SAMPLES, BATCH, LR = 16, 8, 8, 12, 4, 0.5
+VOCAB, WIDTH, LENGTH, SAMPLES, BATCH, LR = 16, 8, 8, 24, 4, 0.5
+DEVICES = 4  # data 2 x context 2
 
 
 class Tokens(Dataset):
@@ -90,8 +92,12 @@ def shard_over_data_only(model: nn.Module, device_mesh: Any) -> nn.Module:
     return fully_shard(model, mesh=device_mesh["data_parallel"])
 
 
+def shard_over_context_only(model: nn.Module, device_mesh: Any) -> nn.Module:
+    return fully_shard(model, mesh=device_mesh["context_parallel"])
+
+
 def strategy(parallelize_fn: Any = shard_over_data_and_context, **kwargs: Any) -> ModelParallelStrategy:
-    return ModelParallelStrategy(parallelize_fn, data_parallel_size=1, tensor_parallel_size=1,
+    return ModelParallelStrategy(parallelize_fn, data_parallel_size=2, tensor_parallel_size=1,
                                  context_parallel_size=2, **kwargs)
 
 
@@ -132,7 +138,7 @@ def error_of(action: Any) -> str:
 
 def forward_of(build: Any, parallelize_fn: Any = shard_over_data_and_context) -> Any:
     def action() -> None:
-        lite = LightningLite(accelerator="cpu", devices=2, strategy=strategy(parallelize_fn))
+        lite = LightningLite(accelerator="cpu", devices=DEVICES, strategy=strategy(parallelize_fn))
         lite.launch()
         model = lite.setup(build())
         model(torch.randn(2, LENGTH, WIDTH))
@@ -140,19 +146,20 @@ def forward_of(build: Any, parallelize_fn: Any = shard_over_data_and_context) ->
 
 
 def refusals() -> dict[str, str]:
-    lite = LightningLite(accelerator="cpu", devices=2, strategy=strategy())
+    lite = LightningLite(accelerator="cpu", devices=DEVICES, strategy=strategy())
     lite.launch()
     loader = lite.setup_dataloaders(DataLoader([torch.zeros(6, WIDTH)] * 2, batch_size=2))
     return {
         "cpu": error_of(forward_of(lambda: Attention(mask=False))),
         "mask": error_of(forward_of(lambda: Attention(mask=True))),
-        "gradients": error_of(forward_of(lambda: Attention(mask=False), shard_over_data_only)),
+        "data only": error_of(forward_of(lambda: Attention(mask=False), shard_over_data_only)),
+        "context only": error_of(forward_of(lambda: Attention(mask=False), shard_over_context_only)),
         "uneven": error_of(lambda: next(iter(loader))),
     }
 
 
 def main(out: Path) -> None:
-    lite = LightningLite(accelerator="cpu", devices=2,
+    lite = LightningLite(accelerator="cpu", devices=DEVICES,
                          strategy=strategy(context_parallel_buffers={"position": 0}))
     lite.launch()
     results = {"train": train(lite), "refusals": refusals()}

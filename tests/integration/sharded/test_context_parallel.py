@@ -1,6 +1,6 @@
-"""Context parallelism on 2 CPU processes (`tests/scripts/context_parallel_job.py`, one start of the
-processes): the set-up loader's sequences and a named buffer cut head-tail, gradients averaged over
-the context-parallel group, the run equal to one plain process; and the CPU's refusals. torch's
+"""Context parallelism on 4 CPU processes, data 2 x context 2 (`tests/scripts/context_parallel_job.py`,
+one start of the processes): the set-up loader's sequences and a named buffer cut head-tail,
+gradients averaged over data x context, the run equal to one plain process; and the CPU's refusals. torch's
 ring attention itself runs only on GPUs: `benchmarks/gpu_check.sh` tests it against the unsplit
 model where two GPUs are lent."""
 
@@ -35,19 +35,35 @@ def _head_tail(sequence: torch.Tensor, rank: int, size: int = 2) -> torch.Tensor
     return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=-1)
 
 
+def _whole(head_tail: torch.Tensor, size: int = 2) -> torch.Tensor:
+    """Undo the head-tail cut: the sequences from the parts of ranks 0 .. size-1 (last dimension)."""
+    chunks: list = [None] * (2 * size)
+    for rank, part in enumerate(head_tail):
+        chunks[rank], chunks[2 * size - 1 - rank] = part.chunk(2, dim=-1)
+    return torch.cat(chunks, dim=-1)
+
+
+def _groups(job) -> torch.Tensor:
+    """(data-parallel group, step, batch, tokens): each group's whole sequences, rebuilt from its ranks'
+    parts (rank = 2 x data-parallel rank + context-parallel rank)."""
+    seen = job["train"]["seen"]  # (rank, step, batch, tokens)
+    return torch.stack([_whole(seen[2 * group:2 * group + 2]) for group in range(2)])
+
+
 def test_the_mesh_names_the_context_dimension(job) -> None:
-    assert job["layout"] == {"pipeline": 1, "replicate": 1, "shard": 1, "context": 2, "tensor": 1}
+    assert job["layout"] == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 1}
     assert job["dim_names"] == ("data_parallel", "context_parallel", "tensor_parallel")
 
 
-def test_each_rank_gets_its_head_and_tail_of_every_sequence(job) -> None:
-    data = job_module.Tokens()
-    seen = job["train"]["seen"]  # (rank, step, batch, tokens)
-    assert seen.shape == (2, 3, job_module.BATCH, job_module.LENGTH // 2)
-    for step in range(3):
-        ids = data.ids[step * job_module.BATCH:(step + 1) * job_module.BATCH, :-1]
-        for rank in range(2):
-            assert torch.equal(seen[rank, step], _head_tail(ids, rank)), (rank, step)
+def test_each_rank_gets_its_head_and_tail_of_its_groups_sequences(job) -> None:
+    seen = job["train"]["seen"]
+    assert seen.shape == (4, 3, job_module.BATCH, job_module.LENGTH // 2)
+    groups = _groups(job)
+    for rank in range(4):
+        assert torch.equal(seen[rank], _head_tail(groups[rank // 2], rank % 2)), rank
+    rows = groups.transpose(0, 1).flatten(0, 2)  # every sequence the job trained on
+    expected = job_module.Tokens().ids[:, :-1]
+    assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, expected.tolist()))  # each sample once
 
 
 def test_a_named_buffer_is_cut_like_the_batches(job) -> None:
@@ -61,10 +77,11 @@ def test_training_equals_one_plain_process_over_whole_sequences(job) -> None:
     model = job_module.TokenModel()
     model.load_state_dict(train["initial"])
     optimizer = torch.optim.SGD(model.parameters(), lr=job_module.LR)
-    data = job_module.Tokens()
+    by_ids = {tuple(row[:-1].tolist()): row for row in job_module.Tokens().ids}
+    groups = _groups(job)
     losses = []
-    for step in range(3):
-        rows = data.ids[step * job_module.BATCH:(step + 1) * job_module.BATCH]
+    for step in range(3):  # the global batch: both data-parallel groups' sequences
+        rows = torch.stack([by_ids[tuple(ids.tolist())] for ids in groups[:, step].flatten(0, 1)])
         logits = model(rows[:, :-1])
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())
         optimizer.zero_grad()
@@ -89,7 +106,10 @@ def _one_sentence(message: str) -> bool:
     ("cpu", "MisuseError: context_parallel_size > 1 runs scaled_dot_product_attention as torch's ring attention,"
             " which has no CPU kernel"),
     ("mask", "MisuseError: scaled_dot_product_attention got an attn_mask, which torch's ring attention"),
-    ("gradients", "MisuseError: Parameter 'qkv.weight' is not sharded over the context-parallel ranks"),
+    ("data only", "MisuseError: Parameter 'qkv.weight' is not sharded over the data-parallel and context-parallel"
+                  " ranks"),
+    ("context only", "MisuseError: Parameter 'qkv.weight' is not sharded over the data-parallel and"
+                     " context-parallel ranks"),
     ("uneven", "MisuseError: context_parallel_size=2 cuts sequences into 4 equal chunks, but got sequence lengths"
                " [6]"),
 ])

@@ -143,18 +143,19 @@ class ContextParallel:
                 " call the function through the module (F.scaled_dot_product_attention), not a name imported from it."
             )
 
-    def check_gradients_averaged(self, module: nn.Module) -> None:
-        """Refuse a parameter whose gradient no one averages over the context-parallel group: each
-        rank saw only part of every sequence, so its gradient is only part of the step."""
+    def check_gradients_averaged(self, module: nn.Module, data_context: DeviceMesh) -> None:
+        """Refuse a parameter whose gradient no one averages over the data-parallel and
+        context-parallel ranks (`data_context`): each rank saw only part of every sequence, so its
+        gradient is only part of the step."""
         from torch.distributed.tensor import DTensor
 
-        ranks = set(self.mesh.mesh.flatten().tolist())
+        ranks = set(data_context.mesh.flatten().tolist())
         for name, parameter in module.named_parameters():
             if isinstance(parameter, DTensor) and ranks <= set(parameter.device_mesh.mesh.flatten().tolist()):
                 continue
             raise MisuseError(
-                f"Parameter '{name}' is not sharded over the context-parallel ranks, so their gradients, each from part"
-                " of every sequence, would never be averaged: in parallelize_fn apply"
+                f"Parameter '{name}' is not sharded over the data-parallel and context-parallel ranks, so their"
+                " gradients, each from part of every sequence, would never be averaged: in parallelize_fn apply"
                 " fully_shard(model, mesh=device_mesh['data_context_parallel'])."
             )
 

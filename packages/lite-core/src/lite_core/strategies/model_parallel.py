@@ -243,7 +243,7 @@ class ModelParallelStrategy(FSDPStrategy):
             context.split_buffers(module)
         parallelised = self._apply_parallelize_fn(module)
         if context is not None:
-            context.check_gradients_averaged(parallelised)
+            context.check_gradients_averaged(parallelised, self.device_mesh[DATA_CONTEXT_DIM_NAME])
         self._sharded_modules.append(parallelised)
         return parallelised
 
