@@ -146,7 +146,7 @@ def with_lite(layout: str, precision: Any, save_to: Path | None = None, load_fro
     model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     if load_from is not None:
         lite.load(load_from, {"model": model})
-        return {"weights": every_ranks_weights(model)}
+        return {"weights": every_ranks_weights(model), "float8_all_gather": float8_all_gather(model)}
     if layout == "pipeline":  # the schedule runs the loss: the set-up model takes the target
         losses = []
         for x, y in global_batches():
@@ -159,19 +159,29 @@ def with_lite(layout: str, precision: Any, save_to: Path | None = None, load_fro
         losses = train(model, optimizer, batches(layout, lite.global_rank), None, lite.backward)
     if save_to is not None:
         lite.save({"model": model}, save_to)
-    return {"losses": losses, "weights": every_ranks_weights(model)}
+    return {"losses": losses, "weights": every_ranks_weights(model), "float8_all_gather": float8_all_gather(model)}
 
 
-def converted(recipe: str) -> Net:
+def float8_all_gather(model: nn.Module) -> bool:
+    """Whether FSDP2 all-gathers the model's weights in float8 (torchao's weight wrapper is there)."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return any(isinstance(getattr(p, "_local_tensor", p), WeightWithDynamicFloat8CastTensor)
+               for p in model.parameters())
+
+
+def converted(recipe: str, float8_all_gather: bool = False) -> Net:
     """The model with torchao's conversion applied by hand: every Linear but the head."""
     torch.manual_seed(0)
     model = Net()
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True,
+                                 enable_fsdp_float8_all_gather=float8_all_gather)
     return convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "head")
 
 
 def by_hand(layout: str, recipe: str) -> dict:
-    model = converted(recipe)
+    # torchao's float8 all-gather under fully_shard, with the recipe that has it (as Lite's default)
+    model = converted(recipe, float8_all_gather=layout == "fsdp" and recipe == "tensorwise")
     if layout == "ddp":
         model = DistributedDataParallel(model)
     elif layout == "fsdp":
@@ -212,6 +222,13 @@ def main(out: Path) -> None:
     results["moved/bf16_saved"] = with_lite("ddp", "bf16-mixed", save_to=out / "bf16.pt")
     results["moved/bf16_to_fp8"] = with_lite("fsdp", Float8Precision("rowwise", emulate=True),
                                              load_from=out / "bf16.pt")
+    # The same with torchao's float8 all-gather (tensorwise under fsdp): its weight wrapper stays out
+    # of the checkpoint, which loads without FP8, and a plain checkpoint loads into it.
+    results["moved/fp8_all_gather_saved"] = with_lite("fsdp", Float8Precision("tensorwise", emulate=True),
+                                                      save_to=out / "fp8_all_gather_sharded")
+    results["moved/fp8_all_gather_to_bf16"] = with_lite("ddp", "bf16-mixed", load_from=out / "fp8_all_gather_sharded")
+    results["moved/bf16_to_fp8_all_gather"] = with_lite("fsdp", Float8Precision("tensorwise", emulate=True),
+                                                        load_from=out / "bf16.pt")
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
 

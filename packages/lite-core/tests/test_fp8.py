@@ -118,6 +118,30 @@ def test_fp8_spelled_another_way_is_guessed_and_a_wrong_recipe_refused() -> None
         Float8Precision("colwise")
 
 
+def test_a_float8_all_gather_is_refused_with_rowwise_scales_and_without_fully_shard() -> None:
+    with pytest.raises(ConfigurationError, match=r"^Float8Precision\(recipe='rowwise', fsdp_float8_all_gather=True\)"
+                                                 r" asks for torchao's float8 all-gather, which supports only the"
+                                                 r" tensorwise recipe: [^.]*\.$"):
+        Float8Precision("rowwise", fsdp_float8_all_gather=True)
+    with pytest.raises(ConfigurationError, match=r"^Float8Precision\(fsdp_float8_all_gather=True\) all-gathers FSDP2's"
+                                                 r" weights, but this strategy never shards them with fully_shard:"
+                                                 r" [^.]*\.$"):
+        LightningLite(accelerator="cpu", precision=Float8Precision("tensorwise", emulate=True,
+                                                                   fsdp_float8_all_gather=True))
+
+
+@pytest.mark.parametrize(("strategy", "recipe", "asked", "on"), [
+    ("fsdp", "tensorwise", None, True), ("fsdp", "rowwise", None, False), ("fsdp", "tensorwise", False, False),
+    ("ddp", "tensorwise", None, False), ("model_parallel", "tensorwise", None, False),
+    ("model_parallel", "tensorwise", True, True),
+])
+def test_the_float8_all_gather_is_on_by_default_only_under_fsdp_with_tensorwise_scales(strategy, recipe, asked,
+                                                                                      on) -> None:
+    precision = Float8Precision(recipe, emulate=True, fsdp_float8_all_gather=asked)
+    LightningLite(accelerator="cpu", devices=2, strategy=strategy, precision=precision)
+    assert precision.all_gathers_in_float8 is on
+
+
 def test_without_torchao_the_install_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # as if it were not installed
     with pytest.raises(MissingDependencyError, match=r"^FP8 precision needs the torchao package, which is not"

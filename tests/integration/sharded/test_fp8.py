@@ -41,6 +41,14 @@ def test_fp8_trains_bitwise_as_the_same_loop_converted_by_hand(job, layout, reci
     assert largest_difference(lite["weights"], by_hand["weights"]) == 0.0
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fsdp_all_gathers_weights_in_float8_where_the_recipe_allows_it(job, recipe) -> None:
+    # torchao's float8 all-gather has the tensorwise recipe only; the bitwise test above compares
+    # it with fully_shard over a model converted by hand with enable_fsdp_float8_all_gather=True.
+    assert job[f"lite/fsdp/{recipe}"]["float8_all_gather"] is (recipe == "tensorwise")
+    assert job[f"lite/ddp/{recipe}"]["float8_all_gather"] is False
+
+
 def test_rowwise_scales_do_not_depend_on_how_the_batch_is_split_but_tensorwise_scales_do(job) -> None:
     # Around the FP8 matmuls in float32: 2 processes on 16 samples each against one on all 32.
     rowwise = largest_difference(job["lite/ddp/rowwise/fp32"]["weights"], job["one_process/rowwise"]["weights"])
@@ -62,3 +70,12 @@ def test_a_checkpoint_saved_in_fp8_loads_in_bf16_and_the_reverse(job) -> None:
     assert largest_difference(job["moved/bf16_saved"]["weights"], job["moved/bf16_to_fp8"]["weights"]) == 0.0
     # The two saved runs differ (FP8 against bf16), so each load really replaced the weights.
     assert largest_difference(job["moved/fp8_saved"]["weights"], job["moved/bf16_saved"]["weights"]) > 1e-4
+
+
+def test_a_checkpoint_of_float8_all_gathered_weights_holds_plain_weights(job) -> None:
+    saved, to_bf16 = job["moved/fp8_all_gather_saved"], job["moved/fp8_all_gather_to_bf16"]
+    assert saved["float8_all_gather"] and not to_bf16["float8_all_gather"]
+    assert largest_difference(saved["weights"], to_bf16["weights"]) == 0.0
+    reverse = job["moved/bf16_to_fp8_all_gather"]
+    assert reverse["float8_all_gather"]
+    assert largest_difference(job["moved/bf16_saved"]["weights"], reverse["weights"]) == 0.0

@@ -55,6 +55,7 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     chosen.precision = _given_precision(chosen, accel, given[Precision]) if Precision in given else \
         _precision(chosen, accel, precision)
     chosen.precision.connect(accel.autocast_device_type)
+    chosen.precision.connect_sharding(chosen.fully_shards_parameters)
     if not chosen.precision.emulated:
         accel.validate_precision(chosen.precision.name, indexes)
     if CheckpointIO in given:

@@ -34,6 +34,10 @@ class Float8Precision(MixedPrecision):
     so the result depends on how the global batch is split; rowwise scales do not (within float
     rounding). Pass `compile` options to `setup()` for speed, as torchao expects.
 
+    Under a strategy that shards parameters with FSDP2 (`fsdp`), the tensorwise recipe all-gathers
+    the weights in float8 (torchao's `enable_fsdp_float8_all_gather`): half the bytes of bf16, and
+    the same numbers, since a tensorwise scale is the amax of the whole weight either way.
+
     Needs a GPU with FP8 (compute capability 8.9 or newer) and `pip install 'lite-core[fp8]'`.
     `emulate=True` computes the float8 casts in software on any device (CPU included): slow, and
     meant for tests and debugging.
@@ -48,18 +52,28 @@ class Float8Precision(MixedPrecision):
         autocast_dtype: the dtype of the other operations (`torch.autocast`); `None` runs them in
             the weights' dtype, without autocast.
         device_type: the `torch.autocast` device type; `None` takes the accelerator's.
+        fsdp_float8_all_gather: all-gather FSDP2's weights in float8. `None` (default): with the
+            tensorwise recipe under `fsdp`; `True` also under `model_parallel` (for the
+            `fully_shard` of your `parallelize_fn`); `False`: never.
 
     Raises:
-        ConfigurationError: `recipe` is not one of `"rowwise"`, `"tensorwise"`.
+        ConfigurationError: `recipe` is not one of `"rowwise"`, `"tensorwise"`; a float8
+            all-gather with the rowwise recipe, or under a strategy that never uses `fully_shard`.
         MissingDependencyError: `torchao` is not installed.
     """
 
     checked_by_name = True
 
     def __init__(self, recipe: str = "rowwise", emulate: bool = False, module_filter_fn: ModuleFilter | None = None,
-                 autocast_dtype: torch.dtype | None = torch.bfloat16, device_type: str | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, device_type: str | None = None,
+                 fsdp_float8_all_gather: bool | None = None) -> None:
         if recipe not in RECIPES:
             raise ConfigurationError(f"Float8Precision(recipe={recipe!r}) is not a recipe: pass one of {list(RECIPES)}.")
+        if fsdp_float8_all_gather and recipe != "tensorwise":
+            raise ConfigurationError(
+                f"Float8Precision(recipe={recipe!r}, fsdp_float8_all_gather=True) asks for torchao's float8 all-gather,"
+                " which supports only the tensorwise recipe: pass recipe='tensorwise', or leave the all-gather off."
+            )
         _require_torchao()
         super().__init__(f"fp8-{recipe}", device_type or "cpu")
         self._device_type_given = device_type is not None
@@ -69,10 +83,23 @@ class Float8Precision(MixedPrecision):
         self._autocast_dtype = autocast_dtype
         if autocast_dtype is not None:
             self._dtype = autocast_dtype
+        self._fsdp_float8_all_gather = fsdp_float8_all_gather
+        #: Whether `convert_module` turns torchao's float8 all-gather on (set by `connect_sharding`).
+        self.all_gathers_in_float8 = False
 
     def connect(self, autocast_device_type: str) -> None:
         if not self._device_type_given:
             self._device_type = autocast_device_type
+
+    def connect_sharding(self, fully_shards: bool | None) -> None:
+        asked = self._fsdp_float8_all_gather
+        if asked and fully_shards is False:
+            raise ConfigurationError(
+                "Float8Precision(fsdp_float8_all_gather=True) all-gathers FSDP2's weights, but this strategy never"
+                " shards them with fully_shard: choose strategy='fsdp' or 'model_parallel', or leave the all-gather off."
+            )
+        self.all_gathers_in_float8 = bool(asked) if asked is not None else (
+            fully_shards is True and self.recipe == "tensorwise")
 
     def forward_context(self) -> ContextManager[Any]:
         return nullcontext() if self._autocast_dtype is None else super().forward_context()
@@ -84,12 +111,14 @@ class Float8Precision(MixedPrecision):
         """Swap the selected `nn.Linear` layers for torchao's `Float8Linear` (in place)."""
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulated)
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulated,
+                                     enable_fsdp_float8_all_gather=self.all_gathers_in_float8)
         selects = self._module_filter_fn or default_module_filter(module)
         return convert_to_float8_training(module, config=config, module_filter_fn=selects)
 
     def __repr__(self) -> str:
-        return f"Float8Precision(recipe={self.recipe!r}, emulate={self.emulated!r})"
+        return (f"Float8Precision(recipe={self.recipe!r}, emulate={self.emulated!r},"
+                f" fsdp_float8_all_gather={self.all_gathers_in_float8!r})")
 
 
 def default_module_filter(model: nn.Module) -> ModuleFilter:

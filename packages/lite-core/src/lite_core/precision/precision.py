@@ -37,6 +37,10 @@ class Precision:
     def connect(self, autocast_device_type: str) -> None:
         """Called once the accelerator is known, with its `torch.autocast` device type."""
 
+    def connect_sharding(self, fully_shards: bool | None) -> None:
+        """Called once the strategy is known, with its `fully_shards_parameters` declaration
+        (whether it shards parameters with FSDP2's `fully_shard`; `None`: the user decides)."""
+
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast the module's parameters and buffers to this precision."""
         return module

@@ -63,6 +63,7 @@ class FSDPStrategy(DDPStrategy):
     routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
     routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
     stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes
+    fully_shards_parameters = True
 
     def __init__(self, auto_wrap_policy: set[type[nn.Module]] | None = None, cpu_offload: bool = False,
                  state_dict_type: str = "sharded", reshard_after_forward: bool | None = None,

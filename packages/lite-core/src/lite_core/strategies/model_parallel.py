@@ -106,6 +106,7 @@ class ModelParallelStrategy(FSDPStrategy):
     supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline the schedule ran the backward pass already
+    fully_shards_parameters = None  # if at all, in the user's parallelize_fn
 
     def __init__(self, parallelize_fn: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
                  data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",

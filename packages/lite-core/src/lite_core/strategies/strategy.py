@@ -109,6 +109,10 @@ class Strategy:
     #: pair of methods meets; a strategy that overrides `save_checkpoint` and not
     #: `stage_checkpoint` declares `False` (`why_no_background_save` then says so).
     stages_checkpoints: ClassVar[bool] = True
+    #: Whether the strategy shards parameters with FSDP2's `fully_shard`, so that a precision may
+    #: all-gather them in its own format (torchao's float8 all-gather): `True` always, `None` where
+    #: the user's own function decides (`model_parallel`'s `parallelize_fn`), `False` never.
+    fully_shards_parameters: ClassVar[bool | None] = False
     #: Modules the strategy imports when it runs, each with the command that installs it
     #: (`lite env` marks a strategy whose module is missing).
     requirements: ClassVar[dict[str, str]] = {}

@@ -64,7 +64,7 @@ class Models:
         self._claims.claim(model, "model")
         for optimizer in optimizers:
             self._claims.claim(optimizer, "optimizer")
-        model = _prepare_module(self._strategy, model, move_to_device)
+        model = _prepare_module(self._strategy, model, move_to_device, optimizers)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
         module = _wrap_module(self._strategy, self._set_up, forward_module, model, compile_options, loss_fn)
         if not optimizers:
@@ -149,9 +149,27 @@ def require_environment(strategy: Strategy, method: str) -> None:
     strategy.setup_environment()
 
 
-def _prepare_module(strategy: Strategy, model: nn.Module, move_to_device: bool) -> nn.Module:
+def _prepare_module(strategy: Strategy, model: nn.Module, move_to_device: bool,
+                    optimizers: tuple[Optimizer, ...] = ()) -> nn.Module:
+    before = dict(model.named_parameters())
     model = strategy.precision.convert_module(model)
+    _follow_replaced_parameters(before, model, optimizers)
     return strategy.module_to_device(model) if move_to_device else model
+
+
+def _follow_replaced_parameters(before: dict[str, nn.Parameter], model: nn.Module,
+                                optimizers: tuple[Optimizer, ...]) -> None:
+    """Give `optimizers` the parameters that the precision's conversion put in place of those they
+    held (torchao's float8 all-gather wraps each weight in a new `Parameter`), state included."""
+    replaced = {id(old): new for name, new in model.named_parameters()
+                if (old := before.get(name)) is not None and old is not new}
+    if not replaced:
+        return
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["params"][:] = [replaced.get(id(p), p) for p in group["params"]]
+        for old in [p for p in optimizer.state if id(p) in replaced]:
+            optimizer.state[replaced[id(old)]] = optimizer.state.pop(old)
 
 
 def _wrap_module(strategy: Strategy, models: list[LiteModule], forward_module: nn.Module, model: nn.Module,
