@@ -2,7 +2,8 @@
 shards itself over the data-parallel ranks, and Lite does not cut its shard again, so each sample
 goes to one data-parallel rank per epoch, under `ddp` on 2 and under `model_parallel` (data 2 x
 tensor 2: both ranks of a tensor-parallel group read the same samples); litdata's own
-`StreamingDataLoader`, saved mid-epoch on 2, resumes on 2 and on 3 with each sample once."""
+`StreamingDataLoader`, saved mid-epoch on 2, resumes on 2 and on 3, and saved on 4 resumes on 2,
+with each sample once."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ litdata = pytest.importorskip("litdata", reason="needs litdata (installed in the
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # a hang guard: a launch takes seconds
 
-SAMPLES = 48
+SAMPLES = 96
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "litdata_job.py"
 
 
@@ -43,18 +44,20 @@ def test_each_sample_goes_to_one_data_parallel_rank(run_script, output_of, data,
     assert sorted(read) == list(range(SAMPLES)), read  # each sample once: none cut away, none twice
 
 
-def test_its_own_loader_resumes_mid_epoch_on_as_many_processes_and_on_more(run_script, output_of,
-                                                                         data) -> None:  # type: ignore[no-untyped-def]
-    """litdata's `StreamingDataLoader`, set up by Lite and saved after 3 batches on 2 processes,
-    resumes from its own state (Lite loads rank 0's) on 2 and on 3: every sample once over the
-    epoch. (On 1 litdata refuses its own state: its loader drops the last batch only above one
-    process, and it checks that `drop_last` matches.)"""
-    first = run_script("litdata_job.py", "ddp", 2, data, "first", timeout=240)
+@pytest.mark.parametrize(("saved_on", "resumed_on"), [(2, (2, 3)), (4, (2,))])
+def test_its_own_loader_resumes_mid_epoch_on_as_many_processes_on_more_and_on_fewer(
+        run_script, output_of, data, saved_on, resumed_on) -> None:  # type: ignore[no-untyped-def]
+    """litdata's `StreamingDataLoader`, set up by Lite and saved after 3 batches on `saved_on`
+    processes, resumes from its own state (Lite loads rank 0's) on each of `resumed_on`: every
+    sample once over the epoch. (On 1 litdata refuses its own state: its loader drops the last
+    batch only above one process, and it checks that `drop_last` matches.)"""
+    first = run_script("litdata_job.py", "ddp", saved_on, data, "first", f"on{saved_on}", timeout=240)
     assert first.returncode == 0, output_of(first)
-    before = [i for rank in range(2) for i in json.loads((data / f"first-rank{rank}.json").read_text())]
-    assert len(before) == 2 * 3 * 4
-    for devices in (2, 3):
-        resumed = run_script("litdata_job.py", "ddp", devices, data, "resume", f"on{devices}", timeout=240)
+    before = [i for rank in range(saved_on) for i in json.loads((data / f"on{saved_on}-rank{rank}.json").read_text())]
+    assert len(before) == saved_on * 3 * 4
+    for devices in resumed_on:
+        tag = f"from{saved_on}on{devices}"
+        resumed = run_script("litdata_job.py", "ddp", devices, data, "resume", tag, f"on{saved_on}", timeout=240)
         assert resumed.returncode == 0, output_of(resumed)
-        after = [i for rank in range(devices) for i in json.loads((data / f"on{devices}-rank{rank}.json").read_text())]
+        after = [i for rank in range(devices) for i in json.loads((data / f"{tag}-rank{rank}.json").read_text())]
         assert sorted(before + after) == list(range(SAMPLES)), (devices, sorted(before), sorted(after))

@@ -2,14 +2,15 @@
 
     python litdata_job.py optimize SAMPLES OUT_DIR              (writes OUT_DIR/data first)
     python litdata_job.py STRATEGY DEVICES OUT_DIR read
-    python litdata_job.py STRATEGY DEVICES OUT_DIR first|resume TAG
+    python litdata_job.py STRATEGY DEVICES OUT_DIR first TAG
+    python litdata_job.py STRATEGY DEVICES OUT_DIR resume TAG FROM_TAG
 
 `read`: one epoch of `OUT_DIR/data` (items `{"id": i}`) through
 `setup_dataloaders(DataLoader(StreamingDataset(...), batch_size=4))`, the dataset made inside
 `run()` as a user makes it; each rank writes the ids it was given to `OUT_DIR/read-rank<r>.json`.
-`first`: the same through litdata's own `StreamingDataLoader`, 3 batches, then `save` of the
-loader to `OUT_DIR/ckpt` (ids to `first-rank<r>.json`); `resume TAG`: `load` of that checkpoint,
-then the rest of the epoch (ids to `TAG-rank<r>.json`).
+`first TAG`: the same through litdata's own `StreamingDataLoader`, 3 batches, then `save` of the
+loader to `OUT_DIR/ckpt-TAG` (ids to `TAG-rank<r>.json`); `resume TAG FROM_TAG`: `load` of the
+checkpoint `first FROM_TAG` saved, then the rest of the epoch (ids to `TAG-rank<r>.json`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lite_core import LightningLite
 
 
 class Read(LightningLite):
-    def run(self, out: Path, mode: str, tag: str) -> None:
+    def run(self, out: Path, mode: str, tag: str, source: str = "") -> None:
         from litdata import StreamingDataLoader, StreamingDataset
 
         dataset = StreamingDataset(f"local:{out / 'data'}")
@@ -35,10 +36,10 @@ class Read(LightningLite):
             loader = self.setup_dataloaders(StreamingDataLoader(dataset, batch_size=4))
             batches = iter(loader)
             ids = [int(i) for _ in range(3) for i in next(batches)["id"]]
-            self.save({"loader": loader}, out / "ckpt")
+            self.save({"loader": loader}, out / f"ckpt-{tag}")
         else:
             loader = self.setup_dataloaders(StreamingDataLoader(dataset, batch_size=4))
-            self.load(out / "ckpt", {"loader": loader})
+            self.load(out / f"ckpt-{source}", {"loader": loader})
             ids = [int(i) for batch in loader for i in batch["id"]]
         (out / f"{tag}-rank{self.global_rank}.json").write_text(json.dumps(ids))
 
@@ -64,4 +65,4 @@ if __name__ == "__main__" and sys.argv[1] == "optimize":
 elif __name__ == "__main__":
     mode = sys.argv[4]
     Read(accelerator="cpu", strategy=strategy(sys.argv[1]), devices=int(sys.argv[2])).run(
-        Path(sys.argv[3]), mode, sys.argv[5] if mode == "resume" else mode)
+        Path(sys.argv[3]), mode, sys.argv[5] if len(sys.argv) > 5 else mode, *sys.argv[6:7])
