@@ -265,7 +265,7 @@ def bench_loader_position(ctx: Context) -> list[Row]:
     reach a position 90% into a 1M-sample epoch with `num_workers=2` (first batch included)."""
     out = ctx.workdir / "position.json"
     quick = ctx.config.name == "quick"
-    command = [ctx.python, str(HERE / "_position_worker.py"), "--out", str(out), "--reps", "10" if quick else "30",
+    command = [ctx.python, str(HERE / "_position_worker.py"), "--out", str(out), "--reps", "10" if quick else "100",
                "--resume-reps", "2" if quick else "5"]
     run_child(command, ctx.config.step_timeout_s, child_env(1))
     result = json.loads(out.read_text())

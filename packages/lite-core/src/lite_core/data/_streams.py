@@ -129,10 +129,13 @@ class GlobalStream(ForwardsEpoch, IterableDataset):
         # Read once per pass: a worker's copy (persistent workers keep theirs) must not skip again.
         skip, self.skip = self.skip, 0
         stream = _from(self.source, skip)
-        rounds: Iterator[list[Any]] = self._rounds(stream)
         info = get_worker_info()
-        if info is not None and info.num_workers > 1:
-            rounds = itertools.islice(rounds, info.id, None, info.num_workers)  # this worker's rounds
+        workers = 1 if info is None else info.num_workers
+        if self.dp_size == 1 and workers == 1:
+            return stream  # one rank's round is its batch, which the loader makes: nothing to cut
+        rounds: Iterator[list[Any]] = self._rounds(stream)
+        if info is not None and workers > 1:
+            rounds = itertools.islice(rounds, info.id, None, workers)  # this worker's rounds
         # Python runs once per round, never per sample: the samples come out of C iterators.
         return itertools.chain.from_iterable(map(self._part_of, rounds))
 
