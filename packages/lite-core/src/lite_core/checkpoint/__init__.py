@@ -6,8 +6,11 @@ and process count:
 - **full**: one file written by `torch.save` (every strategy except `fsdp` by default, and
   `FSDPStrategy(state_dict_type="full")`). Modules are stored as their `state_dict()`.
 - **sharded**: a directory written by `strategy="fsdp"`: the modules' and optimizers' tensors in
-  torch distributed checkpoint format (one file per process plus `.metadata`), and the other
-  values of the content in `lite_extra.pt`.
+  torch distributed checkpoint format (one file per process plus `.metadata`), with every other
+  value of the content that holds a `DTensor` (a dict or list of the user's own, such as an
+  average of the sharded parameters), and the remaining values in `lite_extra.pt`. At `load`,
+  such a value is read into the tensors the content passes for it: the same `DTensor`s in place,
+  or whole tensors under another strategy.
 
 Optimizer state saved by `fsdp` is keyed by parameter name (`"layer.weight"`) rather than by
 position, so that it can be matched to parameters under any strategy.

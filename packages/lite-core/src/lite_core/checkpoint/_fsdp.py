@@ -47,6 +47,31 @@ def _split(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return objects, {k: v for k, v in content.items() if k not in objects}
 
 
+def _holds_dtensor(value: Any) -> bool:
+    """Whether `value` is a `DTensor` or a dict or list that holds one (at any depth): a value of
+    the user's own that is sharded like the model (an average of its parameters), which only
+    torch distributed checkpoint writes and reads whole."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_dtensor(each) for each in value.values())
+    if isinstance(value, list):
+        return any(_holds_dtensor(each) for each in value)
+    return False
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(each) for each in value.values())
+    if isinstance(value, list):
+        return any(_holds_tensor(each) for each in value)
+    return False
+
+
 def _options(full: bool, strict: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -176,10 +201,12 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
 
 
 def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """(the modules' and optimizers' sharded state, the other values, the staging directory)."""
+    """(the sharded state of the modules, the optimizers and the values that hold `DTensor`s, the
+    other values, the staging directory)."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
-    extra = _extra(strategy, plain)
+    state.update({key: value for key, value in plain.items() if _holds_dtensor(value)})
+    extra = _extra(strategy, {key: value for key, value in plain.items() if key not in state})
     if is_url(path):  # written in place, `.metadata` last (see `lite_core.checkpoint._store`)
         on_rank_zero(strategy, path, lambda: _start_at_url(strategy, path, extra))
         return state, extra, path
@@ -242,7 +269,7 @@ def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, s
         return read_checkpoint(path, strategy.checkpoint_io, weights_only)
     objects, plain = _split(state)
     if sharded:
-        content = _load_sharded(strategy, path, objects, strict, weights_only)
+        content = _load_sharded(strategy, path, objects, strict, weights_only, plain)
     else:
         content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
         _check_keys(objects, content, strict)
@@ -255,7 +282,7 @@ def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, s
 
 
 def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any], strict: bool,
-                  weights_only: bool) -> dict[str, Any]:
+                  weights_only: bool, plain: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.api import CheckpointException
@@ -269,14 +296,20 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
         _check_sharded_keys(strategy, objects, targets, saved)
+    # The user's values saved through torch distributed checkpoint (they held `DTensor`s), read into
+    # the tensors the user passes for them: shards of the same layout, or whole tensors.
+    values = {key: value for key, value in plain.items()
+              if key in top_level and key not in content and _holds_tensor(value)}
+    targets.update(values)
     try:
         dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=not strict))
     except CheckpointException as err:  # a BaseException
         cause = first_failure(err)[1]
         raise CheckpointError(f"Reading the sharded checkpoint '{path}' failed with {_describe(cause)}: point load()"
                               " at a complete checkpoint that this process may read.") from None
-    for key, value in targets.items():
-        _load_into(strategy, objects[key], value, full=False, strict=strict)
+    for key, obj in objects.items():
+        if key in targets:
+            _load_into(strategy, obj, targets[key], full=False, strict=strict)
     return {**content, **targets}
 
 
