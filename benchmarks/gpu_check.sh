@@ -17,14 +17,18 @@
 #      importable; without either, or below compute capability 8.9, it is skipped and says so;
 #   6. context parallelism: ModelParallelStrategy(context_parallel_size=2) over NCCL on 2 GPUs, a
 #      causal transformer on torch's ring attention against one plain process on whole sequences
-#      (benchmarks/gpu_context_parallel.py); with fewer than 2 GPUs it is skipped and says why.
+#      (benchmarks/gpu_context_parallel.py); with fewer than 2 GPUs it is skipped and says why;
+#   7. the paths not yet run on a GPU (benchmarks/gpu_paths.py): a background save of CUDA tensors,
+#      fsdp with a compiled model (the set-up model is the user's), a 2-stage pipeline on NCCL
+#      (skipped below 2 GPUs), ddp_ft (skipped: needs a GPU per replica group).
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
 # deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json, fp8.txt,
-# gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json and summary.txt.
+# gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json, paths.txt, gpu_paths.json and
+# summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -119,6 +123,11 @@ timeout -k 5 90 "$PY" benchmarks/gpu_context_parallel.py --out "$RESULTS/gpu_con
 CP_RC=$?
 grep -E "^context parallel|Error" "$RESULTS/context_parallel.txt" | tail -n 10
 
+echo "== paths not yet run on a GPU (at most 240 s)"
+timeout -k 5 240 "$PY" benchmarks/gpu_paths.py --device "$DEVICE" --out "$RESULTS/gpu_paths.json" > "$RESULTS/paths.txt" 2>&1
+PATHS_RC=$?
+grep -E "^gpu paths|Error" "$RESULTS/paths.txt" | tail -n 10
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
@@ -127,6 +136,7 @@ grep -E "^context parallel|Error" "$RESULTS/context_parallel.txt" | tail -n 10
   echo "model parallel: exit $MP_RC ($(grep -E '^model parallel' "$RESULTS/model_parallel.txt" | tail -n 1))"
   echo "fp8: exit $FP8_RC ($(grep -E '^\| fp8 / bf16|^fp8: skipped|^== FP8: skipped' "$RESULTS/fp8.txt" | tail -n 1))"
   echo "context parallel: exit $CP_RC ($(grep -E '^context parallel' "$RESULTS/context_parallel.txt" | tail -n 1))"
+  echo "gpu paths: exit $PATHS_RC ($(grep -cE '^gpu paths .*: ok' "$RESULTS/paths.txt") ok, $(grep -cE '^gpu paths .*: skipped' "$RESULTS/paths.txt") skipped)"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ] && [ "$PATHS_RC" -eq 0 ]

@@ -1,0 +1,168 @@
+"""The GPU check's paths that have not run on a GPU before, each against plain PyTorch:
+
+- `background save`: `save(..., blocking=False)` of a model on the device, the loop going on at
+  once: the file holds the weights of the moment of the call, bitwise (the copy to host memory
+  must finish before the next step changes them);
+- `fsdp compiled`: `strategy="fsdp"` on one device with a `torch.compile`d model: the set-up model
+  is the user's (class, `state_dict()` keys) and trains as the same compiled model by hand;
+- `pipeline`: `ModelParallelStrategy(pipeline_parallel_size=2)` on 2 devices (NCCL on GPUs) against
+  one plain process; skipped, with the reason, below 2 GPUs;
+- `ddp_ft`: skipped with the reason (torchft's replica groups need a GPU each and a lighthouse).
+
+    python benchmarks/gpu_paths.py --out RESULTS/gpu_paths.json            # on a GPU
+    python benchmarks/gpu_paths.py --device cpu --out /tmp/gpu_paths.json  # the script itself, on a CPU
+
+On a CPU the model is compiled with the `eager` backend (the compile wrapper without inductor's
+minutes of C++ builds) and the pipeline runs on 2 gloo processes. Exits 1 when a path differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+WIDTH, STEPS, LR = 64, 3, 0.05
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH), nn.GELU(),
+                         nn.Linear(WIDTH, WIDTH))
+
+
+def batches(device: torch.device, count: int = STEPS, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(size, WIDTH, generator=generator).to(device),
+             torch.randn(size, WIDTH, generator=generator).to(device)) for _ in range(count)]
+
+
+def accelerator(device: torch.device) -> dict[str, object]:
+    return {"accelerator": "cuda", "devices": [device.index or 0]} if device.type == "cuda" else {"accelerator": "cpu"}
+
+
+def background_save(device: torch.device) -> dict[str, object]:
+    from lite_core import LightningLite
+
+    lite = LightningLite(**accelerator(device))
+    model = make_model()
+    model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+    data = batches(device, 2 * STEPS)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        for step, (x, y) in enumerate(data):
+            optimizer.zero_grad()
+            lite.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            if step == STEPS - 1:
+                at_save = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+                lite.save({"model": model}, path, blocking=False)  # the next steps change the weights at once
+        lite.wait_for_checkpoint()
+        written = torch.load(path, weights_only=True)["model"]
+    moved_on = any(not torch.equal(v.detach().cpu(), at_save[k]) for k, v in model.state_dict().items())
+    worst = max((written[k] - at_save[k]).abs().max().item() for k in at_save)
+    return {"ok": worst == 0.0 and moved_on, "max_difference": worst, "weights_moved_on": moved_on}
+
+
+def fsdp_compiled(device: torch.device) -> dict[str, object]:
+    from lite_core import LightningLite
+
+    backend = "inductor" if device.type == "cuda" else "eager"
+    plain = make_model().to(device)
+    reference = torch.compile(copy.deepcopy(plain), backend=backend)
+    plain_optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
+    lite = LightningLite(strategy="fsdp", **accelerator(device))
+    lite.launch()  # one process: its process group
+    model, optimizer = lite.setup(torch.compile(plain, backend=backend), torch.optim.SGD(plain.parameters(), lr=LR))
+    for x, y in batches(device):
+        for net, opt, backward in ((model, optimizer, lite.backward), (reference, plain_optimizer, torch.Tensor.backward)):
+            opt.zero_grad()
+            backward(nn.functional.mse_loss(net(x), y))
+            opt.step()
+    expected = {k: v.detach().cpu() for k, v in reference._orig_mod.state_dict().items()}
+    got = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in model.state_dict().items()}
+    same_class = isinstance(model, nn.Sequential)
+    worst = max((got[k] - expected[k]).abs().max().item() for k in expected) if got.keys() == expected.keys() else None
+    ok = same_class and worst is not None and worst < 1e-5
+    return {"ok": ok, "max_difference": worst, "users_class": same_class, "keys_equal": got.keys() == expected.keys()}
+
+
+def pipeline(device: torch.device) -> dict[str, object]:
+    """In a job of its own (`--pipeline`: this script again, whose first process starts the second)."""
+    if device.type == "cuda" and torch.cuda.device_count() < 2:
+        return {"ok": True, "skipped": f"a 2-stage pipeline needs 2 GPUs and this machine has {torch.cuda.device_count()}"}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "pipeline.json"
+        proc = subprocess.run([sys.executable, __file__, "--device", device.type, "--out", str(out), "--pipeline"],
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode:
+            return {"ok": False, "error": proc.stderr[-2000:]}
+        return json.loads(out.read_text())
+
+
+def pipeline_job(device: torch.device) -> dict[str, object] | None:
+    """The pipeline's 2 processes (`None` on the second)."""
+    from lite_core import LightningLite
+    from lite_core.strategies import ModelParallelStrategy
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output, target)
+
+    strategy = ModelParallelStrategy(None, pipeline_parallel_size=2, microbatches=2, pipeline_schedule="GPipe",
+                                     split_points=["2"], loss_fn=loss_fn)
+    lite = LightningLite(accelerator=device.type, devices=2, strategy=strategy)
+    lite.launch()
+    model = make_model()
+    model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+    for x, y in batches(torch.device("cpu")):
+        optimizer.zero_grad()
+        lite.backward(model(x, target=y))
+        optimizer.step()
+    full = lite._strategy.full_module_state_dict(model)
+    if not lite.is_global_zero:
+        return None
+    reference = make_model()
+    plain_optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
+    for x, y in batches(torch.device("cpu")):
+        plain_optimizer.zero_grad()
+        loss_fn(reference(x), y).backward()
+        plain_optimizer.step()
+    worst = max((full[k].cpu() - v).abs().max().item() for k, v in reference.state_dict().items())
+    return {"ok": worst < 1e-5, "max_difference": worst}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.pipeline:
+        result = pipeline_job(device)
+        if result is not None:
+            Path(args.out).write_text(json.dumps(result))
+        return 0
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # both sides in true float32
+        torch.backends.cudnn.allow_tf32 = False
+    results = {"background save": background_save(device), "fsdp compiled": fsdp_compiled(device),
+               "ddp_ft": {"ok": True, "skipped": "torchft's replica groups need a GPU each, and the lighthouse and"
+                                                 " torchft wheels carried to the machine"}}
+    results["pipeline"] = pipeline(device)  # last: it starts a second process
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    for name, result in results.items():
+        verdict = f"skipped, {result['skipped']}" if "skipped" in result else ("ok" if result["ok"] else "MISMATCH")
+        print(f"gpu paths {name}: {verdict} {json.dumps({k: v for k, v in result.items() if k not in ('ok', 'skipped')})}")
+    return 0 if all(result["ok"] for result in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
