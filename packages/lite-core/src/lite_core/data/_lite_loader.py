@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lite_core.data._sharding import EvaluationPass, EvaluationSampler, EvenBatches
@@ -101,7 +102,10 @@ class LiteDataLoader(DataLoader):
             device = self._strategy.root_device
             for batch in self._strategy.process_dataloader(dataloader):
                 position.taken += 1
-                yield batch if already_on(batch, device) else move_to_device(batch, device)
+                if type(batch) is Tensor and batch.device == device:  # the common case, without a call
+                    yield batch
+                else:
+                    yield batch if already_on(batch, device) else move_to_device(batch, device)
         position.end_epoch()
 
     def __getattr__(self, name: str) -> Any:
