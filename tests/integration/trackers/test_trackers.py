@@ -69,6 +69,8 @@ class Server:
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as response:
                     if response.status == 200:
+                        # the server that answers is the one just started, not one left on the port
+                        assert self.proc.poll() is None, (self.folder / "server.log").read_text()
                         return
             except OSError:
                 assert self.proc.poll() is None, (self.folder / "server.log").read_text()
@@ -76,9 +78,18 @@ class Server:
         raise AssertionError(f"mlflow server did not answer: {(self.folder / 'server.log').read_text()}")
 
     def stop(self) -> None:
+        """Kill the server's whole process group (its uvicorn and job workers too) and wait until
+        every process of it is gone, so that nothing answers on the port afterwards."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        deadline = time.monotonic() + 60  # a hang guard: the group is gone within milliseconds
+        while self.proc is not None and time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
