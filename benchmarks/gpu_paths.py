@@ -103,7 +103,7 @@ def pipeline(device: torch.device) -> dict[str, object]:
         proc = subprocess.run([sys.executable, __file__, "--device", device.type, "--out", str(out), "--pipeline"],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode:
-            return {"ok": False, "error": proc.stderr[-2000:]}
+            return {"ok": False, "error": (proc.stdout + proc.stderr)[-6000:]}
         return json.loads(out.read_text())
 
 

@@ -93,11 +93,13 @@ def test_mixed_precision_trains_on_a_gpu(precision: str, tmp_path: Path) -> None
     model, x, y = _model_and_data()
     wrapped, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
     seen = {}
+    # a forward hook sees the module's own output, computed under autocast, as in plain PyTorch
     wrapped.register_forward_hook(lambda m, i, out: seen.update(dtype=out.dtype))
     losses = _train(wrapped, optimizer, _batches(x, y, 40), lite.device, lite.backward)
 
     assert model[0].weight.dtype == torch.float32
-    assert seen["dtype"] == torch.float32  # outputs come back in float32
+    assert seen["dtype"] == (torch.float16 if precision == "16-mixed" else torch.bfloat16)
+    assert wrapped(x[:4].to(lite.device)).dtype == torch.float32  # what the caller gets back
     assert sum(losses[-4:]) < sum(losses[:4])  # each sum covers the same four batches
     scaler = lite.strategy.precision.scaler  # type: ignore[attr-defined]
     assert (scaler is not None) == (precision == "16-mixed")

@@ -77,7 +77,7 @@ def test_zero3_bf16_on_a_gpu_leaves_run_plain_and_trains_foreach_adamw():
             initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
             model, optimizer = self.setup(model, torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True))
             for _ in range(3):
-                loss = model(torch.randn(4, 8, generator=generator)).pow(2).mean()
+                loss = model(self.to_device(torch.randn(4, 8, generator=generator))).pow(2).mean()
                 self.backward(loss, model=model)
                 optimizer.step()
                 optimizer.zero_grad()

@@ -100,8 +100,15 @@ class PipelineForward:
         schedule = self._schedule(with_loss)
         losses: list[torch.Tensor] = []
         run = schedule.step if training else schedule.eval
+        # The batch goes to the first stage and the target to the last, as torch's schedules take
+        # them (torch 2.11 refuses input args on any other stage; 2.13 ignores them).
+        if not any(stage.is_first for stage in self._stages):
+            args, kwargs = (), {}
         if with_loss:
-            run(*args, target=target, losses=losses, **kwargs)
+            if self.holds_last_stage:
+                run(*args, target=target, losses=losses, **kwargs)
+            else:
+                run(*args, **kwargs)
             loss = self._broadcast_loss(losses)
             if training:
                 self.last_loss = loss
