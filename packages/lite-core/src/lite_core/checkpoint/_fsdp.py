@@ -47,28 +47,16 @@ def _split(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return objects, {k: v for k, v in content.items() if k not in objects}
 
 
-def _holds_dtensor(value: Any) -> bool:
-    """Whether `value` is a `DTensor` or a dict or list that holds one (at any depth): a value of
-    the user's own that is sharded like the model (an average of its parameters), which only
-    torch distributed checkpoint writes and reads whole."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
+def _holds(value: Any, kind: type) -> bool:
+    """Whether `value` is a `kind` (a `DTensor`, a `Tensor`) or a dict or list that holds one, at
+    any depth. A value of the user's own that holds a `DTensor` is sharded like the model (an
+    average of its parameters): only torch distributed checkpoint writes and reads it whole."""
+    if isinstance(value, kind):
         return True
     if isinstance(value, dict):
-        return any(_holds_dtensor(each) for each in value.values())
+        return any(_holds(each, kind) for each in value.values())
     if isinstance(value, list):
-        return any(_holds_dtensor(each) for each in value)
-    return False
-
-
-def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, Tensor):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_tensor(each) for each in value.values())
-    if isinstance(value, list):
-        return any(_holds_tensor(each) for each in value)
+        return any(_holds(each, kind) for each in value)
     return False
 
 
@@ -203,9 +191,11 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
 def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(the sharded state of the modules, the optimizers and the values that hold `DTensor`s, the
     other values, the staging directory)."""
+    from torch.distributed.tensor import DTensor
+
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
-    state.update({key: value for key, value in plain.items() if _holds_dtensor(value)})
+    state.update({key: value for key, value in plain.items() if _holds(value, DTensor)})
     extra = _extra(strategy, {key: value for key, value in plain.items() if key not in state})
     if is_url(path):  # written in place, `.metadata` last (see `lite_core.checkpoint._store`)
         on_rank_zero(strategy, path, lambda: _start_at_url(strategy, path, extra))
@@ -299,7 +289,7 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     # The user's values saved through torch distributed checkpoint (they held `DTensor`s), read into
     # the tensors the user passes for them: shards of the same layout, or whole tensors.
     values = {key: value for key, value in plain.items()
-              if key in top_level and key not in content and _holds_tensor(value)}
+              if key in top_level and key not in content and _holds(value, Tensor)}
     targets.update(values)
     try:
         dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=not strict))
