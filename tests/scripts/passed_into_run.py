@@ -11,7 +11,6 @@ Writes `OUT_DIR/{reference,ddp_spawn,ddp_fork}.pt` (rank 0's final weights) and
 from __future__ import annotations
 
 import copy
-import socket
 import sys
 from pathlib import Path
 
@@ -47,9 +46,10 @@ class Train(LightningLite):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def reference_rank(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor, port: str, out: str) -> None:
+def reference_rank(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor, store: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # a file store: a port drawn here could be taken by another process before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     model = DistributedDataParallel(copy.deepcopy(model))  # each rank its own copy
     train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, x, y, lambda loss: loss.backward())
     if rank == 0:
@@ -65,10 +65,8 @@ if __name__ == "__main__":
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     x, y = torch.randn(2 * STEPS * 8, 8), torch.randn(2 * STEPS * 8, 1)
     initial = copy.deepcopy(model.state_dict())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    mp.spawn(reference_rank, args=(model, x, y, port, str(out_dir / "reference.pt")), nprocs=2)
+    store = str(out_dir / "reference-store")
+    mp.spawn(reference_rank, args=(model, x, y, store, str(out_dir / "reference.pt")), nprocs=2)
     for strategy in ("ddp_spawn", "ddp_fork"):
         weights = Train(accelerator="cpu", strategy=strategy, devices=2).run(model, x, y)
         torch.save(weights, out_dir / f"{strategy}.pt")

@@ -78,10 +78,11 @@ def _hold(out: Path, group: int, at_step: int) -> None:
 
 
 def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
-                      ready_to_kill: Callable[[], bool] | None = None) -> None:
+                      ready_to_kill: Callable[[], bool] | None = None) -> int:
     """Both groups run; `victim` is SIGKILLed after its step 5 and started again while the survivor
     goes on alone for three steps and then waits for it. With `ready_to_kill`, the victim waits
-    after its step 5 until `ready_to_kill()` holds, and is killed there."""
+    after its step 5 until `ready_to_kill()` holds, and is killed there. Returns the step the
+    survivor waited at."""
     survivor = 1 - victim
     logs = [out / "group-0.log", out / "group-1.log"]
     (out / "gate").touch()
@@ -116,6 +117,7 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
     second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].pid]
     assert second_life and second_life[0] > held_at, f"group {victim} did not resume at its peer's step: {second_life}"
     assert second_life[-1] == _records(out, survivor)[-1][0]
+    return held_at
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -194,7 +196,7 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
     (the first of the quorum: group 0) uploads each checkpoint, not every group (under `fsdp_ft`,
     whose groups write sharded checkpoints in place, two writers would delete each other's shards)."""
     caplog.set_level(logging.INFO, logger="werkzeug")  # the S3 server's requests (it runs in this process)
-    _kill_and_restart(lighthouse, tmp_path, f"{mode} bucket={s3_bucket}/ft")
+    held_at = _kill_and_restart(lighthouse, tmp_path, f"{mode} bucket={s3_bucket}/ft")
     if "fsdp" not in mode:
         # each one-file upload goes first to `.step-N.HOST-PID.XXXXXXXX.tmp`, named by its writer
         uploads = [re.search(r"PUT /[^/]+/ft/\.step-(\d+)\.\S+-(\d+)\.[0-9a-f]+\.tmp ", record.getMessage())
@@ -205,10 +207,15 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
         assert len([found for found in uploads if found]) == STEPS, "a checkpoint was uploaded twice"
     victim_pid = max((p for p in tmp_path.glob("resumed-1-*")), key=lambda p: p.stat().st_mtime).name.split("-")[2]
     first_life = [step for step, pid, _ in _records(tmp_path, 1) if pid != int(victim_pid)]
-    held_at = [step for step, pid, _ in _records(tmp_path, 1) if pid == int(victim_pid)][0] - 1
     assert first_life[-1] < held_at  # the group was down while the survivor went on
-    assert (tmp_path / f"resumed-1-{victim_pid}").read_text() == f"step-{held_at}"
-    assert (tmp_path / "heals-1").read_text() == "0"  # its state came from the bucket, not from group 0
+    # its state came from the bucket, not from group 0: it loaded the survivor's checkpoint of the
+    # step the survivor waits at, and so stood at that step before its first quorum. It then needs
+    # no heal, unless a step of its second life fails (on a loaded machine, as one did in CI): the
+    # survivor commits that step alone, and torchft rightly heals the group, which skips a step.
+    assert (tmp_path / f"resumed-1-{victim_pid}").read_text() == f"step-{held_at} {held_at}"
+    second_life = [step for step, pid, _ in _records(tmp_path, 1) if pid == int(victim_pid)]
+    if second_life == list(range(held_at + 1, STEPS + 1)):  # no step of its second life failed
+        assert (tmp_path / "heals-1").read_text() == "0"
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
     assert all(torch.equal(first[name], second[name]) for name in first)
     plain_run(tmp_path)

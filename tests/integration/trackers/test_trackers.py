@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ os.environ["TRACKIO_DIR"] = str(TRACKIO_DIR)
 trackio = pytest.importorskip("trackio", reason="needs lite-core[trackio]: these tests run in the test-trackers environment")
 from trackio.sqlite_storage import SQLiteStorage  # noqa: E402
 
+from conftest import free_port  # noqa: E402  (the repository's conftest.py)
 from lite_core import LightningLite, MLflowLogger, TrackioLogger, WandbLogger  # noqa: E402
 from lite_core.errors import MisuseError  # noqa: E402
 
@@ -40,12 +40,6 @@ pytestmark = [pytest.mark.trackers, pytest.mark.timeout(600)]
 
 LITE_RUN = [sys.executable, "-m", "lite_core.cli", "run", "--accelerator", "cpu"]
 STEPS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Server:

@@ -16,7 +16,8 @@ committed step to a `CSVLogger` in `OUT_DIR/rows/group-<group>/version_<life>/me
 step, the loss and the id of the group that logged it. With `bucket=URL` (an `s3://` prefix), the loop
 resumes at its top from the latest complete checkpoint under URL (`lite_core.checkpoint.latest`) and
 saves `URL/step-<step>` after each committed step, before recording it; a group writes the name of
-the checkpoint it resumed from (or nothing) to `OUT_DIR/resumed-<group>-<pid>`, and at the end the
+the checkpoint it resumed from (or nothing) and its step after loading it to
+`OUT_DIR/resumed-<group>-<pid>` ("step-7 7"), and at the end the
 number of times it healed from a peer to `OUT_DIR/heals-<group>`. With `shuffle`, the training loader is the user's shuffled one
 (`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way;
 with `stream`, the same rows come from a stream (`RowStream`: an `IterableDataset` with a shuffle
@@ -135,7 +136,8 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
                 if resumed_from is not None:
                     self.load(resumed_from, state)
                 if self.global_rank == 0:
-                    (out / f"resumed-{group}-{os.getpid()}").write_text(os.path.basename(resumed_from or ""))
+                    name = os.path.basename(resumed_from or "")
+                    (out / f"resumed-{group}-{os.getpid()}").write_text(f"{name} {self.strategy.step}")
             (out / f"ready-{group}-{os.getpid()}").touch()
             while (out / "gate").exists():  # the test opens it once every group is ready (see test_heal.py)
                 time.sleep(0.05)
