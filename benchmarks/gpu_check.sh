@@ -19,8 +19,9 @@
 #      causal transformer on torch's ring attention against one plain process on whole sequences
 #      (benchmarks/gpu_context_parallel.py); with fewer than 2 GPUs it is skipped and says why;
 #   7. the paths not yet run on a GPU (benchmarks/gpu_paths.py): a background save of CUDA tensors,
-#      fsdp with a compiled model (the set-up model is the user's), a 2-stage pipeline on NCCL
-#      (skipped below 2 GPUs), ddp_ft (skipped: needs a GPU per replica group).
+#      fsdp with a compiled model (the set-up model is the user's), ddp_ft with two replica groups
+#      sharing the GPU over torchft's NCCL process group (skipped without the torchft wheels in
+#      $DS_WHEELS), a 2-stage pipeline on NCCL (skipped below 2 GPUs).
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
@@ -44,14 +45,14 @@ mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 
 DS_WHEELS=${DS_WHEELS:-.whl}
-if ! "$PY" -c "import deepspeed, torchao" 2>/dev/null && ls "$DS_WHEELS"/*.whl >/dev/null 2>&1; then
+if ! "$PY" -c "import deepspeed, torchao, torchft" 2>/dev/null && ls "$DS_WHEELS"/*.whl >/dev/null 2>&1; then
   eval "$(bash benchmarks/install_wheels.sh "$DS_WHEELS" /tmp/lite_ds_site)" || exit 3
 fi
-if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda'); m.distribution('lite-deepspeed')" 2>/dev/null; then
+if ! "$PY" -c "import importlib.metadata as m; m.distribution('lite-core'); m.distribution('lite-cuda'); m.distribution('lite-deepspeed'); m.distribution('lite-torchft')" 2>/dev/null; then
   SITE=$(mktemp -d)
   trap 'rm -rf "$SITE"' EXIT
-  "$PY" benchmarks/_dev_site.py "$SITE" packages/lite-core packages/lite-cuda packages/lite-deepspeed >/dev/null || exit 3
-  export PYTHONPATH="$SITE:$PWD/packages/lite-core/src:$PWD/packages/lite-cuda/src:$PWD/packages/lite-deepspeed/src${PYTHONPATH:+:$PYTHONPATH}"
+  "$PY" benchmarks/_dev_site.py "$SITE" packages/lite-core packages/lite-cuda packages/lite-deepspeed packages/lite-torchft >/dev/null || exit 3
+  export PYTHONPATH="$SITE:$PWD/packages/lite-core/src:$PWD/packages/lite-cuda/src:$PWD/packages/lite-deepspeed/src:$PWD/packages/lite-torchft/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 {

@@ -7,7 +7,12 @@
   is the user's (class, `state_dict()` keys) and trains as the same compiled model by hand;
 - `pipeline`: `ModelParallelStrategy(pipeline_parallel_size=2)` on 2 devices (NCCL on GPUs) against
   one plain process; skipped, with the reason, below 2 GPUs;
-- `ddp_ft`: skipped with the reason (torchft's replica groups need a GPU each and a lighthouse).
+- `ddp_ft`: two replica groups of one process each under `strategy="ddp_ft"` (a torchft
+  lighthouse in this process), with `setup_dataloaders(..., split_batches=True)`, against one plain
+  process on the whole batches. On a GPU both groups share device 0 and meet over torchft's NCCL
+  process group; each has its own `NCCL_HOSTID`, so NCCL takes them for two hosts (as torchft's
+  examples do where groups share GPUs) instead of refusing a GPU used twice. Skipped, with the
+  reason, where torchft or lite-torchft is not importable (carry their wheels: install_wheels.sh).
 
     python benchmarks/gpu_paths.py --out RESULTS/gpu_paths.json            # on a GPU
     python benchmarks/gpu_paths.py --device cpu --out /tmp/gpu_paths.json  # the script itself, on a CPU
@@ -21,6 +26,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -138,25 +145,88 @@ def pipeline_job(device: torch.device) -> dict[str, object] | None:
     return {"ok": worst < 1e-5, "max_difference": worst}
 
 
+def ddp_ft(device: torch.device) -> dict[str, object]:
+    """Two replica groups, each this script again (`--ddp-ft`), and one plain process here."""
+    try:
+        import lite_torchft  # noqa: F401
+        from torchft._torchft import LighthouseServer
+    except ImportError as err:
+        return {"ok": True, "skipped": f"{err.name} is not importable (carry the torchft wheels, see install_wheels.sh)"}
+    # both groups must be in every quorum: a group that asked first would otherwise step alone
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=60000, heartbeat_timeout_ms=5000)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            procs = [_start_group(group, device, lighthouse.address().rsplit(":", 1)[1], Path(folder)) for group in (0, 1)]
+            outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+            if any(proc.returncode for proc in procs):
+                return {"ok": False, "error": "\n".join(output[-3000:] for output in outputs)}
+            groups = [torch.load(Path(folder) / f"group-{group}.pt", weights_only=True) for group in (0, 1)]
+    finally:
+        lighthouse.shutdown()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for x, y in batches(torch.device("cpu")):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    worst = max((weights[k] - v).abs().max().item() for weights in groups for k, v in model.state_dict().items())
+    agree = all(torch.equal(groups[0][k], groups[1][k]) for k in groups[0])
+    return {"ok": worst < 1e-5 and agree, "max_difference": worst, "groups_bitwise_equal": agree}
+
+
+def _start_group(group: int, device: torch.device, lighthouse_port: str, folder: Path) -> subprocess.Popen[str]:
+    with socket.socket() as sock:  # the group's own store (one process)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", "NCCL_HOSTID": f"lite-group-{group}",
+           "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return subprocess.Popen([sys.executable, __file__, "--device", device.type, "--out", str(folder / f"group-{group}.pt"),
+                             "--ddp-ft"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def ddp_ft_job(device: torch.device, out: str) -> None:
+    """One replica group: the user's loop, each global batch split between the groups."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lite_core import LightningLite
+    from lite_torchft import DDPFTStrategy
+
+    lite = LightningLite(strategy=DDPFTStrategy(ft_timeout=60), **accelerator(device))
+    lite.launch()
+    model = make_model()
+    model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+    whole = batches(torch.device("cpu"))
+    data = TensorDataset(torch.cat([x for x, _ in whole]), torch.cat([y for _, y in whole]))
+    loader = lite.setup_dataloaders(DataLoader(data, batch_size=len(whole[0][0])), split_batches=True)
+    for x, y in loader:
+        optimizer.zero_grad()
+        lite.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", required=True)
     parser.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-ft", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # both sides in true float32
+        torch.backends.cudnn.allow_tf32 = False
     if args.pipeline:
         result = pipeline_job(device)
         if result is not None:
             Path(args.out).write_text(json.dumps(result))
         return 0
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # both sides in true float32
-        torch.backends.cudnn.allow_tf32 = False
-    results = {"background save": background_save(device), "fsdp compiled": fsdp_compiled(device),
-               "ddp_ft": {"ok": True, "skipped": "torchft's replica groups need a GPU each, and the lighthouse and"
-                                                 " torchft wheels carried to the machine"}}
-    results["pipeline"] = pipeline(device)  # last: it starts a second process
+    if args.ddp_ft:
+        ddp_ft_job(device, args.out)
+        return 0
+    results = {"background save": background_save(device), "fsdp compiled": fsdp_compiled(device)}
+    results["ddp_ft"] = ddp_ft(device)  # these two start processes of their own
+    results["pipeline"] = pipeline(device)
     Path(args.out).write_text(json.dumps(results, indent=2))
     for name, result in results.items():
         verdict = f"skipped, {result['skipped']}" if "skipped" in result else ("ok" if result["ok"] else "MISMATCH")

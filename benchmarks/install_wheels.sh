@@ -9,7 +9,14 @@
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 hjson annotated-types typing-inspection typing-extensions
-# (DeepSpeed's other needs, einops, msgpack, ninja, numpy, packaging, psutil, py-cpuinfo and tqdm,
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl torchft==0.2.0 \
+#     opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp-proto-http \
+#     opentelemetry-exporter-otlp-proto-common opentelemetry-proto opentelemetry-semantic-conventions \
+#     opentelemetry-exporter-http-transport opentelemetry-exporter-otlp-common \
+#     googleapis-common-protos protobuf requests urllib3 certifi idna charset-normalizer
+# (the versions test-torchft installs: `pip list` there; torchft is the GPU check's ddp_ft cell.
+# DeepSpeed's other needs, einops, msgpack, ninja, numpy, packaging, psutil, py-cpuinfo and tqdm,
 # are on the GPU machine already; keep one version of each wheel in the folder.)
 set -euo pipefail
 WHEELS=${1:?usage: install_wheels.sh WHEEL_DIR [TARGET]}

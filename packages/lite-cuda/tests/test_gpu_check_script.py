@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.timeout(900)  # hang guard: about 70 s on an idle machine
 def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torchao", reason="test-cuda installs torchao: the check's FP8 part needs it")
+    pytest.importorskip("torchft", reason="test-cuda installs torchft: the check's ddp_ft cell needs it")
     env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable, "LITE_GPU_CHECK_INSIDE": "1"}
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=840)
@@ -30,7 +31,7 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert all(": exit 0" in line for line in summary), summary
     assert "passed" in summary[0] and "failed" not in summary[0]
     assert "context parallel: skipped, the ring needs 2 or more GPUs" in summary[-2]  # the script ran, saw no GPU
-    assert summary[-1].endswith("(3 ok, 1 skipped)"), summary[-1]  # on the CPU the pipeline runs over gloo
+    assert summary[-1].endswith("(4 ok, 0 skipped)"), summary[-1]  # on the CPU ddp_ft and the pipeline run over gloo
     assert json.loads((tmp_path / "gpu_bench.json").read_text())
     fp8 = json.loads((tmp_path / "gpu_fp8.json").read_text())
     # Uncompiled on the CPU, Lite's FP8 arm computes exactly what torchao by hand does.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+import torch
 
 from conftest import free_port  # the repository's conftest.py
 from lite_core import LightningLite
@@ -48,3 +51,26 @@ def test_names_resolve_through_the_entry_points(group_variables: pytest.MonkeyPa
 def test_the_strategy_wide_split_batches_is_deprecated_for_the_core_flag() -> None:
     with pytest.warns(FutureWarning, match=r"DDPFTStrategy\(split_batches=True\) is deprecated: pass setup_data"):
         DDPFTStrategy(split_batches=True)
+
+
+class _RecordedNCCL:
+    """Stands in for torchft's `ProcessGroupNCCL`, which asks the CUDA build of torch for NCCL's version."""
+
+    def __init__(self, timeout: timedelta) -> None:
+        self.timeout = timeout
+
+
+def test_groups_meet_over_nccl_on_cuda_devices_and_over_gloo_on_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-step all-reduce between groups runs where the gradients are: CUDA gradients over
+    torchft's NCCL process group (as torchft's own examples choose), CPU ones over its gloo one."""
+    import torchft
+
+    on_cpu = DDPFTStrategy(ft_timeout=7)
+    monkeypatch.setattr(DDPFTStrategy, "root_device", property(lambda self: torch.device("cpu")))
+    across = on_cpu._across_groups()
+    assert type(across) is torchft.ProcessGroupGloo and across._timeout == timedelta(seconds=7)
+    monkeypatch.setattr(torchft, "ProcessGroupNCCL", _RecordedNCCL)
+    for strategy in (DDPFTStrategy(ft_timeout=7), FSDPFTStrategy(ft_timeout=7)):
+        monkeypatch.setattr(type(strategy), "root_device", property(lambda self: torch.device("cuda", 0)))
+        across = strategy._across_groups()
+        assert type(across) is _RecordedNCCL and across.timeout == timedelta(seconds=7)

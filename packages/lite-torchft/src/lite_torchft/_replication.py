@@ -105,11 +105,11 @@ class FaultTolerantReplication:
         self._manager = self._build_manager(variables.group_id, variables.lighthouse)
 
     def _build_manager(self, group_id: int, lighthouse: str) -> Any:
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager
 
         store_addr, store_port = _group_store_address()
         return Manager(
-            pg=ProcessGroupGloo(timeout=self._ft_timeout),
+            pg=self._across_groups(),
             load_state_dict=self._healing.load_state_dict,
             state_dict=self._healing.state_dict,
             min_replica_size=self._min_replica_size,
@@ -126,6 +126,15 @@ class FaultTolerantReplication:
             max_retries=self._max_commit_failures,
             init_sync=self._init_sync,
         )
+
+    def _across_groups(self) -> Any:
+        """torchft's process group between the groups (a rank with the same rank of every other
+        group): NCCL when this process trains on a CUDA device, as torchft's own examples choose,
+        so that the per-step all-reduce of CUDA gradients stays on the GPUs; gloo otherwise."""
+        import torchft
+
+        kind = torchft.ProcessGroupNCCL if self.root_device.type == "cuda" else torchft.ProcessGroupGloo
+        return kind(timeout=self._ft_timeout)
 
     def teardown(self, failed: bool = False) -> None:
         if self._manager is not None:
