@@ -224,6 +224,22 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
         torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.timeout(240)  # a hang guard: about 25 s on an idle machine
+def test_a_killed_group_heals_under_fp8_with_float8_all_gather(lighthouse: str, tmp_path: Path) -> None:
+    """FP8 (tensorwise, emulated) under `fsdp_ft`: FSDP2 all-gathers the weights in float8 (torchao's
+    weight wrapper), and a group started again takes those weights and their optimizer state from its
+    peer (torchft sends them as they are) and ends bitwise where the survivor ends."""
+    pytest.importorskip("torchao", reason="needs lite-core[fp8] (torchao), which test-torchft installs")
+    _kill_and_restart(lighthouse, tmp_path, "split fsdp fp8")
+    gathered = {path.name: path.read_text() for path in tmp_path.glob("float8-all-gather-*")}
+    assert set(gathered) == {f"float8-all-gather-{g}-{r}" for g in (0, 1) for r in (0, 1)}
+    assert set(gathered.values()) == {"True"}, gathered
+    assert int((tmp_path / "heals-1").read_text()) >= 1  # its state came from group 0
+    first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
+    assert sorted(first) == ["0.bias", "0.weight", "2.bias", "2.weight", "4.bias", "4.weight", "6.bias", "6.weight"]
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
 @pytest.mark.timeout(150)
 def test_without_split_batches_no_committed_step_repeats_or_skips_a_sample(lighthouse: str, tmp_path: Path) -> None:
     _kill_and_restart(lighthouse, tmp_path, "whole")

@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL] [fp8]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -21,7 +21,9 @@ the checkpoint it resumed from (or nothing) and its step after loading it to
 number of times it healed from a peer to `OUT_DIR/heals-<group>`. With `shuffle`, the training loader is the user's shuffled one
 (`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way;
 with `stream`, the same rows come from a stream (`RowStream`: an `IterableDataset` with a shuffle
-buffer), and `plain(out, stream=True)` reads that.
+buffer), and `plain(out, stream=True)` reads that. With `fp8`, the model is `fp8_model()` under
+`Float8Precision("tensorwise", emulate=True)` (torchao, emulated on the CPU), and each process
+writes whether FSDP2 all-gathers its weights in float8 to `OUT_DIR/float8-all-gather-<group>-<rank>`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
+def fp8_model() -> torch.nn.Module:
+    """`model()` with two hidden layers FP8 converts (multiples of 16); the first and the head stay."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _float8_all_gather(net: torch.nn.Module) -> bool:
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return any(isinstance(getattr(p, "_local_tensor", p), WeightWithDynamicFloat8CastTensor) for p in net.parameters())
+
+
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A whole tensor (an FSDP shard gathered)."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
@@ -118,16 +133,18 @@ def _held(out: Path, group: str, step: int) -> bool:
 
 
 def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, shuffle: bool = False,
-         stream: bool = False) -> None:
-    from lite_core import CSVLogger, LightningLite, ThroughputMonitor, TrackioLogger
+         stream: bool = False, fp8: bool = False) -> None:
+    from lite_core import CSVLogger, Float8Precision, LightningLite, ThroughputMonitor, TrackioLogger
     from lite_core.checkpoint import latest
 
     group = os.environ["REPLICA_GROUP_ID"]
 
     class Train(LightningLite):
         def run(self) -> None:
-            net = model()
+            net = fp8_model() if fp8 else model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+            if fp8:
+                (out / f"float8-all-gather-{group}-{self.global_rank}").write_text(str(_float8_all_gather(net)))
             loader, evaluation = self.setup_dataloaders(data(shuffle, stream), eval_data(), split_batches=split)
             monitor = ThroughputMonitor(self, log_every_n_steps=1)  # a row at each committed step
             state = {"model": net, "optimizer": optimizer}  # the strategy adds its step and the loader positions
@@ -172,10 +189,12 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
 
     rows = CSVLogger(out / "rows", name=f"group-{group}", flush_every=1)  # a row survives a SIGKILL
     loggers = [rows, TrackioLogger(project="ft")] if trackio else [rows]
+    precision = Float8Precision("tensorwise", emulate=True) if fp8 else "32-true"
     if fsdp:  # two processes per group, each holding half of every parameter
-        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5), loggers=loggers).run()
+        Train(accelerator="cpu", devices=2, strategy=FSDPFTStrategy(ft_timeout=5), loggers=loggers,
+              precision=precision).run()
     else:
-        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=loggers).run()
+        Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=loggers, precision=precision).run()
 
 
 if __name__ == "__main__":
@@ -185,4 +204,5 @@ if __name__ == "__main__":
     else:
         buckets = [arg.removeprefix("bucket=") for arg in sys.argv[2:] if arg.startswith("bucket=")]
         lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:],
-             bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:], stream="stream" in sys.argv[2:])
+             bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:], stream="stream" in sys.argv[2:],
+             fp8="fp8" in sys.argv[2:])
