@@ -8,20 +8,23 @@
 #      written by hand (benchmarks/gpu_deepspeed.py). DeepSpeed is installed from the wheels in
 #      $DS_WHEELS (default .whl, carried with the call; see benchmarks/install_wheels.sh) when it is
 #      not importable; without either, this part is skipped and says so;
-#   4. model parallelism: ModelParallelStrategy over NCCL on 2 (dp1 x tp2) or 4 (dp2 x tp2) GPUs
+#   4. model parallelism: ModelParallelStrategy over NCCL, dp1 x tp2 (dp2 x tp2 on 4 GPUs),
 #      against one plain process, and a sharded checkpoint round trip
-#      (benchmarks/gpu_model_parallel.py); with fewer than 2 GPUs it is skipped and says why;
-#   5. FP8 against bf16 on the GPT-style model at width 4096 (where FP8 pays), compiled: step-time ratio, Lite's FP8 step against
+#      (benchmarks/gpu_model_parallel.py);
+#   5. FP8 against bf16 on the GPT-style model at width 4096 (where FP8 pays), compiled: step-time
+#      ratio, Lite's FP8 step against
 #      torchao by hand, and loss curves (benchmarks/gpu_fp8.py). torchao is installed from the
 #      wheel in $DS_WHEELS (`pip download --no-deps torchao==0.18.0 -d .whl`) when it is not
 #      importable; without either, or below compute capability 8.9, it is skipped and says so;
-#   6. context parallelism: ModelParallelStrategy(context_parallel_size=2) over NCCL on 2 GPUs, a
-#      causal transformer on torch's ring attention against one plain process on whole sequences
-#      (benchmarks/gpu_context_parallel.py); with fewer than 2 GPUs it is skipped and says why;
+#   6. context parallelism: ModelParallelStrategy(context_parallel_size=2) over NCCL, a causal
+#      transformer on torch's ring attention against one plain process on whole sequences
+#      (benchmarks/gpu_context_parallel.py; skipped on a CPU, where torch has no ring kernel);
 #   7. the paths not yet run on a GPU (benchmarks/gpu_paths.py): a background save of CUDA tensors,
 #      fsdp with a compiled model (the set-up model is the user's), ddp_ft with two replica groups
-#      sharing the GPU over torchft's NCCL process group (skipped without the torchft wheels in
-#      $DS_WHEELS), a 2-stage pipeline on NCCL (skipped below 2 GPUs).
+#      over torchft's NCCL process group (skipped without the torchft wheels in $DS_WHEELS), a
+#      2-stage pipeline on NCCL.
+#   The two-rank cells (4, 6, and 7's ddp_ft and pipeline) run on one GPU too: their two ranks
+#   share it as two one-process nodes, each its own NCCL host (benchmarks/_two_ranks.py).
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
@@ -97,15 +100,10 @@ else
   DS_TESTS_RC=0 DS_RC=0
 fi
 
-if [ "$DEVICE" = cuda ]; then
-  echo "== model parallel (at most 120 s)"
-  timeout -k 5 120 "$PY" benchmarks/gpu_model_parallel.py --out "$RESULTS/gpu_model_parallel.json" > "$RESULTS/model_parallel.txt" 2>&1
-  MP_RC=$?
-  grep -E "^model parallel|Error" "$RESULTS/model_parallel.txt" | tail -n 10
-else
-  echo "== model parallel: skipped, GPU_CHECK_DEVICE=cpu (the CPU suite tests it on 4 gloo processes)" | tee "$RESULTS/model_parallel.txt"
-  MP_RC=0
-fi
+echo "== model parallel (at most 120 s)"
+timeout -k 5 120 "$PY" benchmarks/gpu_model_parallel.py --device "$DEVICE" --out "$RESULTS/gpu_model_parallel.json" > "$RESULTS/model_parallel.txt" 2>&1
+MP_RC=$?
+grep -E "^model parallel|Error" "$RESULTS/model_parallel.txt" | tail -n 10
 
 if "$PY" -c "import torchao" 2>/dev/null; then
   FP8_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_fp8")

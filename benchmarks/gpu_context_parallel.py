@@ -1,11 +1,13 @@
 """The GPU check's context-parallel cell: `ModelParallelStrategy(context_parallel_size=2)` over NCCL
-on 2 GPUs, training a small causal transformer (`F.scaled_dot_product_attention(is_causal=True)`,
+on 2 ranks, training a small causal transformer (`F.scaled_dot_product_attention(is_causal=True)`,
 positions from a named buffer) for a few SGD steps on sequences the set-up loader cuts head-tail,
 compared with the same training on whole sequences in one plain PyTorch process.
 
     python benchmarks/gpu_context_parallel.py --out RESULTS/gpu_context_parallel.json
 
-Exits 0 with a line saying why when the machine has fewer than 2 GPUs; 1 when the numbers differ.
+With one GPU the two ranks share it as two one-process nodes (see `_two_ranks.py`). Exits 0 with
+a line saying why on a machine without a GPU (torch has no ring attention kernel for the CPU); 1
+when the numbers differ.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _two_ranks import is_node, run_as_nodes, share_a_device, two_ranks  # noqa: E402
 
 VOCAB, WIDTH, HEADS, LENGTH, SAMPLES, BATCH, STEPS, LR = 64, 64, 4, 256, 12, 4, 3, 0.1
 #: The ring merges each rank's partial attention in float32 (log-sum-exp): float rounding, not an error.
@@ -94,7 +99,7 @@ def lite_run() -> tuple[dict[str, torch.Tensor], list[float]] | None:
 
     strategy = ModelParallelStrategy(parallelize, data_parallel_size=1, tensor_parallel_size=1, context_parallel_size=2,
                                      context_parallel_buffers={"position": 0})
-    lite = LightningLite(accelerator="cuda", devices=2, strategy=strategy)
+    lite = LightningLite(accelerator="cuda", strategy=strategy, **two_ranks())
     lite.launch()
     torch.manual_seed(0)
     model = CausalLM()
@@ -116,10 +121,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    gpus = torch.cuda.device_count()
-    if gpus < 2:
-        print(f"context parallel: skipped, the ring needs 2 or more GPUs and this machine has {gpus}")
+    if not torch.cuda.is_available():
+        print("context parallel: skipped, the ring needs a GPU (torch has no CPU kernel for it) and this machine has none")
         return 0
+    if share_a_device("cuda") and not is_node():
+        return run_as_nodes([__file__, *sys.argv[1:]])
     torch.backends.cuda.matmul.allow_tf32 = False  # both sides in true float32
     torch.backends.cudnn.allow_tf32 = False
     result = lite_run()
@@ -130,10 +136,11 @@ def main() -> int:
     worst = max((weights[k] - expected[k]).abs().max().item() for k in expected)
     loss_gap = max(abs(a - b) for a, b in zip(losses, expected_losses))
     ok = worst < TOLERANCE and loss_gap < TOLERANCE
-    summary = {"layout": "dp1 x cp2", "length": LENGTH, "max_weight_difference_vs_plain": worst,
+    summary = {"layout": "dp1 x cp2", "ranks_share_device_0": is_node(), "length": LENGTH, "max_weight_difference_vs_plain": worst,
                "max_loss_difference_vs_plain": loss_gap, "losses": losses, "plain_losses": expected_losses, "ok": ok}
     Path(args.out).write_text(json.dumps(summary, indent=2))
-    print(f"context parallel dp1 x cp2, {LENGTH}-token sequences: max |Lite - plain| weights {worst:.2e}, losses"
+    shared = " (two nodes sharing device 0)" if is_node() else ""
+    print(f"context parallel dp1 x cp2{shared}, {LENGTH}-token sequences: max |Lite - plain| weights {worst:.2e}, losses"
           f" {loss_gap:.2e} (tolerance {TOLERANCE:g}): {'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

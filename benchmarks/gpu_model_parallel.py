@@ -1,22 +1,27 @@
-"""The GPU check's model-parallel cell: `ModelParallelStrategy` over NCCL on 2 or 4 GPUs (dp1 x tp2,
-or dp2 x tp2 with 4), training a tensor-parallel MLP with clipping, compared with the same training
-in one plain PyTorch process; then a sharded checkpoint saved and loaded back.
+"""The GPU check's model-parallel cell: `ModelParallelStrategy` over NCCL (dp1 x tp2, or dp2 x tp2 on
+4 GPUs), training a tensor-parallel MLP with clipping, compared with the same training in one plain
+PyTorch process; then a sharded checkpoint saved and loaded back.
 
     python benchmarks/gpu_model_parallel.py --out RESULTS/gpu_model_parallel.json
+    python benchmarks/gpu_model_parallel.py --device cpu --out /tmp/mp.json   # the script itself, over gloo
 
-Exits 0 with a line saying why when the machine has fewer than 2 GPUs; 1 when the numbers differ.
+With fewer than 2 GPUs the two ranks share GPU 0 as two one-process nodes (see `_two_ranks.py`).
+Exits 1 when the numbers differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _two_ranks import is_node, run_as_nodes, share_a_device, two_ranks  # noqa: E402
 
 SAMPLES, WIDTH, STEPS, LR, MAX_NORM, TOLERANCE = 64, 256, 4, 0.05, 0.5, 1e-4
 
@@ -52,14 +57,15 @@ def plain(device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-def lite_run(devices: int, checkpoint: str) -> dict[str, object] | None:
+def lite_run(device: torch.device, checkpoint: str) -> dict[str, object] | None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from lite_core import LightningLite
     from lite_core.strategies import ModelParallelStrategy
 
-    dp = 2 if devices >= 4 else 1
-    lite = LightningLite(accelerator="cuda", devices=dp * 2,
+    dp = 2 if device.type == "cuda" and torch.cuda.device_count() >= 4 else 1
+    ranks = {"devices": 4} if dp == 2 else two_ranks()
+    lite = LightningLite(accelerator=device.type, **ranks,
                          strategy=ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=2))
     lite.launch()
     model = make_model()
@@ -84,26 +90,29 @@ def lite_run(devices: int, checkpoint: str) -> dict[str, object] | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--checkpoint", default=str(Path(tempfile.gettempdir()) / "lite_gpu_model_parallel"))
+    parser.add_argument("--checkpoint", default=None, help="default: beside --out")
     args = parser.parse_args()
-    gpus = torch.cuda.device_count()
-    if gpus < 2:
-        print(f"model parallel: skipped, tensor parallelism needs 2 or more GPUs and this machine has {gpus}")
-        return 0
+    args.checkpoint = args.checkpoint or str(Path(args.out).resolve().with_suffix(".checkpoint"))
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device(args.device)
+    if share_a_device(device.type) and not is_node():
+        return run_as_nodes([__file__, *sys.argv[1:]])
     torch.backends.cuda.matmul.allow_tf32 = False  # both sides in true float32
     torch.backends.cudnn.allow_tf32 = False
-    result = lite_run(gpus, args.checkpoint)
+    result = lite_run(device, args.checkpoint)
     if result is None:
         return 0
-    expected = plain(torch.device("cuda", 0))
+    shutil.rmtree(args.checkpoint, ignore_errors=True)  # it was loaded back; it need not travel with the results
+    expected = plain(device)
     worst = max((result["weights"][k] - expected[k]).abs().max().item() for k in expected)
     reload_worst = max((result["reloaded"][k] - result["weights"][k]).abs().max().item() for k in expected)
     ok = worst < TOLERANCE and reload_worst == 0.0
-    summary = {"layout": result["layout"], "max_weight_difference_vs_plain": worst,
+    summary = {"layout": result["layout"], "ranks_share_device_0": is_node(), "max_weight_difference_vs_plain": worst,
                "checkpoint_round_trip_difference": reload_worst, "norms": result["norms"], "ok": ok}
     Path(args.out).write_text(json.dumps(summary, indent=2))
-    print(f"model parallel {result['layout']}: max |Lite - plain| {worst:.2e} (tolerance {TOLERANCE:g}),"
+    shared = " (two nodes sharing device 0)" if is_node() else ""
+    print(f"model parallel {result['layout']}{shared}: max |Lite - plain| {worst:.2e} (tolerance {TOLERANCE:g}),"
           f" checkpoint round trip {reload_worst:.1e}: {'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

@@ -5,20 +5,19 @@
   must finish before the next step changes them);
 - `fsdp compiled`: `strategy="fsdp"` on one device with a `torch.compile`d model: the set-up model
   is the user's (class, `state_dict()` keys) and trains as the same compiled model by hand;
-- `pipeline`: `ModelParallelStrategy(pipeline_parallel_size=2)` on 2 devices (NCCL on GPUs) against
-  one plain process; skipped, with the reason, below 2 GPUs;
+- `pipeline`: `ModelParallelStrategy(pipeline_parallel_size=2)` on 2 ranks (NCCL on GPUs) against
+  one plain process; below 2 GPUs the ranks share device 0 as two nodes (see `_two_ranks.py`);
 - `ddp_ft`: two replica groups of one process each under `strategy="ddp_ft"` (a torchft
   lighthouse in this process), with `setup_dataloaders(..., split_batches=True)`, against one plain
   process on the whole batches. On a GPU both groups share device 0 and meet over torchft's NCCL
-  process group; each has its own `NCCL_HOSTID`, so NCCL takes them for two hosts (as torchft's
-  examples do where groups share GPUs) instead of refusing a GPU used twice. Skipped, with the
+  process group, each with its own `NCCL_HOSTID` (`_two_ranks.py` says why). Skipped, with the
   reason, where torchft or lite-torchft is not importable (carry their wheels: install_wheels.sh).
 
     python benchmarks/gpu_paths.py --out RESULTS/gpu_paths.json            # on a GPU
     python benchmarks/gpu_paths.py --device cpu --out /tmp/gpu_paths.json  # the script itself, on a CPU
 
 On a CPU the model is compiled with the `eager` backend (the compile wrapper without inductor's
-minutes of C++ builds) and the pipeline runs on 2 gloo processes. Exits 1 when a path differs.
+minutes of C++ builds), and the pipeline and ddp_ft run over gloo. Exits 1 when a path differs.
 """
 
 from __future__ import annotations
@@ -35,6 +34,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _two_ranks import node_variables, run_as_nodes, share_a_device, two_ranks  # noqa: E402
 
 WIDTH, STEPS, LR = 64, 3, 0.05
 
@@ -102,16 +104,20 @@ def fsdp_compiled(device: torch.device) -> dict[str, object]:
 
 
 def pipeline(device: torch.device) -> dict[str, object]:
-    """In a job of its own (`--pipeline`: this script again, whose first process starts the second)."""
-    if device.type == "cuda" and torch.cuda.device_count() < 2:
-        return {"ok": True, "skipped": f"a 2-stage pipeline needs 2 GPUs and this machine has {torch.cuda.device_count()}"}
+    """In a job of its own (`--pipeline`: this script again, whose first process starts the second,
+    or two nodes that share device 0)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pipeline.json"
-        proc = subprocess.run([sys.executable, __file__, "--device", device.type, "--out", str(out), "--pipeline"],
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode:
-            return {"ok": False, "error": (proc.stdout + proc.stderr)[-6000:]}
-        return json.loads(out.read_text())
+        argv = [__file__, "--device", device.type, "--out", str(out), "--pipeline"]
+        if share_a_device(device.type):
+            code, output = run_as_nodes(argv), "(the nodes' output is above)"
+        else:
+            proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+            code, output = proc.returncode, (proc.stdout + proc.stderr)[-6000:]
+        if code:
+            return {"ok": False, "error": output}
+        result = json.loads(out.read_text())
+        return {**result, "ranks_share_device_0": share_a_device(device.type)}
 
 
 def pipeline_job(device: torch.device) -> dict[str, object] | None:
@@ -124,7 +130,7 @@ def pipeline_job(device: torch.device) -> dict[str, object] | None:
 
     strategy = ModelParallelStrategy(None, pipeline_parallel_size=2, microbatches=2, pipeline_schedule="GPipe",
                                      split_points=["2"], loss_fn=loss_fn)
-    lite = LightningLite(accelerator=device.type, devices=2, strategy=strategy)
+    lite = LightningLite(accelerator=device.type, strategy=strategy, **two_ranks())
     lite.launch()
     model = make_model()
     model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
@@ -178,7 +184,7 @@ def _start_group(group: int, device: torch.device, lighthouse_port: str, folder:
     with socket.socket() as sock:  # the group's own store (one process)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", "NCCL_HOSTID": f"lite-group-{group}",
+    env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", **node_variables(f"lite-group-{group}"),
            "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen([sys.executable, __file__, "--device", device.type, "--out", str(folder / f"group-{group}.pt"),
                              "--ddp-ft"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

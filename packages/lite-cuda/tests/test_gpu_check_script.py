@@ -30,7 +30,9 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         "context parallel", "gpu paths"]
     assert all(": exit 0" in line for line in summary), summary
     assert "passed" in summary[0] and "failed" not in summary[0]
-    assert "context parallel: skipped, the ring needs 2 or more GPUs" in summary[-2]  # the script ran, saw no GPU
+    assert "model parallel dp1 x tp2 (two nodes sharing device 0)" in summary[-4]  # over gloo
+    assert summary[-4].endswith(": ok)"), summary[-4]
+    assert "context parallel: skipped, the ring needs a GPU" in summary[-2]  # the script ran, saw no GPU
     assert summary[-1].endswith("(4 ok, 0 skipped)"), summary[-1]  # on the CPU ddp_ft and the pipeline run over gloo
     assert json.loads((tmp_path / "gpu_bench.json").read_text())
     fp8 = json.loads((tmp_path / "gpu_fp8.json").read_text())
