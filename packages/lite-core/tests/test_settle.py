@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -21,9 +20,8 @@ from lite_core.strategies import _settle
 from lite_core.strategies._settle import settle_collectives
 
 
-def _all_reduce_released_after(seconds: float | None) -> Any:
-    """An all-reduce whose tensor a background thread keeps for `seconds` (None: for good)."""
-    kept: list[torch.Tensor] = []
+def _all_reduce_released_after(seconds: float | None, kept: list[torch.Tensor]) -> Any:
+    """An all-reduce whose tensor a background thread keeps in `kept` for `seconds` (None: for good)."""
 
     def all_reduce(tensor: torch.Tensor) -> None:
         kept.append(tensor)
@@ -33,35 +31,34 @@ def _all_reduce_released_after(seconds: float | None) -> Any:
     return all_reduce
 
 
+@pytest.mark.timeout(60)  # a hang guard: the wait takes 0.2 s
 def test_settling_waits_until_the_collective_thread_lets_go(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(0.2))
-    started = time.monotonic()
-    assert settle_collectives(torch.device("cpu"), timeout=5.0)
-    assert 0.2 <= time.monotonic() - started < 2.0
+    kept: list[torch.Tensor] = []
+    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(0.2, kept))
+    assert settle_collectives(torch.device("cpu"), timeout=30.0)
+    assert kept == []  # it returned once the thread had let go, not before
 
 
+@pytest.mark.timeout(30)  # a hang guard: a teardown never hangs on it (it gives up after 0.1 s)
 def test_settling_gives_up_after_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(None))
-    started = time.monotonic()
+    kept: list[torch.Tensor] = []
+    monkeypatch.setattr(_settle.dist, "all_reduce", _all_reduce_released_after(None, kept))
     assert not settle_collectives(torch.device("cpu"), timeout=0.1)
-    assert time.monotonic() - started < 1.0  # a teardown never hangs on it
+    assert len(kept) == 1  # still held: it gave up instead of waiting for good
 
 
 _REAL_GLOO = """
-import time, torch, torch.distributed as dist
+import torch, torch.distributed as dist
 from lite_core.strategies._settle import settle_collectives
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-started = time.monotonic()
-released = settle_collectives(torch.device("cpu"), timeout=5.0)
-print(released, time.monotonic() - started)
+print(settle_collectives(torch.device("cpu"), timeout=30.0))
 dist.destroy_process_group()
 """
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60)  # a hang guard: the process takes a few seconds, the wait milliseconds
 def test_settling_ends_once_gloo_released_the_tensor() -> None:
     # In a process of its own: a test before may have left this one's default group running.
     result = subprocess.run([sys.executable, "-c", _REAL_GLOO], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0, result.stderr[-2000:]
-    released, seconds = result.stdout.split()
-    assert released == "True" and float(seconds) < 1.0
+    assert result.stdout.split() == ["True"]  # released, not given up after 30 s
