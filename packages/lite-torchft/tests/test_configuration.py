@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-import torch
 
 from conftest import free_port  # the repository's conftest.py
 from lite_core import LightningLite
@@ -60,17 +59,29 @@ class _RecordedNCCL:
         self.timeout = timeout
 
 
-def test_groups_meet_over_nccl_on_cuda_devices_and_over_gloo_on_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The per-step all-reduce between groups runs where the gradients are: CUDA gradients over
-    torchft's NCCL process group (as torchft's own examples choose), CPU ones over its gloo one."""
+class _CUDADeclaration:
+    """What lite-cuda's accelerator declares for the process group (lite-cuda is not installed here)."""
+
+    distributed_backend = "nccl"
+
+
+def test_groups_meet_over_nccl_where_the_group_does_and_over_gloo_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-step all-reduce between groups runs on the backend of the group's own process group:
+    NCCL where the accelerator declares it (CUDA gradients stay on the GPUs, as torchft's own
+    examples choose), gloo on CPUs and where the user asked the group for gloo."""
     import torchft
 
+    from lite_core.accelerators.cpu import CPUAccelerator
+
     on_cpu = DDPFTStrategy(ft_timeout=7)
-    monkeypatch.setattr(DDPFTStrategy, "root_device", property(lambda self: torch.device("cpu")))
+    on_cpu.accelerator = CPUAccelerator()
     across = on_cpu._across_groups()
     assert type(across) is torchft.ProcessGroupGloo and across._timeout == timedelta(seconds=7)
     monkeypatch.setattr(torchft, "ProcessGroupNCCL", _RecordedNCCL)
     for strategy in (DDPFTStrategy(ft_timeout=7), FSDPFTStrategy(ft_timeout=7)):
-        monkeypatch.setattr(type(strategy), "root_device", property(lambda self: torch.device("cuda", 0)))
+        strategy.accelerator = _CUDADeclaration()
         across = strategy._across_groups()
         assert type(across) is _RecordedNCCL and across.timeout == timedelta(seconds=7)
+    gloo_asked = DDPFTStrategy(ft_timeout=7, process_group_backend="gloo")
+    gloo_asked.accelerator = _CUDADeclaration()
+    assert type(gloo_asked._across_groups()) is torchft.ProcessGroupGloo

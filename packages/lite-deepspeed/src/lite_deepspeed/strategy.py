@@ -125,8 +125,7 @@ class DeepSpeedStrategy(DDPStrategy):
         # they stay set until teardown, which puts back what was there before (or their absence).
         self._environ_before = export_environ(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size),
                                                LOCAL_RANK=str(self.local_rank))
-        assert self.accelerator is not None
-        deepspeed.init_distributed(dist_backend=self._backend or self.accelerator.distributed_backend,
+        deepspeed.init_distributed(dist_backend=self.process_group_backend,
                                    dist_init_required=False, timeout=self.timeout, verbose=False)
 
     def teardown(self, failed: bool = False) -> None:

@@ -129,11 +129,12 @@ class FaultTolerantReplication:
 
     def _across_groups(self) -> Any:
         """torchft's process group between the groups (a rank with the same rank of every other
-        group): NCCL when this process trains on a CUDA device, as torchft's own examples choose,
-        so that the per-step all-reduce of CUDA gradients stays on the GPUs; gloo otherwise."""
+        group), on the backend of the group's own process group: NCCL where the accelerator declares
+        it (CUDA, as torchft's own examples choose), so that the per-step all-reduce of CUDA
+        gradients stays on the GPUs; gloo otherwise."""
         import torchft
 
-        kind = torchft.ProcessGroupNCCL if self.root_device.type == "cuda" else torchft.ProcessGroupGloo
+        kind = torchft.ProcessGroupNCCL if self.process_group_backend == "nccl" else torchft.ProcessGroupGloo
         return kind(timeout=self._ft_timeout)
 
     def teardown(self, failed: bool = False) -> None:

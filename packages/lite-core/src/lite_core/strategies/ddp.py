@@ -82,6 +82,12 @@ class DDPStrategy(Strategy):
         return self._timeout
 
     @property
+    def process_group_backend(self) -> str | None:
+        """The `torch.distributed` backend of the process group: the one passed, else the accelerator's."""
+        assert self.accelerator is not None
+        return self._backend or self.accelerator.distributed_backend
+
+    @property
     def launcher(self) -> Launcher | None:
         assert self.environment is not None
         if self.environment.creates_processes_externally:
@@ -162,7 +168,7 @@ class DDPStrategy(Strategy):
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
         try:
-            init_attempt_process_group(self._backend or self.accelerator.distributed_backend, env.main_address,
+            init_attempt_process_group(self.process_group_backend, env.main_address,
                                        env.main_port, self.global_rank, self.world_size, self._timeout)
         except RuntimeError as err:
             if self.global_rank == 0 and _is_port_in_use(err):
