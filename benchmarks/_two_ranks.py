@@ -13,7 +13,6 @@ Lite's launch and mesh).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,9 +45,9 @@ def node_variables(name: str) -> dict[str, str]:
 def run_as_nodes(argv: list[str], timeout: float = 300) -> int:
     """Run `python argv` as node 0 and node 1 and wait for both: node 0 prints to this process's
     output, node 1's output is printed only if it fails. Returns 0 when both exit 0."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    from lite_core.environments.local import find_free_port
+
+    port = str(find_free_port())
     procs = []
     with tempfile.TemporaryFile("w+") as second_output:
         for node in (0, 1):

@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -181,9 +180,9 @@ def ddp_ft(device: torch.device) -> dict[str, object]:
 
 
 def _start_group(group: int, device: torch.device, lighthouse_port: str, folder: Path) -> subprocess.Popen[str]:
-    with socket.socket() as sock:  # the group's own store (one process)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from lite_core.environments.local import find_free_port
+
+    port = find_free_port()  # the group's own store (one process)
     env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", **node_variables(f"lite-group-{group}"),
            "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen([sys.executable, __file__, "--device", device.type, "--out", str(folder / f"group-{group}.pt"),

@@ -102,10 +102,9 @@ class LiteDataLoader(DataLoader):
             device = self._strategy.root_device
             for batch in self._strategy.process_dataloader(dataloader):
                 position.taken += 1
-                if type(batch) is Tensor and batch.device == device:  # the common case, without a call
-                    yield batch
-                else:
-                    yield batch if already_on(batch, device) else move_to_device(batch, device)
+                # one tensor on the device, the common case, is checked inline: without a call
+                on_device = (type(batch) is Tensor and batch.device == device) or already_on(batch, device)
+                yield batch if on_device else move_to_device(batch, device)
         position.end_epoch()
 
     def __getattr__(self, name: str) -> Any:

@@ -79,6 +79,10 @@ class PipelineForward:
         self.calls = 0
 
     @property
+    def holds_first_stage(self) -> bool:
+        return any(stage.is_first for stage in self._stages)
+
+    @property
     def holds_last_stage(self) -> bool:
         return any(stage.is_last for stage in self._stages)
 
@@ -102,7 +106,7 @@ class PipelineForward:
         run = schedule.step if training else schedule.eval
         # The batch goes to the first stage and the target to the last, as torch's schedules take
         # them (torch 2.11 refuses input args on any other stage; 2.13 ignores them).
-        if not any(stage.is_first for stage in self._stages):
+        if not self.holds_first_stage:
             args, kwargs = (), {}
         if with_loss:
             if self.holds_last_stage:
