@@ -140,14 +140,19 @@ def pipeline_job(device: torch.device) -> dict[str, object] | None:
     full = lite._strategy.full_module_state_dict(model)
     if not lite.is_global_zero:
         return None
-    reference = make_model()
-    plain_optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
-    for x, y in batches(torch.device("cpu")):
-        plain_optimizer.zero_grad()
-        loss_fn(reference(x), y).backward()
-        plain_optimizer.step()
-    worst = max((full[k].cpu() - v).abs().max().item() for k, v in reference.state_dict().items())
+    worst = max((full[k].cpu() - v).abs().max().item() for k, v in plain_weights().items())
     return {"ok": worst < 1e-5, "max_difference": worst}
+
+
+def plain_weights() -> dict[str, torch.Tensor]:
+    """The weights after the same steps in one plain PyTorch process on the CPU, on whole batches."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for x, y in batches(torch.device("cpu")):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return model.state_dict()
 
 
 def ddp_ft(device: torch.device) -> dict[str, object]:
@@ -162,31 +167,34 @@ def ddp_ft(device: torch.device) -> dict[str, object]:
     try:
         with tempfile.TemporaryDirectory() as folder:
             procs = [_start_group(group, device, lighthouse.address().rsplit(":", 1)[1], Path(folder)) for group in (0, 1)]
-            outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+            try:
+                for proc in procs:
+                    proc.wait(timeout=300)
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
             if any(proc.returncode for proc in procs):
-                return {"ok": False, "error": "\n".join(output[-3000:] for output in outputs)}
+                logs = (Path(folder) / f"group-{group}.log" for group in (0, 1))
+                return {"ok": False, "error": "\n".join(log.read_text()[-3000:] for log in logs)}
             groups = [torch.load(Path(folder) / f"group-{group}.pt", weights_only=True) for group in (0, 1)]
     finally:
         lighthouse.shutdown()
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    for x, y in batches(torch.device("cpu")):
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    worst = max((weights[k] - v).abs().max().item() for weights in groups for k, v in model.state_dict().items())
+    plain = plain_weights()
+    worst = max((weights[k] - v).abs().max().item() for weights in groups for k, v in plain.items())
     agree = all(torch.equal(groups[0][k], groups[1][k]) for k in groups[0])
     return {"ok": worst < 1e-5 and agree, "max_difference": worst, "groups_bitwise_equal": agree}
 
 
-def _start_group(group: int, device: torch.device, lighthouse_port: str, folder: Path) -> subprocess.Popen[str]:
+def _start_group(group: int, device: torch.device, lighthouse_port: str, folder: Path) -> subprocess.Popen[bytes]:
     from lite_core.environments.local import find_free_port
 
     port = find_free_port()  # the group's own store (one process)
     env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", **node_variables(f"lite-group-{group}"),
            "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    return subprocess.Popen([sys.executable, __file__, "--device", device.type, "--out", str(folder / f"group-{group}.pt"),
-                             "--ddp-ft"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with (folder / f"group-{group}.log").open("w") as log:  # a file, not a pipe nobody reads while waiting
+        return subprocess.Popen([sys.executable, __file__, "--device", device.type, "--out",
+                                 str(folder / f"group-{group}.pt"), "--ddp-ft"], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def ddp_ft_job(device: torch.device, out: str) -> None:
