@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -189,27 +187,18 @@ _CLAIM_LIFETIME = 1800
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now that no other test process of this machine has been given.
 
-    The port lies below the kernel's ephemeral range, so no `bind(("", 0))` and no outgoing
-    connection (a gloo pair, a torchft store, an HTTP client) can take it between this call and
-    the moment the test's server binds it; a claim file keeps two tests from drawing the same one.
-    A port drawn with `bind(0)` had neither guard: a two-process group failed with "MASTER_PORT is
-    already in use" in a loaded CI run.
+    Lite's own `find_free_port` draws it below the kernel's ephemeral range, so that no outgoing
+    connection (a gloo pair, a torchft store, an HTTP client) can take it before the test's server
+    binds it; a claim file keeps two tests from drawing the same one.
     """
-    low, high = _unclaimable_range()
+    from lite_core.environments.local import find_free_port
+
     _PORT_CLAIMS.mkdir(exist_ok=True)
-    for port in random.sample(range(low, high), k=min(500, high - low)):
-        if _claim(port) and _bindable(port):
+    for _ in range(500):
+        port = find_free_port()
+        if _claim(port):
             return port
-    raise RuntimeError(f"no free TCP port between {low} and {high} on 127.0.0.1; free some and run again")
-
-
-def _unclaimable_range() -> tuple[int, int]:
-    """Ports [low, high) that the kernel never hands out by itself (below its ephemeral range)."""
-    try:
-        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):  # not Linux: the IANA ephemeral range starts at 49152
-        first_ephemeral = 49152
-    return (10000 if first_ephemeral > 11000 else 1024), first_ephemeral
+    raise RuntimeError(f"no unclaimed free TCP port on 127.0.0.1 (claims in {_PORT_CLAIMS}); remove stale ones")
 
 
 def _claim(port: int) -> bool:
@@ -223,15 +212,6 @@ def _claim(port: int) -> bool:
                 claim.touch()  # a stale claim, taken over
                 return True
         return False
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="session")

@@ -456,3 +456,17 @@ def test_mpi_before_kubeflow(monkeypatch: pytest.MonkeyPatch) -> None:
     set_kubeflow(monkeypatch)
     set_open_mpi(monkeypatch, rank=0, local_rank=0, size=1, local_size=1)
     assert isinstance(detect_environment(), MPIEnvironment)
+
+
+
+def test_a_port_lite_chooses_lies_below_the_kernels_ephemeral_range_and_is_free() -> None:
+    """Below the range no outgoing connection and no `bind(0)` can take the port before the job's
+    store binds it (a port drawn with `bind(0)` was taken so in a loaded CI run)."""
+    from lite_core.environments.local import find_free_port
+
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {find_free_port() for _ in range(20)}
+    assert all(1024 <= port < first_ephemeral for port in ports), (ports, first_ephemeral)
+    assert len(ports) > 1  # drawn at random, not one fixed port that every job would contend for
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))  # free

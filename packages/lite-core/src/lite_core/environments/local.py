@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 from lite_core.environments._envvars import counts_of, env_int, int_or_none
@@ -11,10 +12,45 @@ from lite_core.errors import ConfigurationError
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """Ask the OS for a port that is free on `host` right now."""
+    """A port free on `host` right now, drawn below the kernel's ephemeral range.
+
+    The kernel takes the ports of outgoing connections and of `bind(0)` from that range. A port
+    found with `bind(0)` is free only until it is closed: before the job's store bound it, another
+    connection could take it (a loaded CI run saw "MASTER_PORT=... is already in use" for a port
+    Lite had chosen). Below the range the kernel hands out nothing by itself. Where no port there
+    is free, the kernel chooses one.
+    """
+    low, high = _below_ephemeral_range()
+    for port in random.sample(range(low, high), k=min(_TRIES, high - low)):
+        if _bindable(host, port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+#: Ports `find_free_port` tries below the ephemeral range before it lets the kernel choose.
+_TRIES = 200
+
+
+def _below_ephemeral_range() -> tuple[int, int]:
+    """Ports [low, high) below the kernel's ephemeral range (IANA's, from 49152, where the kernel
+    does not say), above the well-known and most registered service ports."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            first_ephemeral = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 49152
+    return (10000 if first_ephemeral > 11000 else 1024), first_ephemeral
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _check_port(raw: str | None) -> None:
