@@ -88,3 +88,20 @@ def test_a_group_that_keeps_failing_is_given_up_after_its_restarts(tmp_path: Pat
     assert run_replica_groups(1, [str(failing), str(tries)], "lite run") == 1
     assert tries.read_text().count("tried") == 2  # the first start and one restart
     assert "replica group 0 failed 2 times (last exit code 3): given up" in capfd.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_each_group_meets_on_a_port_the_kernel_does_not_hand_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A port found with bind(0) lies in the ephemeral range, where any outgoing connection may take
+    # it before the group's store binds it.
+    from lite_torchft.launch import run_replica_groups
+
+    script = tmp_path / "port.py"
+    script.write_text("import os, sys\nopen(sys.argv[1], 'a').write(os.environ['MASTER_PORT'] + '\\n')\n")
+    for name, value in script_env().items():
+        monkeypatch.setenv(name, value)
+    ports = tmp_path / "ports"
+    assert run_replica_groups(2, [str(script), str(ports)], "lite run") == 0
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    chosen = [int(port) for port in ports.read_text().split()]
+    assert len(set(chosen)) == 2 and max(chosen) < first_ephemeral, chosen

@@ -35,7 +35,9 @@ What is here, by purpose:
   tensor.
 - Process groups: `init_attempt_process_group` (and the `attempt_store` and `attempt_prefix` it
   builds on), which every strategy that creates a `torch.distributed` group uses, so that a group
-  rebuilt after a restart never reads an earlier attempt's keys.
+  rebuilt after a restart never reads an earlier attempt's keys. `find_free_port` gives a port
+  for a group's store that the kernel does not hand out by itself (it is drawn below the
+  ephemeral range), for a launcher that starts several jobs on one machine.
 - Collectives: `REDUCE_OPS` and `check_reduce_op` for strategies that implement `all_reduce`, and
   `reduce_on_one_process` for what it returns when there is one process.
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     )
     from lite_core.environ import export_environ, restore_environ
     from lite_core.environments.environment import ClusterEnvironment
+    from lite_core.environments.local import find_free_port
     from lite_core.errors import (
         BackendImportError,
         BackendNotInstalledError,

@@ -12,11 +12,12 @@ is given up and the others go on. The job's exit code is 0 when every group fini
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
+
+from lite_core.plugins import find_free_port
 
 #: How often one group may be started again after it failed (`LITE_GROUP_RESTARTS` overrides it).
 GROUP_RESTARTS = 3
@@ -70,11 +71,5 @@ def _supervise(groups: int, argv: list[str], lighthouse: str, restarts: int, nam
 
 def _start(group: int, groups: int, argv: list[str], lighthouse: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(groups), TORCHFT_LIGHTHOUSE=lighthouse)
-    command = [sys.executable, "-m", "lite_core.cli", "run", "--main-port", str(_free_port()), *argv]
+    command = [sys.executable, "-m", "lite_core.cli", "run", "--main-port", str(find_free_port()), *argv]
     return subprocess.Popen(command, env=env)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
