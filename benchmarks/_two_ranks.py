@@ -4,10 +4,10 @@ With 2 or more GPUs a cell's `LightningLite(devices=2)` starts its second proces
 fewer (one GPU, or the check's CPU run) the cell's script starts itself again as two one-process
 "nodes" on loopback (`num_nodes=2`, `NODE_RANK`, the nodes Lite's local environment reads), which
 share device 0. Each node has its own `NCCL_HOSTID`, so NCCL takes them for two hosts and connects
-them over loopback sockets (`NCCL_SOCKET_IFNAME=lo` unless set) instead of refusing a GPU that two
-of its ranks use, as torchft's examples put replica groups on shared GPUs. Every collective then
-goes through host sockets: slower than two GPUs, but the same code (NCCL, a rank per process,
-Lite's launch and mesh).
+them over loopback sockets (`NCCL_SOCKET_IFNAME=lo` and `NCCL_IB_DISABLE=1` unless set) instead
+of refusing a GPU that two of its ranks use, as torchft's examples put replica groups on shared
+GPUs. Every collective then goes through host sockets: slower than two GPUs, but the same code
+(NCCL, a rank per process, Lite's launch and mesh).
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ def two_ranks() -> dict[str, int]:
 
 
 def node_variables(name: str) -> dict[str, str]:
-    """What makes NCCL take a process for a host of its own, called `name`."""
-    return {"NCCL_HOSTID": name, "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}
+    """What makes NCCL take a process for a host of its own, called `name`, reached over loopback
+    sockets: an InfiniBand or RoCE card the machine may have is left out (`NCCL_IB_DISABLE=1`
+    unless set), so that the cell does not depend on its ports being up."""
+    return {"NCCL_HOSTID": name, "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+            "NCCL_IB_DISABLE": os.environ.get("NCCL_IB_DISABLE", "1")}
 
 
 def run_as_nodes(argv: list[str], timeout: float = 300) -> int:
