@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from lite_core.plugins import find_free_port
 
 
 def _model(mib: int) -> nn.Module:
@@ -62,7 +57,7 @@ def main() -> None:
 
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = find_free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",

@@ -42,7 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchft_bench import WORKER, _env, _free_port, _record_of_when, _records, failure, write_results
+from lite_core.plugins import find_free_port
+from torchft_bench import WORKER, _env, _record_of_when, _records, failure, write_results
 
 HERE = Path(__file__).resolve().parent
 STRAGGLE = "0.25,0.04"  # each step of each group: a 40 ms pause with probability 1/4
@@ -51,7 +52,7 @@ STRAGGLE = "0.25,0.04"  # each step of each group: a 40 ms pause with probabilit
 def _start(out: Path, group: int, lighthouse: str, strategy: str, steps: int, sleep: float,
            **extra: str) -> subprocess.Popen[bytes]:
     env = _env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **extra)
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()), **extra)
     return subprocess.Popen([sys.executable, str(WORKER), str(out), strategy, str(steps), str(sleep)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -115,7 +116,7 @@ def elastic(keep_alive: int | None = None) -> float:
     under `lite run --nnodes 1:2 --max-restarts 1` on two nodes of one process (`_elastic_job.py`);
     the rendezvous gives a silent node up after 3 keep-alives (torch's default interval 5 s, or
     `keep_alive` seconds)."""
-    port = _free_port()
+    port = find_free_port()
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
 

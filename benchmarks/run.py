@@ -194,15 +194,6 @@ def child_env(threads: int) -> dict[str, str]:
     return clean_env(LITE_COLLECTIVE_TIMEOUT="60", OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
 
-def free_port() -> int:
-    """A TCP port that is free on the loopback interface right now."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # -- per-step benchmarks ------------------------------------------------------------------------
 def _plan_args(plan: StepPlan) -> list[str]:
     join = lambda values: ",".join(str(v) for v in values)  # noqa: E731
@@ -481,6 +472,8 @@ def importtime_split(ctx: Context) -> tuple[float, float]:
 # -- launch to exit -------------------------------------------------------------------------------
 def bench_launch(ctx: Context) -> list[Row]:
     """Measurement 4: wall time from launch to exit of a 2-process DDP job, Lite vs torchrun."""
+    from lite_core.plugins import find_free_port
+
     env = child_env(1)
     timeout = ctx.config.child_timeout_s
     steps = ["--steps", str(ctx.config.launch_steps)]
@@ -490,12 +483,12 @@ def bench_launch(ctx: Context) -> list[Row]:
 
     def plain() -> float:
         command = [ctx.python, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                   f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
+                   f"--master-port={find_free_port()}", str(HERE / "_launch_plain.py"), *steps]
         return run_child(command, timeout, env)[0]
 
     def lite_run() -> float:
         command = [ctx.python, "-m", "lite_core.cli", "run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                   f"--master-port={free_port()}", str(HERE / "_launch_plain.py"), *steps]
+                   f"--master-port={find_free_port()}", str(HERE / "_launch_plain.py"), *steps]
         return run_child(command, timeout, env)[0]
 
     plain_s, lite_s = interleave(ctx.config.launch_reps, plain, lite)

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from lite_core.plugins import find_free_port
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_ft_worker.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -49,7 +44,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _group(out: Path, group: int, lighthouse: str, steps: int, sleep: float,
            strategy: str = "ddp_ft") -> subprocess.Popen[bytes]:
     env = _env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
     return subprocess.Popen([sys.executable, str(WORKER), str(out), strategy, str(steps), str(sleep)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
