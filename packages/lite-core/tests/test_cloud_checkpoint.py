@@ -11,6 +11,7 @@ in `tests/integration/test_cloud_checkpoints.py`.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -66,6 +67,10 @@ def test_an_s3_url_without_s3fs_is_refused_before_anything_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "s3fs", None)  # how Python marks a package unimportable
+    # and fsspec forgets the class it registered if an earlier test in this process used s3fs
+    registered = importlib.import_module("fsspec.registry")._registry
+    for protocol in ("s3", "s3a"):
+        monkeypatch.delitem(registered, protocol, raising=False)
     lite, model, _ = _setup()
     for call in (lambda: lite.save({"model": model}, "s3://bucket/run1/ckpt"),
                  lambda: lite.save({"model": model}, "s3://bucket/run1/ckpt", blocking=False),
