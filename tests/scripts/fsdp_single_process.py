@@ -13,6 +13,7 @@ import copy
 import torch
 from torch import nn
 
+import _snapshot
 from lite_core import LightningLite
 from lite_core.errors import MisuseError
 
@@ -167,6 +168,13 @@ def setup_with_optimizer(lite: LightningLite, folder: str) -> None:
     print("OK checkpoints across setup styles: written either way, loaded either way")
 
 
+def snapshot(lite: LightningLite) -> None:
+    lost, unchanged = _snapshot.taken_before_a_step(lite)
+    assert not lost, f"full_state_dict handed out the model's own tensors: {lost} changed with the next step"
+    assert not unchanged, f"the step left {unchanged} as they were: the check would prove nothing"
+    print("OK full_state_dict is a copy: a snapshot keeps the weights and statistics of when it was taken")
+
+
 if __name__ == "__main__":
     import sys
     import tempfile
@@ -174,6 +182,7 @@ if __name__ == "__main__":
     from lite_core.strategies import FSDPStrategy
 
     LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(misuse)
+    LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(snapshot)
     LightningLite(accelerator="cpu", strategy="fsdp", devices=1, precision="bf16-mixed").launch(bf16_mixed)
     LightningLite(accelerator="cpu", strategy=FSDPStrategy(cpu_offload=True), devices=1).launch(cpu_offload)
     with tempfile.TemporaryDirectory() as folder:

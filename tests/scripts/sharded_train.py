@@ -6,9 +6,11 @@ Rank 0 writes `OUT_DIR/training.pt`: the data, the initial weights, the final fu
 training with gradient clipping and of training with `no_backward_sync` accumulation, and the
 clipping norms. Under `fsdp` it also builds a model with `init_module(empty_init=True)` and
 records where its parameters lived and its full weights after setup, and the buffers that a
-module built that way wrote in `__init__`, and what loading an optimizer without state
-restored (`stateless_round_trips`); each rank writes `OUT_DIR/user_collectives_rank{r}.json`
-with what the collectives of `_user_collectives.py` returned.
+module built that way wrote in `__init__`, what loading an optimizer without state restored
+(`stateless_round_trips`), and what a `full_state_dict` snapshot lost to the next training step
+(`snapshot_lost`, `snapshot_unchanged`: `_snapshot.py`); each rank writes
+`OUT_DIR/user_collectives_rank{r}.json` with what the collectives of `_user_collectives.py`
+returned.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import _snapshot
 import _user_collectives
 from lite_core import LightningLite
 from lite_core.strategies import FSDPStrategy
@@ -56,6 +59,7 @@ class Train(LightningLite):
         if self.strategy.name == "fsdp":
             results.update(self.empty_init())
             results.update(self.stateless_optimizer_round_trips(out_dir))
+            results["snapshot_lost"], results["snapshot_unchanged"] = _snapshot.taken_before_a_step(self)
             seen = _user_collectives.record(self)
             Path(out_dir, f"user_collectives_rank{self.global_rank}.json").write_text(json.dumps(seen))
         else:

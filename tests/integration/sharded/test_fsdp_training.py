@@ -63,10 +63,17 @@ def test_an_optimizer_without_state_round_trips_through_full_and_sharded_checkpo
         assert loaded == {"lr": 0.05, "state": 0, "weights_equal": True}, name
 
 
+def test_a_full_state_dict_taken_before_a_step_keeps_what_it_held(fsdp_job):
+    # On a CPU torch's gathered state dict holds the buffers' own memory (they are not sharded):
+    # a user's `best = lite.full_state_dict(model)` followed them through training.
+    assert fsdp_job["snapshot_lost"] == [], "full_state_dict handed out the model's own tensors"
+    assert fsdp_job["snapshot_unchanged"] == [], "the step changed nothing: the check proves nothing"
+
+
 def test_fsdp_misuse_bf16_mixed_cpu_offload_setup_with_optimizer_and_position_keyed_loading(run_script, output_of):
     proc = run_script("fsdp_single_process.py")
     assert proc.returncode == 0, output_of(proc)
-    for check in ("setup(model, optimizer)", "checkpoints across setup styles", "optimizer of unsharded parameters",
+    for check in ("full_state_dict is a copy", "setup(model, optimizer)", "checkpoints across setup styles", "optimizer of unsharded parameters",
                   "empty_init without reset_parameters", "bf16-mixed", "cpu_offload",
                   "position-keyed checkpoint"):
         assert f"OK {check}" in proc.stdout, output_of(proc)

@@ -366,7 +366,9 @@ class LightningLite:
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The set-up model's whole state dict as plain CPU tensors on rank 0, under every strategy
         (sharded ones gather it; the other ranks get an empty dict): what `torch.save` on rank 0
-        writes for a plain model to load. Call it on every rank.
+        writes for a plain model to load. The tensors are a copy, never the model's own memory, so
+        a snapshot kept in memory (`best = lite.full_state_dict(model)`) does not follow training.
+        Call it on every rank.
         """
         return self._strategy.full_module_state_dict(model)
 

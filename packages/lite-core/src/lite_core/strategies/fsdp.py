@@ -179,13 +179,16 @@ class FSDPStrategy(DDPStrategy):
         return self._mixed_precision if self._mixed_precision is not None else MixedPrecisionPolicy()
 
     def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
-        """The shards gathered whole onto rank 0's CPU (torch's `get_model_state_dict`)."""
+        """The shards gathered whole onto rank 0's CPU (torch's `get_model_state_dict`). On a CPU,
+        torch hands back the module's own memory wherever nothing had to be gathered (buffers,
+        which are not sharded; everything on one process): those tensors are copied, so that the
+        result is a copy under every strategy, as `ddp`'s is."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if module not in self._sharded_modules:
             return super().full_module_state_dict(module)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(module, options=options)
+        return _copy_shared(module, get_model_state_dict(module, options=options))
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
@@ -314,3 +317,17 @@ def _no_gradient_sync(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+def _copy_shared(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with a copy of every tensor that shares memory with `module`'s parameters (their
+    local shards) or buffers."""
+    from torch.distributed.tensor import DTensor
+
+    def storage(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.untyped_storage().data_ptr()
+
+    own = {storage(tensor) for tensor in (*module.parameters(), *module.buffers())}
+    return {name: value.detach().clone() if isinstance(value, torch.Tensor) and storage(value) in own else value
+            for name, value in state.items()}
