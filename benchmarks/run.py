@@ -106,7 +106,8 @@ TARGETS = {"steps:tiny": 1.02, "loader:tiny": 1.02, "compile:tiny": 1.02, "steps
               for model in ("tiny", "mlp1024")},
            "checkpoint:save": 1.05, "checkpoint:load": 1.05, "checkpoint:stall": 0.2, "monitor:tiny": 1.02,
            "launch-cli": 1.05, "restart": None, "position:batch": 1.01, "position:calls": None,
-           "position:deep-resume": None, "recompute:memory": 0.5, "fp8:step": 1.02}
+           "position:deep-resume": None, "recompute:memory": 0.5, "recompute:step": 1.02,
+           "fp8:step": 1.02}
 
 
 @dataclass
@@ -565,28 +566,39 @@ def _memory_row(ctx: Context, key: str, pinned: bool) -> Row:
 
 
 def bench_recompute(ctx: Context) -> list[Row]:
-    """Activation memory of `ddp` on one process without and with `activation_checkpointing={Block}`:
-    the peak RSS a fresh process reaches during the steps minus its RSS after set-up (the mmap
-    threshold pinned, as in `bench_memory`, so freed activations leave the RSS). "Plain" is the run
-    without recompute, "Lite" the one with it."""
+    """Recompute under `ddp` on one process, a fresh process per arm and repetition:
+
+    - memory: the peak RSS a process reaches during the steps minus its RSS after set-up (the mmap
+      threshold pinned, as in `bench_memory`, so freed activations leave the RSS), without (the
+      "plain" column) and with `activation_checkpointing={Block}` ("Lite");
+    - step: the median step of Lite's `activation_checkpointing={Block}` against the same job by hand
+      (torch's `checkpoint` on each block, `DistributedDataParallel`, no Lite)."""
     env = child_env(ctx.threads)
     env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     peaks: dict[str, list[float]] = {"without": [], "with": []}
 
-    def measure(arm: str) -> Callable[[], float]:
+    def report(arm: str, *extra: str) -> dict[str, float]:
+        command = [ctx.python, str(HERE / "_recompute_worker.py"), "--arm", arm, "--threads", str(ctx.threads), *extra]
+        return json.loads(run_child(command, ctx.config.child_timeout_s, env)[1].strip().splitlines()[-1])
+
+    def memory(arm: str) -> Callable[[], float]:
         def fn() -> float:
-            command = [ctx.python, str(HERE / "_recompute_worker.py"), "--arm", arm,
-                       "--steps", str(ctx.config.memory_steps), "--threads", str(ctx.threads)]
-            report = json.loads(run_child(command, ctx.config.child_timeout_s, env)[1].strip().splitlines()[-1])
-            peaks[arm].append(report["peak_rss_mib"])
-            return float(report["peak_rss_mib"] - report["setup_rss_mib"])
+            found = report(arm, "--steps", str(ctx.config.memory_steps))
+            peaks[arm].append(found["peak_rss_mib"])
+            return float(found["peak_rss_mib"] - found["setup_rss_mib"])
         return fn
 
-    without, with_ = interleave(ctx.config.memory_reps, measure("without"), measure("with"))
-    note = (f"peak RSS {statistics.median(peaks['without']):.0f} -> {statistics.median(peaks['with']):.0f} MiB;"
-            " 8 residual MLP blocks 256-1024-256, batch 2048")
+    def step(arm: str) -> Callable[[], float]:
+        return lambda: float(report(arm, "--steps", str(ctx.config.memory_steps), "--warmup", "1")["step_s"])
+
+    without, with_ = interleave(ctx.config.memory_reps, memory("without"), memory("with"))
+    by_hand, lite = interleave(ctx.config.memory_reps + 2, step("by-hand"), step("with"))
+    model = "8 residual MLP blocks 256-1024-256, batch 2048"
+    note = f"peak RSS {statistics.median(peaks['without']):.0f} -> {statistics.median(peaks['with']):.0f} MiB; {model}"
     return [paired_row("recompute:memory", "Memory the steps add, ddp on 1 proc: without vs with recompute", "MiB",
-                       without, with_, note=note)]
+                       without, with_, note=note),
+            paired_row("recompute:step", "Recompute step, ddp on 1 proc: torch's checkpoint by hand vs Lite", "s",
+                       by_hand, lite, note=f"{model}; median of {ctx.config.memory_steps} steps per process")]
 
 
 def bench_fp8(ctx: Context) -> list[Row]:
