@@ -6,16 +6,15 @@
 #   3. lite-deepspeed: its GPU tests (packages/lite-deepspeed/tests/test_gpu.py) and ZeRO 1-3 x
 #      32-true/bf16-mixed against plain PyTorch plus Lite's step time against deepspeed.initialize
 #      written by hand (benchmarks/gpu_deepspeed.py). DeepSpeed is installed from the wheels in
-#      $DS_WHEELS (default .whl, carried with the call; see benchmarks/install_wheels.sh) when it is
-#      not importable; without either, this part is skipped and says so;
+#      $DS_WHEELS (default .whl, carried with the call; benchmarks/prepare_wheels.sh fills it) when
+#      it is not importable; without either, this part is skipped and says so;
 #   4. model parallelism: ModelParallelStrategy over NCCL, dp1 x tp2 (dp2 x tp2 on 4 GPUs),
 #      against one plain process, and a sharded checkpoint round trip
 #      (benchmarks/gpu_model_parallel.py);
 #   5. FP8 against bf16 on the GPT-style model at width 4096 (where FP8 pays), compiled: step-time
-#      ratio, Lite's FP8 step against
-#      torchao by hand, and loss curves (benchmarks/gpu_fp8.py). torchao is installed from the
-#      wheel in $DS_WHEELS (`pip download --no-deps torchao==0.18.0 -d .whl`) when it is not
-#      importable; without either, or below compute capability 8.9, it is skipped and says so;
+#      ratio, Lite's FP8 step against torchao by hand, and loss curves (benchmarks/gpu_fp8.py).
+#      torchao is installed from the wheel in $DS_WHEELS when it is not importable; without
+#      either, or below compute capability 8.9, it is skipped and says so;
 #   6. context parallelism: ModelParallelStrategy(context_parallel_size=2) over NCCL, a causal
 #      transformer on torch's ring attention against one plain process on whole sequences
 #      (benchmarks/gpu_context_parallel.py; skipped on a CPU, where torch has no ring kernel);
