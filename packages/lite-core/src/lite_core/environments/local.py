@@ -12,13 +12,13 @@ from lite_core.errors import ConfigurationError
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now, drawn below the kernel's ephemeral range.
+    """A port free on `host` now, for a job's store (`MASTER_PORT`), drawn at random below the
+    kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`).
 
-    The kernel takes the ports of outgoing connections and of `bind(0)` from that range. A port
-    found with `bind(0)` is free only until it is closed: before the job's store bound it, another
-    connection could take it (a loaded CI run saw "MASTER_PORT=... is already in use" for a port
-    Lite had chosen). Below the range the kernel hands out nothing by itself. Where no port there
-    is free, the kernel chooses one.
+    The kernel gives the ports of outgoing connections and of `bind(0)` from that range, so a port
+    found with `bind(0)` and closed again may be taken by any connection before the store binds it
+    ("MASTER_PORT=... is already in use" on a busy machine). Below the range the kernel hands out
+    nothing by itself. Where no port there is free, the kernel chooses one.
     """
     low, high = _below_ephemeral_range()
     for port in random.sample(range(low, high), k=min(_TRIES, high - low)):
