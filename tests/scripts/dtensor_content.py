@@ -5,8 +5,9 @@ the set-up model's `DTensor`s) in `save` content under `fsdp` on 2 processes:
 
 Saves `{"model", "ema", "history", "step"}` sharded, wipes the averages, loads them back under
 `fsdp` (into the same `DTensor`s), then reads the checkpoint under `ddp` (into whole tensors) and
-whole with `load(path)`. Every rank writes `OUT_DIR/rank<r>.pt`: the full averages saved, and what
-each load gave back.
+whole with `load(path)`; then saves new averages with `state_dict_type="full"` and reads that one file
+with `torch.load`. Every rank writes `OUT_DIR/rank<r>.pt`: the full averages saved, and what each
+load gave back.
 """
 
 from __future__ import annotations
@@ -60,11 +61,25 @@ def main(out: Path) -> None:
                  "history": [torch.zeros(8, 6)]}
     ddp.load(out / "ckpt", under_ddp)  # plain values are replaced by what was saved, read whole
 
+    # A full checkpoint is one file that a plain process reads: the averages in it are whole.
+    one_file = LightningLite(accelerator="cpu", devices=2, strategy=FSDPStrategy(state_dict_type="full"))
+    one_file.launch()
+    again = one_file.setup(make_model())
+    averages = {name: 2 * p.detach().clone() + 1 for name, p in again.named_parameters()}
+    one_file.save({"model": again, "ema": averages}, out / "full.pt")
+    one_file.save({"model": again, "ema": averages}, out / "full-background.pt", blocking=False)
+    one_file.wait_for_checkpoint()
+    dist.barrier()
+    # a DTensor would be refused by weights_only
+    in_the_file = {which: torch.load(out / f"{which}.pt", weights_only=True)["ema"] for which in ("full", "full-background")}
+
     torch.save({"saved": saved, "saved_history": saved_history, "loaded": loaded, "step": state["step"],
                 "loaded_history": full(history[0]), "kept_objects": kept_objects,
                 "whole": {name: full(whole["ema"][name]) for name in ema}, "whole_step": whole["step"],
                 "under_ddp": {name: full(value) for name, value in under_ddp["ema"].items()},
-                "under_ddp_history": full(under_ddp["history"][0])},
+                "under_ddp_history": full(under_ddp["history"][0]),
+                "in_one_file": {which: {name: (type(value).__name__, value) for name, value in ema.items()}
+                                for which, ema in in_the_file.items()}},
                out / f"rank{dist.get_rank()}.pt")
 
 

@@ -38,3 +38,13 @@ def test_they_are_read_whole_without_state_and_under_ddp(ranks, rank) -> None:
     assert _equal(result["whole"], result["saved"]) and result["whole_step"] == 7
     assert _equal(result["under_ddp"], result["saved"])
     assert torch.equal(result["under_ddp_history"], result["saved_history"])
+
+
+def test_a_full_checkpoint_holds_them_whole_for_a_plain_process(ranks) -> None:
+    # Before, rank 0 pickled its DTensor shards into the one file (weights_only refuses those).
+    files = ranks[0]["in_one_file"]
+    assert set(files) == {"full", "full-background"}  # save(), and save(blocking=False)
+    for which, ema in files.items():
+        for name, (kind, value) in ema.items():
+            assert kind == "Tensor", (which, name)
+            assert torch.equal(value, ranks[0]["saved"][name]), (which, name)

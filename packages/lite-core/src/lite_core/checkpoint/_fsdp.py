@@ -119,6 +119,17 @@ def _has_tensors_to_shard(optimizer_state: dict[str, Any]) -> bool:
                for per_parameter in optimizer_state.get("state", {}).values() for value in per_parameter.values())
 
 
+def _gathered(plain: dict[str, Any]) -> dict[str, Any]:
+    """The values with each `DTensor` they hold gathered whole into host memory (as the model's
+    weights are in a full checkpoint), so that the one file holds plain tensors; every rank takes
+    part in the gathering."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+
+    return {key: tree_map_only(DTensor, lambda tensor: tensor.full_tensor().cpu(), value) if _holds(value, DTensor)
+            else value for key, value in plain.items()}
+
+
 def _extra(strategy: ShardsCheckpoints, plain: dict[str, Any]) -> dict[str, Any]:
     """The values saved besides modules and optimizers: stateful objects (an LR scheduler, a
     scaler) as their `state_dict()`, plus the precision plugin's state."""
@@ -132,7 +143,7 @@ def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -
     """Gather everything to rank 0 and write one file there."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
-    extra = _extra(strategy, plain)
+    extra = _extra(strategy, _gathered(plain))
     on_rank_zero(strategy, path, lambda: strategy.checkpoint_io.save({**state, **extra}, path))
 
 
@@ -140,7 +151,7 @@ def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) 
     """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
     objects, plain = _split(content)
     state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
-    extra = stage_to_host(_extra(strategy, plain))
+    extra = stage_to_host(_extra(strategy, _gathered(plain)))
     if strategy.global_rank != 0:
         return nothing
     return lambda: strategy.checkpoint_io.save({**state, **extra}, path)

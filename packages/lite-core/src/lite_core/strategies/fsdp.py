@@ -35,7 +35,9 @@ class FSDPStrategy(DDPStrategy):
         cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory.
         state_dict_type: `"sharded"` (default) makes `save` write a directory with one shard per
             process (torch distributed checkpoint); `"full"` writes one `torch.load`-able file
-            from rank 0. `load` reads both kinds under any strategy and process count.
+            from rank 0, with the weights and any `DTensor` in your own values (an average of the
+            parameters) gathered whole. `load` reads both kinds under any strategy and process
+            count.
         reshard_after_forward: free the gathered parameters after the forward pass and gather
             them again for backward (less memory, more communication). `None` (default) is
             torch's choice: every sharded submodule reshards, the root module keeps its
