@@ -191,7 +191,7 @@ def free_port() -> int:
     connection (a gloo pair, a torchft store, an HTTP client) can take it before the test's server
     binds it; a claim file keeps two tests from drawing the same one.
     """
-    from lite_core.environments.local import find_free_port
+    from lite_core.plugins import find_free_port
 
     _PORT_CLAIMS.mkdir(exist_ok=True)
     for _ in range(500):

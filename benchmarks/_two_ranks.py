@@ -48,7 +48,7 @@ def node_variables(name: str) -> dict[str, str]:
 def run_as_nodes(argv: list[str], timeout: float = 300) -> int:
     """Run `python argv` as node 0 and node 1 and wait for both: node 0 prints to this process's
     output, node 1's output is printed only if it fails. Returns 0 when both exit 0."""
-    from lite_core.environments.local import find_free_port
+    from lite_core.plugins import find_free_port
 
     port = str(find_free_port())
     procs = []

@@ -187,7 +187,7 @@ def ddp_ft(device: torch.device) -> dict[str, object]:
 
 
 def _start_group(group: int, device: torch.device, lighthouse_port: str, folder: Path) -> subprocess.Popen[bytes]:
-    from lite_core.environments.local import find_free_port
+    from lite_core.plugins import find_free_port
 
     port = find_free_port()  # the group's own store (one process)
     env = {**os.environ, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": "2", **node_variables(f"lite-group-{group}"),
