@@ -9,13 +9,16 @@ Prints one `OK <check>` line per check that passed; exits non-zero on the first 
 from __future__ import annotations
 
 import copy
+import os
+import pickle
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import _snapshot
 from lite_core import LightningLite
-from lite_core.errors import MisuseError
+from lite_core.errors import CheckpointError, MisuseError
 
 
 class NoReset(nn.Module):
@@ -168,6 +171,32 @@ def setup_with_optimizer(lite: LightningLite, folder: str) -> None:
     print("OK checkpoints across setup styles: written either way, loaded either way")
 
 
+class RunsACommand:
+    """A `.metadata` a stranger put in a shared bucket: unpickling it calls `os.system`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return os.system, (f"touch '{self.marker}'",)
+
+
+def hostile_metadata(lite: LightningLite, folder: str) -> None:
+    """fsdp's own loading route (`load(path, state)` into sharded modules) reads `.metadata` safely."""
+    model = lite.setup_module(nn.Linear(3, 3))
+    lite.save({"model": model}, f"{folder}/shared")
+    marker = Path(folder) / "ran"
+    Path(f"{folder}/shared/.metadata").write_bytes(pickle.dumps(RunsACommand(marker)))
+    try:
+        lite.load(f"{folder}/shared", {"model": model})
+    except CheckpointError as err:
+        assert "call load(..., weights_only=False)" in str(err), err
+    else:
+        raise AssertionError("a .metadata that runs a command was loaded")
+    assert not marker.exists(), "the checkpoint's command ran"
+    print("OK hostile metadata: refused under fsdp, and nothing ran")
+
+
 def snapshot(lite: LightningLite) -> None:
     lost, unchanged = _snapshot.taken_before_a_step(lite)
     assert not lost, f"full_state_dict handed out the model's own tensors: {lost} changed with the next step"
@@ -188,4 +217,5 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as folder:
         LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(load_position_keyed, f"{folder}/plain.pt")
         LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(setup_with_optimizer, folder)
+        LightningLite(accelerator="cpu", strategy="fsdp", devices=1).launch(hostile_metadata, folder)
     sys.exit(0)

@@ -75,5 +75,5 @@ def test_fsdp_misuse_bf16_mixed_cpu_offload_setup_with_optimizer_and_position_ke
     assert proc.returncode == 0, output_of(proc)
     for check in ("full_state_dict is a copy", "setup(model, optimizer)", "checkpoints across setup styles", "optimizer of unsharded parameters",
                   "empty_init without reset_parameters", "bf16-mixed", "cpu_offload",
-                  "position-keyed checkpoint"):
+                  "position-keyed checkpoint", "hostile metadata"):
         assert f"OK {check}" in proc.stdout, output_of(proc)

@@ -3,7 +3,6 @@ full file, both read back at any process count. The formats are described in `li
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -17,7 +16,14 @@ from torch.optim import Optimizer
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
 from lite_core.checkpoint import _store
 from lite_core.checkpoint._io import remove_stale_temporaries, writer
-from lite_core.checkpoint._sharded import EXTRA_FILE, is_sharded, read_sharded, storage_reader, storage_writer
+from lite_core.checkpoint._sharded import (
+    EXTRA_FILE,
+    is_sharded,
+    read_sharded,
+    reading_metadata_once,
+    storage_reader,
+    storage_writer,
+)
 from lite_core.checkpoint._rank_zero import _describe, first_failure, on_rank_zero, shard_failure
 from lite_core.checkpoint._store import is_url
 from lite_core.checkpoint._state import (
@@ -290,7 +296,7 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
 
     extra_file = _store.join(path, EXTRA_FILE) if is_url(path) else os.path.join(path, EXTRA_FILE)
     content = strategy.checkpoint_io.load(extra_file, weights_only=weights_only)
-    reader = _reading_metadata_once(storage_reader(path))
+    reader = reading_metadata_once(storage_reader(path, weights_only))
     saved = set(reader.read_metadata().state_dict_metadata)
     top_level = {fqn.split(".", 1)[0] for fqn in saved}
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
@@ -323,13 +329,6 @@ def _check_sharded_keys(strategy: ShardsCheckpoints, objects: dict[str, Any], ta
             prefix = f"{key}."
             held = sorted(name[len(prefix):] for name in saved if name.startswith(prefix))
             check_module_keys(objects[key], strategy.whole_module_keys(objects[key]) or target, held)
-
-
-def _reading_metadata_once(reader: Any) -> Any:
-    """`reader`, whose `.metadata` is read on the first `read_metadata()` only: Lite's key check
-    and `dcp.load` both ask for it (at a URL, two requests each time)."""
-    reader.read_metadata = functools.cache(reader.read_metadata)
-    return reader
 
 
 def _load_target(strategy: ShardsCheckpoints, key: str, obj: Any, saved: set[str]) -> Any:

@@ -90,7 +90,9 @@ class TorchCheckpointIO(CheckpointIO):
         except CheckpointError:  # the store said why (a URL)
             raise
         except pickle.UnpicklingError as err:
-            if weights_only and "Unsupported global" in str(err):
+            # torch words it "Unsupported global: GLOBAL x" or "unsupported GLOBAL x whose module
+            # is blocked" (os, subprocess, ... since torch 2.6)
+            if weights_only and "unsupported global" in str(err).lower():
                 raise CheckpointError(
                     f"The checkpoint '{source}' holds pickled Python objects that safe loading refuses:"
                     " if you trust the file, call load(..., weights_only=False)."

@@ -3,6 +3,7 @@ turning them into one file (the formats are described in `lite_core.checkpoint`)
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,29 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / _METADATA_FILE).is_file()
 
 
-def storage_reader(path: str) -> Any:
-    """Torch distributed checkpoint's reader for `path`: `FsspecReader` for a URL."""
+def storage_reader(path: str, weights_only: bool = True) -> Any:
+    """Torch distributed checkpoint's reader for `path` (`FsspecReader` for a URL); with
+    `weights_only`, its `.metadata` is read without running code (see `_safe_metadata`)."""
     if is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(path)
-    from torch.distributed.checkpoint import FileSystemReader
+        reader = FsspecReader(path)
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
 
-    return FileSystemReader(path)
+        reader = FileSystemReader(path)
+    if not weights_only:
+        return reader
+    from lite_core.checkpoint._safe_metadata import refuse_code_in_metadata
+
+    return refuse_code_in_metadata(reader, path)
+
+
+def reading_metadata_once(reader: Any) -> Any:
+    """`reader`, whose `.metadata` is read on the first `read_metadata()` only: Lite's checks
+    and torch's loading both ask for it (at a URL, two requests each time)."""
+    reader.read_metadata = functools.cache(reader.read_metadata)
+    return reader
 
 
 def storage_writer(path: str) -> Any:
@@ -75,9 +90,12 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
     if not is_sharded(path):
         raise CheckpointError(f"'{path}' is not a sharded checkpoint directory: pass a directory saved under strategy='fsdp'.")
     tensors: dict[str, Any] = {}
+    reader = reading_metadata_once(storage_reader(os.fspath(path), weights_only))
     try:
-        _load_state_dict(tensors, storage_reader=storage_reader(os.fspath(path)),
-                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        reader.read_metadata()  # first, so that a refusal to unpickle it is raised as it is, not wrapped by torch
+        _load_state_dict(tensors, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
         raise CheckpointError(
             f"The sharded checkpoint '{path}' is incomplete or damaged ({type(err).__name__}): point"
@@ -85,3 +103,4 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
         ) from err
     extra = join(path, EXTRA_FILE) if isinstance(path, str) and is_url(path) else Path(path) / EXTRA_FILE
     return {**io.load(extra, weights_only=weights_only), **tensors}
+
