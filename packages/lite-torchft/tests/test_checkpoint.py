@@ -3,14 +3,20 @@ so a whole-job restart resumes at the saved step and sample (one group, in this 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import free_port, script_env  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_torchft import DDPFTStrategy
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.mark.timeout(90)
@@ -50,3 +56,28 @@ def test_a_checkpoint_resumes_the_step_and_the_loader_position(lighthouse: str, 
     assert after == [2]  # the loader resumes at the first sample after the saved step
     saved = torch.load(path, weights_only=True)
     assert saved["_torchft_manager"] == {"step": 2, "batches_committed": 2}
+
+
+def _job(lighthouse: str, *args: str) -> list[int]:
+    """One job of scripts/resume_loader.py (a fresh process, as after a preemption)."""
+    env = script_env(REPLICA_GROUP_ID="0", NUM_REPLICA_GROUPS="1", TORCHFT_LIGHTHOUSE=lighthouse,
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "resume_loader.py"), *args], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
+    return json.loads(line[len("SEEN "):])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("strategy", "shuffle"), [("ddp_ft", "default"), ("diloco", "generator")])
+def test_the_set_up_loader_in_the_saved_state_resumes_at_the_next_sample(lighthouse: str, tmp_path: Path,
+                                                                        strategy: str, shuffle: str) -> None:
+    """docs/preemption.md's loop puts `"loader": loader` in the state: the position is applied once
+    (the strategy's stream and the loader's sampler both skipped it, landing on epoch 1's first batch)."""
+    path = str(tmp_path / "ckpt.pt")
+    uninterrupted = _job(lighthouse, strategy, shuffle, str(tmp_path / "never-written.pt"))
+    assert len(uninterrupted) == 20 and uninterrupted[:10] != uninterrupted[10:]  # two epochs, two orders
+    before = _job(lighthouse, strategy, shuffle, path, "6")
+    after = _job(lighthouse, strategy, shuffle, path)
+    assert before + after == uninterrupted

@@ -225,6 +225,18 @@ class FaultTolerantReplication:
         self._global_batch_loaders.append(dataloader)
         return True
 
+    def loader_batches_consumed(self, dataloader: Iterable[Any]) -> int | None:
+        """The batches of `dataloader`'s epoch that committed steps took (its stream's count: every
+        process's share of a step, none of a step that did not commit); `None` before its first pass."""
+        stream = next((stream for stream in self._healing.streams if stream.dataloader is dataloader), None)
+        return None if stream is None else stream.committed
+
+    def resume_loader(self, dataloader: Iterable[Any], epoch: int, batches: int) -> bool:
+        """A set-up loader's saved position (the user put the loader in the state they `load`)
+        moves its stream, which skips the committed batches itself: the sampler must not too."""
+        self._stream_of(dataloader).load_state_dict({"epoch": epoch, "committed": batches})
+        return True
+
     def _stream_of(self, dataloader: Iterable[Any]) -> LoaderStream:
         for stream in self._healing.streams:
             if stream.dataloader is dataloader:

@@ -41,7 +41,7 @@ class LiteDataLoader(DataLoader):
         self._dataloader = dataloader
         self._strategy = strategy
         self._moves_plainly = moves_plainly  # the strategy's batch_to_device is Strategy's own
-        self._position = LoaderPosition(dataloader)
+        self._position = LoaderPosition(dataloader, strategy)
         self._evaluation = evaluation
         self._evaluation_position = None if evaluation is None else LoaderPosition(evaluation.dataloader)
 

@@ -35,8 +35,11 @@ from lite_core.data._streams import GlobalStream
 class LoaderPosition:
     """The epoch and sample bookkeeping of one set-up dataloader."""
 
-    def __init__(self, dataloader: Any) -> None:
+    def __init__(self, dataloader: Any, strategy: Any = None) -> None:
         self._dataloader = dataloader
+        # Asked where a strategy keeps the position itself (`Strategy.loader_batches_consumed`,
+        # `Strategy.resume_loader`): then it, not this object, owns the batches consumed.
+        self._strategy = strategy
         self._sampler = positioned_sampler(dataloader)
         self._per_batch = samples_per_batch(dataloader, self._sampler) if self._sampler is not None else 0
         stream = getattr(dataloader, "dataset", None)
@@ -108,7 +111,7 @@ class LoaderPosition:
             state["samples_per_step"] = self._per_batch  # the global batch, for the warning at load
             if self._in_epoch:  # the next pass finishes this epoch
                 state["epoch"] -= 1
-                consumed = self._pass_skip + self.taken * self._per_batch
+                consumed = self._consumed()
                 state["consumed"] = min(consumed, self._sampler.order_length())
                 state["order"] = self._sampler.order_state()
                 state["processes"] = self.processes()
@@ -129,6 +132,19 @@ class LoaderPosition:
             state["torch_rng_state"] = torch.get_rng_state()
         return state
 
+    def _consumed(self) -> int:
+        """Samples of the pass under way consumed: counted by the strategy where it keeps them."""
+        batches = None if self._strategy is None else self._strategy.loader_batches_consumed(self._dataloader)
+        if batches is not None:
+            return batches * self._per_batch
+        return self._pass_skip + self.taken * self._per_batch
+
+    def _resumed_by_strategy(self, epoch: int, consumed: int) -> bool:
+        """Whether the strategy took the position (so the sampler must not skip it as well)."""
+        if self._strategy is None or not consumed or not self._per_batch or consumed % self._per_batch:
+            return False
+        return bool(self._strategy.resume_loader(self._dataloader, epoch, consumed // self._per_batch))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict`)."""
         self.next_epoch = int(state["epoch"])
@@ -137,7 +153,7 @@ class LoaderPosition:
         rng_state = state.get("torch_rng_state")
         if self._sampler is not None:
             self._warn_if_global_batch_changes(state)
-            self._sampler.skip = consumed
+            self._sampler.skip = 0 if self._resumed_by_strategy(self.next_epoch, consumed) else consumed
             order = dict(state.get("order", {}))
             if consumed and rng_state is not None and isinstance(self._sampler, EpochOrder):
                 order["torch_rng_state"], rng_state = rng_state, None  # restored where the pass draws

@@ -417,6 +417,20 @@ class Strategy:
         """
         return False
 
+    def loader_batches_consumed(self, dataloader: Iterable[Any]) -> int | None:
+        """How many batches of `dataloader`'s pass under way the job has consumed, where this
+        strategy counts them rather than the set-up loader (a fault-tolerant strategy counts the
+        batches of committed steps: those of every process alive in them, none of a step that
+        failed). `None`, the default: the set-up loader counts the batches it handed out."""
+        return None
+
+    def resume_loader(self, dataloader: Iterable[Any], epoch: int, batches: int) -> bool:
+        """Resume `dataloader` `batches` batches into epoch `epoch` (a position `load` read from the
+        set-up loader's entry) this strategy's own way, and return `True`: the set-up loader then
+        skips nothing itself, so the position is applied once. `False`, the default: the set-up
+        loader's sampler skips those samples."""
+        return False
+
     def is_logging_process(self) -> bool:
         """Whether this process sends the job's metrics to the loggers (`lite.log`, `log_dict`, and
         what the tracker loggers send): global rank 0. A strategy whose replica groups each have a
