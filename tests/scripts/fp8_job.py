@@ -227,6 +227,8 @@ def main(out: Path) -> None:
     results["moved/fp8_all_gather_saved"] = with_lite("fsdp", Float8Precision("tensorwise", emulate=True),
                                                       save_to=out / "fp8_all_gather_sharded")
     results["moved/fp8_all_gather_to_bf16"] = with_lite("ddp", "bf16-mixed", load_from=out / "fp8_all_gather_sharded")
+    results["moved/fp8_all_gather_round_trip"] = with_lite("fsdp", Float8Precision("tensorwise", emulate=True),
+                                                           load_from=out / "fp8_all_gather_sharded")
     results["moved/bf16_to_fp8_all_gather"] = with_lite("fsdp", Float8Precision("tensorwise", emulate=True),
                                                         load_from=out / "bf16.pt")
     if dist.get_rank() == 0:

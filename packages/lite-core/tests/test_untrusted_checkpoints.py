@@ -157,3 +157,21 @@ def test_a_one_file_checkpoint_with_a_blocked_call_is_refused_as_unsafe_not_as_d
     url = f"memory://shared-bucket/{uuid.uuid4().hex[:8]}/shared.pt"
     fsspec.filesystem("memory").pipe_file(url, (tmp_path / "shared.pt").read_bytes())
     _refused(lambda: lite.load(url), marker)
+
+
+class _TaggedTensor(torch.Tensor):
+    """A tensor class of the user's own (as a library's parameter wrapper is to a plain process)."""
+
+
+def test_shards_of_a_class_safe_loading_refuses_are_reported_as_refused_not_as_damaged(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    weight = torch.Tensor._make_subclass(_TaggedTensor, torch.ones(2, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": {"weight": weight}}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    torch.save({}, tmp_path / "ckpt" / "lite_extra.pt")
+    with pytest.raises(CheckpointError, match=r"holds pickled \S*_TaggedTensor objects, which torch's safe") as info:
+        consolidate(tmp_path / "ckpt", tmp_path / "one.pt")
+    message = str(info.value)
+    assert message.endswith(".") and ". " not in message and "damaged" not in message, message

@@ -7,6 +7,8 @@ FP8, never with float32."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,16 @@ RECIPES = ("tensorwise", "rowwise")
 
 
 @pytest.fixture(scope="module")
-def job(run_script, output_of, tmp_path_factory):
+def job_folder(run_script, output_of, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fp8")
     proc = run_script(_SCRIPT, out, timeout=480, env={"LITE_COLLECTIVE_TIMEOUT": "60"})
     assert proc.returncode == 0, output_of(proc)
-    return torch.load(out / "results.pt", weights_only=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(job_folder):
+    return torch.load(job_folder / "results.pt", weights_only=True)
 
 
 def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -79,3 +86,23 @@ def test_a_checkpoint_of_float8_all_gathered_weights_holds_plain_weights(job) ->
     reverse = job["moved/bf16_to_fp8_all_gather"]
     assert reverse["float8_all_gather"]
     assert largest_difference(job["moved/bf16_saved"]["weights"], reverse["weights"]) == 0.0
+
+
+def test_a_sharded_fp8_checkpoint_reads_in_a_process_without_torchao(job, job_folder, tmp_path) -> None:
+    """torchao's float8 all-gather wraps each weight shard in its own tensor class: the sharded files
+    hold the plain shards, which `consolidate` reads where torchao cannot even be imported, and
+    which load back into the same FP8 run."""
+    reader = (
+        "import sys; sys.modules['torchao'] = None\n"  # `import torchao` fails here
+        "from lite_core.checkpoint import consolidate\n"
+        "consolidate(sys.argv[1], sys.argv[2])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", reader, str(job_folder / "fp8_all_gather_sharded"),
+                           str(tmp_path / "one.pt")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    weights = torch.load(tmp_path / "one.pt", weights_only=True)["model"]
+    assert all(type(tensor) is torch.Tensor for tensor in weights.values())
+    saved = job["moved/fp8_all_gather_saved"]["weights"]
+    assert largest_difference(saved, weights) == 0.0
+    round_trip = job["moved/fp8_all_gather_round_trip"]
+    assert round_trip["float8_all_gather"] and largest_difference(saved, round_trip["weights"]) == 0.0

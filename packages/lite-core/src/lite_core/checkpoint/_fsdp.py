@@ -4,7 +4,6 @@ full file, both read back at any process count. The formats are described in `li
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +14,8 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
 from lite_core.checkpoint import _store
-from lite_core.checkpoint._io import remove_stale_temporaries, writer
+from lite_core.checkpoint._io import put_in_place, remove_stale_temporaries, writer
+from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._sharded import (
     EXTRA_FILE,
     is_sharded,
@@ -81,8 +81,8 @@ def _state_of(strategy: ShardsCheckpoints, obj: Any, full: bool) -> Any:
         if unstepped:  # torch made the state with a step of zero gradients and lr 0; that step
             obj.state.clear()  # must not count in the training that follows (Adam's bias correction)
             state = {**state, "state": {}}  # as `Optimizer.state_dict()` before the first step
-        return _whole_model_groups(strategy, obj, state)
-    return get_model_state_dict(obj, options=_options(full))
+        return plain_tensors(_whole_model_groups(strategy, obj, state))
+    return plain_tensors(get_model_state_dict(obj, options=_options(full)))
 
 
 def _whole_model_groups(strategy: ShardsCheckpoints, optimizer: Optimizer, state: dict[str, Any]) -> dict[str, Any]:
@@ -235,8 +235,8 @@ def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], path: st
         return
     target = Path(path)
     strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
-    _replace(Path(staging), target)
-    remove_stale_temporaries(target, started, folders=True)  # what interrupted saves left
+    put_in_place(Path(staging), target)  # over a folder or a file (saved under another strategy)
+    remove_stale_temporaries(target, started)  # what interrupted saves left
 
 
 def _staging_directory(target: Path) -> str:
@@ -246,19 +246,6 @@ def _staging_directory(target: Path) -> str:
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users
     return staging
-
-
-def _replace(staging: Path, target: Path) -> None:
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    # Two renames, as a folder cannot replace another in one: if the process dies between them,
-    # `load` finds the previous checkpoint in this folder (`previous_checkpoint`) and the next
-    # successful save removes it.
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".old", dir=target.parent))
-    os.replace(target, old / target.name)
-    os.replace(staging, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # -- load ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,29 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
-        raise CheckpointError(
-            f"The sharded checkpoint '{path}' is incomplete or damaged ({type(err).__name__}): point"
-            " load() at a complete checkpoint."
-        ) from err
+        raise read_failure(path, err) from err
     extra = join(path, EXTRA_FILE) if isinstance(path, str) and is_url(path) else Path(path) / EXTRA_FILE
     return {**io.load(extra, weights_only=weights_only), **tensors}
 
+
+
+def read_failure(path: str | os.PathLike[str], error: BaseException) -> CheckpointError:
+    """What reading the shards of `path` failed with, in one sentence: a refusal of safe loading
+    (a pickled class the checkpoint names) as a refusal, naming the class; anything else as damage."""
+    import pickle
+
+    from lite_core.checkpoint._rank_zero import first_failure
+
+    cause = first_failure(error)[1]
+    text = " ".join(str(cause).split())
+    refused = re.search(r"unsupported global:? (?:GLOBAL )?(\S+)", text, flags=re.IGNORECASE)
+    if isinstance(cause, pickle.UnpicklingError) and refused is not None:
+        return CheckpointError(
+            f"The sharded checkpoint '{path}' holds pickled {refused.group(1)} objects, which torch's safe"
+            " loading of shards refuses: save it again with a Lite that writes plain tensors, or read it in"
+            " a process that imports and allow-lists that class (torch.serialization.add_safe_globals)."
+        )
+    return CheckpointError(
+        f"The sharded checkpoint '{path}' is incomplete or damaged ({type(error).__name__}): point"
+        " load() at a complete checkpoint."
+    )
