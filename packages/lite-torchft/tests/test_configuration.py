@@ -85,3 +85,15 @@ def test_groups_meet_over_nccl_where_the_group_does_and_over_gloo_elsewhere(monk
     gloo_asked = DDPFTStrategy(ft_timeout=7, process_group_backend="gloo")
     gloo_asked.accelerator = _CUDADeclaration()
     assert type(gloo_asked._across_groups()) is torchft.ProcessGroupGloo
+
+
+@pytest.mark.parametrize("strategy", ["DiLoCoStrategy", "DiLoCoFSDPStrategy"])
+def test_quantized_diloco_on_a_cpu_is_refused_at_construction(group_variables: pytest.MonkeyPatch,
+                                                              strategy: str) -> None:
+    """torchft all-reduces unquantized, silently, where its Triton kernels cannot run."""
+    from lite_torchft import diloco
+
+    with pytest.raises(ConfigurationError, match=rf"{strategy}\(should_quantize=True\) .* CUDA GPUs only") as info:
+        LightningLite(accelerator="cpu", strategy=getattr(diloco, strategy)(sync_every=2, should_quantize=True))
+    assert str(info.value).endswith(".") and ". " not in str(info.value)
+    assert LightningLite(accelerator="cpu", strategy=getattr(diloco, strategy)(sync_every=2)) is not None

@@ -156,6 +156,11 @@ class _DiLoCo(_PeriodicReplication):
         self._options = {"fragment_sync_delay": fragment_sync_delay, "fragment_update_alpha": fragment_update_alpha,
                          "should_quantize": should_quantize}
 
+    def connect(self, accelerator: Any, *args: Any, **kwargs: Any) -> None:
+        if self._options["should_quantize"]:
+            _require_quantizing_kernels(type(self).__name__, accelerator.name)
+        super().connect(accelerator, *args, **kwargs)
+
     def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
         from torchft.local_sgd import DiLoCo
 
@@ -194,6 +199,23 @@ class _DiLoCo(_PeriodicReplication):
         return f"{type(self).__name__}(sync_every={self._sync_every}, fragments={self._fragments})"
 
 
+def _require_quantizing_kernels(strategy: str, accelerator: str) -> None:
+    """torchft quantizes the all-reduce only with its Triton kernels on CUDA devices, and otherwise
+    all-reduces unquantized without a word: say so at construction instead."""
+    import importlib.util
+
+    if accelerator != "cuda":
+        raise ConfigurationError(
+            f"{strategy}(should_quantize=True) quantizes with torchft's Triton kernels, which run on CUDA"
+            f" GPUs only, so on accelerator={accelerator!r} nothing would be quantized: pass should_quantize=False."
+        )
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigurationError(
+            f"{strategy}(should_quantize=True) quantizes with torchft's Triton kernels, and Triton is not"
+            " installed, so nothing would be quantized: run `pip install triton` or pass should_quantize=False."
+        )
+
+
 class DiLoCoStrategy(_DiLoCo, DDPStrategy):
     """`strategy="diloco"`: DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512)
     across replica groups, on torchft's `DiLoCo`, with DDP inside each group.
@@ -210,7 +232,8 @@ class DiLoCoStrategy(_DiLoCo, DDPStrategy):
             the average (the paper's tau; less than `sync_every / fragments`).
         fragment_update_alpha: how much of the group's own weights a synchronised fragment keeps
             (0: it takes the outer step's result).
-        should_quantize: all-reduce the pseudo-gradients quantized (torchft's; needs a GPU).
+        should_quantize: all-reduce the pseudo-gradients quantized (torchft's Triton kernels: CUDA GPUs
+            only; refused at construction elsewhere, where torchft would not quantize).
         **kwargs: `ddp_ft`'s arguments (timeouts, `min_replica_size`, ...), and `ddp`'s for the group.
     """
 
