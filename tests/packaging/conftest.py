@@ -103,6 +103,12 @@ class Venv:
                            cwd=self.root)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    def script(self, path: Path, *args: str, timeout: float = PYTHON_TIMEOUT, **env: str) -> Any:
+        """Run the program `path` in the venv's python (from its folder); returns the JSON it prints last."""
+        proc = run_checked([str(self.bin / "python"), str(path), *args], timeout=timeout, env=self.env(**env),
+                           cwd=path.parent)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
     def command(self, name: str, *args: str, timeout: float = PYTHON_TIMEOUT) -> subprocess.CompletedProcess[str]:
         """Run a console script the venv installed (e.g. `lite`)."""
         return run_checked([str(self.bin / name), *args], timeout=timeout, env=self.env(), cwd=self.root)
@@ -173,7 +179,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Co
     venv_module.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(root)
     env = Venv(root)
     # Lite's own non-Lite requirements come from the index; every Lite package comes from dist.
-    env.pip("install", TORCH, "packaging>=23", "setuptools", "wheel")
+    env.pip("install", TORCH, "packaging>=23", "numpy", "setuptools", "wheel")
     return env
 
 
