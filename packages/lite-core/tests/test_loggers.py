@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
@@ -62,12 +63,11 @@ def test_csv_columns_grow_and_steps_count_on(tmp_path: Path) -> None:
 
 def test_csv_rows_wait_for_flush_every_or_finalize(tmp_path: Path) -> None:
     logger = CSVLogger(tmp_path, flush_every=3)
-    logger.log_metrics({"x": 1})
-    logger.log_metrics({"x": 2})
-    assert not logger.path.exists()
-    logger.log_metrics({"x": 3})
-    assert len(read_csv(logger.path)[1]) == 3
-    logger.log_metrics({"x": 4})
+    for x in (1, 2, 3):
+        logger.log_metrics({"x": x})
+    assert not logger.path.exists()  # three rows buffered, the third step's may still grow
+    logger.log_metrics({"x": 4})  # a new step begins: the three rows before it are written
+    assert [r["x"] for r in read_csv(logger.path)[1]] == ["1", "2", "3"]
     logger.finalize()
     logger.log_metrics({"x": 5})  # logging after finalize appends to the same file
     logger.finalize()
@@ -144,3 +144,68 @@ def test_the_loggers_of_one_run_write_one_version_and_the_next_run_the_next(tmp_
     assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
     for version in ("version_0", "version_1"):
         assert (runs / version / "metrics.csv").exists() and list((runs / version).glob("events.out.tfevents.*"))
+
+
+def test_values_logged_at_one_step_make_one_row_also_after_a_checkpoint_wrote_it(tmp_path: Path) -> None:
+    class Job(LightningLite):
+        def run(self) -> list[dict[str, str]]:
+            for step in range(3):
+                self.log("loss", 1.0 + step, step=step)
+                self.log_dict({"lr": 0.5, "grad_norm": 2.0}, step=step)  # a second call at the same step
+            self.save({"csv": logger}, tmp_path / "last.ckpt")
+            written_by_the_save = read_csv(logger.path)[1]
+            self.log("val_loss", 0.25, step=2)  # after the save, at the step it covers
+            return written_by_the_save
+
+    logger = CSVLogger(tmp_path, flush_every=100)
+    written_by_the_save = Job(accelerator="cpu", loggers=logger).run()
+    assert [r["step"] for r in written_by_the_save] == ["0", "1", "2"]  # the checkpoint's rows are on disk
+    columns, rows = read_csv(logger.path)
+    assert columns == ["step", "loss", "lr", "grad_norm", "val_loss"]
+    assert rows == [{"step": str(s), "loss": str(1.0 + s), "lr": "0.5", "grad_norm": "2.0",
+                     "val_loss": "0.25" if s == 2 else ""} for s in range(3)]
+
+
+def test_a_resumed_csv_logger_continues_its_folder_without_the_rows_after_the_checkpoint(tmp_path: Path) -> None:
+    class Job(LightningLite):
+        def run(self, attempt: int, steps: range) -> None:
+            state = {"step": 0, "csv": logger}
+            self.load(tmp_path / "last.ckpt", state, missing_ok=True)
+            for step in range(state["step"], steps.stop):
+                self.log("value", step + 100.0 * attempt, step=step)
+                if attempt == 0:  # a value the resumed job no longer logs
+                    self.log("lr", 0.5, step=step)
+                if step == 3:
+                    state["step"] = step + 1
+                    self.save(state, tmp_path / "last.ckpt")
+
+    for attempt, steps in enumerate((range(6), range(8))):  # the first attempt wrote steps 4 and 5 after its checkpoint
+        logger = CSVLogger(tmp_path)
+        Job(accelerator="cpu", loggers=logger).run(attempt, steps)
+    assert [p.name for p in (tmp_path / "lite_logs").iterdir()] == ["version_0"]  # one run per job
+    rows = read_csv(tmp_path / "lite_logs" / "version_0" / "metrics.csv")[1]
+    assert [(r["step"], r["value"], r["lr"]) for r in rows] == [  # the first attempt's rows 4 and 5 went whole
+        (str(s), str(s + 100.0), "") if s > 3 else (str(s), str(float(s)), "0.5") for s in range(8)]
+
+
+def test_a_logged_csv_logger_refuses_to_load_another_folder(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.finalize()
+    with pytest.raises(MisuseError, match=r"^CSVLogger already wrote into '.*version_0' before loading the checkpoint"
+                                          r" of '.*version_7': call self.load\(...\) before the first log"):
+        logger.load_state_dict({"version": "version_7", "last_step": 3})
+
+
+def test_a_job_killed_after_a_checkpoint_resumes_its_csv_folder_with_each_step_once(run_script, output_of,
+                                                                                       tmp_path: Path) -> None:
+    killed = run_script("kill_after_checkpoint.py", str(tmp_path), "csv")
+    assert killed.returncode == -signal.SIGKILL, output_of(killed)  # two steps after its checkpoint at step 10
+    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), "csv")
+    assert resumed.returncode == 0, output_of(resumed)
+    assert [p.name for p in (tmp_path / "csv" / "lite_logs").iterdir()] == ["version_0"]  # one run per job
+    columns, rows = read_csv(tmp_path / "csv" / "lite_logs" / "version_0" / "metrics.csv")
+    assert columns == ["step", "value", "attempt"]  # one row per step: `attempt` was a second call
+    attempts = [0 if step <= 10 else 1 for step in range(16)]  # the checkpoint's steps, then the resumed job's
+    assert [(int(r["step"]), float(r["value"]), float(r["attempt"])) for r in rows] == [
+        (step, step + 1000.0 * attempt, attempt) for step, attempt in zip(range(16), attempts)]

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from lite_core.errors import MisuseError
+
 
 @runtime_checkable
 class Logger(Protocol):
@@ -55,15 +57,23 @@ class StepCounter:
 
     def __init__(self) -> None:
         self._next = 0
+        self.last = -1  # the highest step recorded so far
 
     def step(self, given: int | None) -> int:
         step = self._next if given is None else int(given)
         self._next = step + 1
+        self.last = max(self.last, step)
         return step
+
+    def resume_after(self, step: int) -> None:
+        """Continue after `step`, the last one a checkpoint recorded."""
+        self._next = max(self._next, step + 1)
+        self.last = max(self.last, step)
 
 
 class FolderLogger:
-    """Shared base of the built-in loggers: a run folder chosen on first use, and a step counter."""
+    """Shared base of the built-in file loggers: a run folder chosen on first use, a step counter,
+    and the folder and last step as checkpointable state (one run folder per job across restarts)."""
 
     def __init__(self, root_dir: str | os.PathLike[str], name: str, version: int | str | None) -> None:
         self._root_dir = root_dir
@@ -71,25 +81,71 @@ class FolderLogger:
         self._version = version
         self._log_dir: Path | None = None
         self._steps = StepCounter()
-        self._run: _RunFolder | None = None
+        self._run = _RunFolder()  # this logger's own, or one shared with the other loggers of its run
+        self._skip_through = -1  # steps up to this one were logged before a resume: not again
+        self._wrote = False  # whether this logger has written into its folder
 
     @property
     def log_dir(self) -> Path:
         """The folder this logger writes into (chosen on first use; the same for every built-in
-        logger of one `LightningLite` under the same `root_dir/name`, see `share_run_folders`)."""
+        logger of one `LightningLite` under the same `root_dir/name`, see `share_run_folders`, and
+        the checkpoint's folder after `load_state_dict`)."""
         if self._log_dir is None:
-            run = self._run if self._run is not None else _RunFolder()
-            if run.folder is None:
-                run.folder = version_folder(self._root_dir, self._name, self._version)
-            self._log_dir = run.folder
+            if self._run.folder is None:
+                self._run.folder = version_folder(self._root_dir, self._name, self._version)
+            self._log_dir = self._run.folder
+            self._skip_through = max(self._skip_through, self._run.resumed_after)
+            self._steps.resume_after(self._run.resumed_after)
         return self._log_dir
+
+    def _step_to_log(self, given: int | None) -> int | None:
+        """The step of this value, or `None` when a resumed job repeats a step the checkpoint covers
+        (the folder is chosen first: one restored by another logger of the run resumes this one too)."""
+        _ = self.log_dir
+        step = self._steps.step(given)
+        return None if step <= self._skip_through else step
+
+    def state_dict(self) -> dict[str, Any]:
+        """`{"version": ..., "last_step": ...}`, taken after writing what is buffered, so that what the
+        checkpoint covers is on disk before the checkpoint is: put the logger in the state you
+        `save`, and `load` makes the resumed job write into the same folder."""
+        self._persist()
+        return {"version": None if self._log_dir is None else self._log_dir.name, "last_step": self._steps.last}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the checkpoint's run folder: later values go into `state["version"]` under
+        `root_dir/name`, the steps up to `state["last_step"]` that the resumed job repeats are not
+        written again, and what the interrupted job wrote after that step is dropped."""
+        version = state.get("version")
+        if version is None:  # saved before the first value: this job has no folder yet
+            return
+        folder = Path(self._root_dir) / self._name / str(version)
+        if self._wrote and self._log_dir != folder:
+            raise MisuseError(
+                f"{type(self).__name__} already wrote into '{self._log_dir}' before loading the checkpoint of"
+                f" '{folder}': call self.load(...) before the first log so that the job continues its folder."
+            )
+        last_step = int(state.get("last_step", -1))
+        self._run.folder, self._run.resumed_after = folder, max(self._run.resumed_after, last_step)
+        self._log_dir = None  # taken again from the run folder, with its resume point
+        _ = self.log_dir
+        self._resume(last_step)
+
+    def _persist(self) -> None:
+        """Write what is buffered to disk (each logger's own)."""
+
+    def _resume(self, last_step: int) -> None:
+        """The folder is the checkpoint's: forget what was logged there after `last_step` (each
+        logger's own)."""
 
 
 class _RunFolder:
-    """The `version_N` folder that the loggers of one run share, picked by whichever logs first."""
+    """The `version_N` folder that the loggers of one run share, picked by whichever logs first
+    (or restored from a checkpoint by whichever loads first, with the step it covers)."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
+        self.resumed_after = -1  # the last step of the checkpoint this folder was restored from
 
 
 def share_run_folders(loggers: list[Any]) -> None:
