@@ -209,3 +209,47 @@ def test_a_job_killed_after_a_checkpoint_resumes_its_csv_folder_with_each_step_o
     attempts = [0 if step <= 10 else 1 for step in range(16)]  # the checkpoint's steps, then the resumed job's
     assert [(int(r["step"]), float(r["value"]), float(r["attempt"])) for r in rows] == [
         (step, step + 1000.0 * attempt, attempt) for step, attempt in zip(range(16), attempts)]
+
+
+def tensorboard_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """The (step, value) points TensorBoard shows for `tag` in `folder` (every event file, in order,
+    with what a later writer's `purge_step` hides left out)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+@needs_tensorboard
+def test_a_job_killed_after_a_checkpoint_resumes_its_tensorboard_folder_with_each_step_once(run_script, output_of,
+                                                                                              tmp_path: Path) -> None:
+    killed = run_script("kill_after_checkpoint.py", str(tmp_path), "tensorboard")
+    assert killed.returncode == -signal.SIGKILL, output_of(killed)  # two steps after its checkpoint at step 10
+    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), "tensorboard")
+    assert resumed.returncode == 0, output_of(resumed)
+    folders = list((tmp_path / "tb" / "lite_logs").iterdir())
+    assert [p.name for p in folders] == ["version_0"]  # one run per job
+    attempts = [0 if step <= 10 else 1 for step in range(16)]  # the checkpoint's steps, then the resumed job's
+    assert tensorboard_scalars(folders[0], "value") == [(s, s + 1000.0 * a) for s, a in zip(range(16), attempts)]
+    assert tensorboard_scalars(folders[0], "attempt") == [(s, float(a)) for s, a in zip(range(16), attempts)]
+
+
+@needs_tensorboard
+def test_a_resumed_tensorboard_logger_hides_what_was_written_after_the_checkpoint(tmp_path: Path) -> None:
+    class Job(LightningLite):
+        def run(self, attempt: int) -> None:
+            state = {"step": 0, "tb": logger}
+            self.load(tmp_path / "last.ckpt", state, missing_ok=True)
+            for step in range(state["step"], 6):
+                self.log("value", step + 100.0 * attempt, step=step)
+                if step == 3:
+                    state["step"] = step + 1
+                    self.save(state, tmp_path / "last.ckpt")
+
+    for attempt in (0, 1):  # the first attempt wrote steps 4 and 5 after its checkpoint
+        logger = TensorBoardLogger(tmp_path)
+        Job(accelerator="cpu", loggers=logger).run(attempt)
+    folders = list((tmp_path / "lite_logs").iterdir())
+    assert [p.name for p in folders] == ["version_0"]  # one run per job
+    assert tensorboard_scalars(folders[0], "value") == [(s, s + (100.0 if s > 3 else 0.0)) for s in range(6)]

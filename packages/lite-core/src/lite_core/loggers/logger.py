@@ -94,8 +94,10 @@ class FolderLogger:
             if self._run.folder is None:
                 self._run.folder = version_folder(self._root_dir, self._name, self._version)
             self._log_dir = self._run.folder
-            self._skip_through = max(self._skip_through, self._run.resumed_after)
-            self._steps.resume_after(self._run.resumed_after)
+            if self._run.resumed_after >= 0:  # the folder of a loaded checkpoint (this logger's or another's)
+                self._skip_through = max(self._skip_through, self._run.resumed_after)
+                self._steps.resume_after(self._run.resumed_after)
+                self._resume(self._run.resumed_after)
         return self._log_dir
 
     def _step_to_log(self, given: int | None) -> int | None:
@@ -129,7 +131,6 @@ class FolderLogger:
         self._run.folder, self._run.resumed_after = folder, max(self._run.resumed_after, last_step)
         self._log_dir = None  # taken again from the run folder, with its resume point
         _ = self.log_dir
-        self._resume(last_step)
 
     def _persist(self) -> None:
         """Write what is buffered to disk (each logger's own)."""
