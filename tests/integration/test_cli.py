@@ -258,12 +258,14 @@ def test_lite_env_text_report(run_script, tmp_path, output_of):
                for line in lines)
     assert "    accelerator fake: not available - fake (available: False)" in lines
     # The backends Lite knows of that this environment lacks, each with the extra that installs it.
-    assert "Not installed (the backends Lite knows of):" in lines
-    assert "  lite-cuda: pip install 'lite-core[cuda]'  (accelerator cuda, gpu; strategy dp)" in lines
-    assert any(line.startswith("  lite-xla: pip install 'lite-core[xla]'  (accelerator tpu, xla; strategy ")
-               for line in lines)
-    assert any(line.startswith("  lite-deepspeed: pip install 'lite-core[deepspeed]'  (strategy deepspeed, ")
-               for line in lines)
+    # What works while Lite is not on the package index: the README's clone route, not `'lite-core[cuda]'`.
+    assert "Not installed (the backends Lite knows of; install from a clone of Lite's repository):" in lines
+    assert ("  lite-cuda: pip install './packages/lite-core[cuda]' ./packages/lite-cuda  (accelerator cuda, gpu;"
+            " strategy dp)") in lines
+    assert any(line.startswith("  lite-xla: pip install './packages/lite-core[xla]' ./packages/lite-xla  (accelerator"
+                               " tpu, xla; strategy ") for line in lines)
+    assert any(line.startswith("  lite-deepspeed: pip install './packages/lite-core[deepspeed]' ./packages/lite-deepspeed"
+                               "  (strategy deepspeed, ") for line in lines)
 
 
 @pytest.mark.timeout(60)

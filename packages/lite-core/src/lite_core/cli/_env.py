@@ -51,8 +51,15 @@ def _not_installed() -> list[dict[str, Any]]:
     installs it and the names it would provide."""
     from lite_core._registry import known_backends
 
-    return [{"name": package, "install": f"pip install 'lite-core[{extra}]'", "provides": provides}
+    return [{"name": package, "install": install_command(package, extra), "provides": provides}
             for package, (extra, provides) in known_backends().items() if _version(package) is None]
+
+
+def install_command(package: str, extra: str) -> str:
+    """The command that installs the backend `package` today: Lite's packages are not on the
+    package index yet, so pip takes the core's `extra` and the backend from the folders of a
+    clone of Lite's repository (the README's route; `pip install 'lite-core[EXTRA]'` fails)."""
+    return f"pip install './packages/lite-core[{extra}]' ./packages/{package}"
 
 
 def _version(distribution: str) -> str | None:
@@ -191,7 +198,7 @@ def render(report: dict[str, Any]) -> str:
     for package in report["packages"]:
         lines.extend(_render_package(package))
     if report["not_installed"]:
-        lines.extend(["", "Not installed (the backends Lite knows of):"])
+        lines.extend(["", "Not installed (the backends Lite knows of; install from a clone of Lite's repository):"])
     for package in report["not_installed"]:
         names = "; ".join(f"{kind} {', '.join(listed)}" for kind, listed in package["provides"].items())
         lines.append(f"  {package['name']}: {package['install']}  ({names})")
