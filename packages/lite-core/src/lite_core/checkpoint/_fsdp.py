@@ -29,10 +29,12 @@ from lite_core.checkpoint._store import is_url
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
     check_module_keys,
+    check_module_shapes,
     is_keyed_by_name,
     positions_to_names,
     read_checkpoint,
     restore,
+    shapes_of,
     state_of,
 )
 from lite_core.errors import CheckpointError
@@ -108,8 +110,11 @@ def _load_into(strategy: ShardsCheckpoints, obj: Any, value: Any, full: bool, st
         if not value.get("state"):  # saved before the first step: torch's own zero step must not count
             obj.state.clear()
     else:
-        if strict and full and isinstance(value, dict):  # torch's full load names only the unexpected keys
-            check_module_keys(obj, obj.state_dict(keep_vars=True), value)
+        if full and isinstance(value, dict):  # torch's full load names only the unexpected keys, or shapes in a list
+            own = obj.state_dict(keep_vars=True)
+            if strict:
+                check_module_keys(obj, own, value)
+            check_module_shapes(obj, shapes_of(own), shapes_of(value))
         set_model_state_dict(obj, value, options=_options(full, strict))
 
 
@@ -284,12 +289,14 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     extra_file = _store.join(path, EXTRA_FILE) if is_url(path) else os.path.join(path, EXTRA_FILE)
     content = strategy.checkpoint_io.load(extra_file, weights_only=weights_only)
     reader = reading_metadata_once(storage_reader(path, weights_only))
-    saved = set(reader.read_metadata().state_dict_metadata)
+    metadata = reader.read_metadata().state_dict_metadata
+    saved = set(metadata)
     top_level = {fqn.split(".", 1)[0] for fqn in saved}
     _check_keys(objects, {**content, **dict.fromkeys(top_level)}, strict)
     targets = {key: _load_target(strategy, key, obj, saved) for key, obj in objects.items() if key in top_level}
     if strict:  # else torch's raw CheckpointException (missing keys) or nothing at all (unexpected keys)
         _check_sharded_keys(strategy, objects, targets, saved)
+    _check_sharded_shapes(objects, targets, metadata)  # torch's would say "failed", as if the files were damaged
     # The user's values saved through torch distributed checkpoint (they held `DTensor`s), read into
     # the tensors the user passes for them: shards of the same layout, or whole tensors.
     values = {key: value for key, value in plain.items()
@@ -316,6 +323,18 @@ def _check_sharded_keys(strategy: ShardsCheckpoints, objects: dict[str, Any], ta
             prefix = f"{key}."
             held = sorted(name[len(prefix):] for name in saved if name.startswith(prefix))
             check_module_keys(objects[key], strategy.whole_module_keys(objects[key]) or target, held)
+
+
+def _check_sharded_shapes(objects: dict[str, Any], targets: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """A `CheckpointError` where a module's weight has another shape in the checkpoint than in the
+    module (each compared whole: a `DTensor`'s shape is the whole tensor's, as the checkpoint's
+    `.metadata` records it); weights that this process does not hold are not compared."""
+    for key, target in targets.items():
+        if not isinstance(objects[key], Optimizer):
+            prefix = f"{key}."
+            saved = {fqn[len(prefix):]: entry.size for fqn, entry in metadata.items()
+                     if fqn.startswith(prefix) and hasattr(entry, "size")}
+            check_module_shapes(objects[key], shapes_of(target), saved)
 
 
 def _load_target(strategy: ShardsCheckpoints, key: str, obj: Any, saved: set[str]) -> Any:

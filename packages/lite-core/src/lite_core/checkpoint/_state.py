@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._stateful import is_stateful
@@ -55,7 +55,7 @@ def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str
         if not os.listdir(path):
             raise CheckpointError(f"'{path}' is an empty directory, not a checkpoint: check the path.")
         if os.path.isfile(os.path.join(path, READER_FILE)):  # a backend's own format, read by that backend
-            return _backend_reader(path)(path)
+            return _backend_reader(path)(path, weights_only=weights_only)
         raise CheckpointError(
             f"'{path}' is a directory but not a sharded checkpoint that Lite reads under every strategy:"
             " load it under the strategy that saved it, or convert it to one file with that backend's tool."
@@ -95,13 +95,17 @@ def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strate
 
 
 def load_module_state(module: nn.Module, module_state: Any, strict: bool, load: Callable[..., Any]) -> None:
-    """`load(module_state, strict=strict)`; where torch refuses a strict load because the keys
-    differ, a `CheckpointError` that says how (`check_module_keys`) instead of torch's full lists."""
+    """`load(module_state, strict=strict)`; where torch refuses the load because the keys differ
+    (a strict load) or a weight has another shape (any load), a `CheckpointError` that says how
+    (`check_module_keys`, `check_module_shapes`) instead of torch's full lists."""
     try:
         load(module_state, strict=strict)
     except (RuntimeError, KeyError) as error:
-        if strict and isinstance(module_state, Mapping):
-            check_module_keys(module, module.state_dict(keep_vars=True), module_state, error)
+        if isinstance(module_state, Mapping):
+            own = module.state_dict(keep_vars=True)
+            if strict:
+                check_module_keys(module, own, module_state, error)
+            check_module_shapes(module, shapes_of(own), shapes_of(module_state), error)
         raise
 
 
@@ -124,6 +128,34 @@ def check_module_keys(module: nn.Module, expected: Iterable[str], saved: Iterabl
         f" {len(missing) + len(unexpected)} keys differ ({len(missing)} missing from the checkpoint{_first(missing)};"
         f" {len(unexpected)} unexpected{_first(unexpected)}): load it into the model it was saved from, or"
         " pass strict=False to load only the keys that match."
+    ) from cause
+
+
+def shapes_of(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor in a state dict (a `DTensor`'s is the whole tensor's), by key."""
+    return {key: tuple(value.shape) for key, value in state.items() if isinstance(value, Tensor)}
+
+
+def check_module_shapes(module: nn.Module, expected: Mapping[str, Sequence[int]], saved: Mapping[str, Sequence[int]],
+                        cause: BaseException | None = None) -> None:
+    """Raise a `CheckpointError` naming `module`'s class, how many of the keys that both the
+    module (`expected`: its shapes by key) and the checkpoint (`saved`) hold have another shape
+    in the checkpoint, and the first few with both shapes.
+
+    No load can fill a weight from one of another shape: `strict=False` passes over missing and
+    unexpected keys only, so the message names the model the checkpoint was saved from."""
+    differing = [key for key in expected if key in saved and tuple(saved[key]) != tuple(expected[key])]
+    if not differing:
+        return
+    shown = "; ".join(f"{key!r}: {tuple(saved[key])} saved, {tuple(expected[key])} here"
+                      for key in differing[:_KEYS_SHOWN])
+    among = "among them " if len(differing) > _KEYS_SHOWN else ""
+    count = "1 weight has" if len(differing) == 1 else f"{len(differing)} weights have"
+    raise CheckpointError(
+        f"The checkpoint's weights do not fit this {user_class_of(module).__name__}:"
+        f" {count} another shape in the checkpoint ({among}{shown}): load it into"
+        " a model built like the one it was saved from (strict=False passes over missing and unexpected"
+        " keys, not weights of another shape)."
     ) from cause
 
 
