@@ -227,9 +227,14 @@ def test_save_removes_what_interrupted_saves_of_the_same_path_left_behind(tmp_pa
         (tmp_path / name).write_bytes(b"partial")
         written = now + 60 if "busyhost" in name else old
         os.utime(tmp_path / name, (written, written))
-    (tmp_path / ".ckpt.pt.abcd_123.tmp").mkdir()  # a sharded save's staging folder: not this save's business
+    # The path was saved under fsdp before: an interrupted sharded save's staging folder and the
+    # folder a save moved the previous checkpoint into are this path's leftovers too.
+    for name, removed in {f".ckpt.pt.{host}-{dead_pid}.abcd_123.tmp": True, f".ckpt.pt.{host}-{dead_pid}.abcd_123.old": True,
+                          f".ckpt.pt.{host}-{os.getppid()}.abcd_123.old": False}.items():
+        (tmp_path / name / "ckpt.pt").mkdir(parents=True)
+        leftovers[name] = removed
     _lite().save({"x": 1}, tmp_path / "ckpt.pt")
-    kept = {".ckpt.pt.abcd_123.tmp"} ^ {p.name for p in tmp_path.iterdir()}
+    kept = {p.name for p in tmp_path.iterdir()}
     assert kept == {"ckpt.pt", *(name for name, removed in leftovers.items() if not removed)}
 
 
@@ -309,6 +314,61 @@ def test_a_sharded_save_that_died_between_its_renames_leaves_the_previous_checkp
     assert loaded == {"version": 1, "weight": [[1.0, 1.0], [1.0, 1.0]]}
     _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 3)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # the aside folder and the staging one are gone
+
+
+class _Resume(LightningLite):
+    """The checkpoint calls of the preemption page's loop: resume from `path` if it holds a
+    checkpoint, take a step, save to `path`; returns the step."""
+
+    def run(self, path: Path) -> int:
+        model = self.setup_module(nn.Linear(2, 2))
+        state = {"model": model, "step": 0}
+        self.load(path, state, missing_ok=True)
+        state["step"] += 1
+        self.save(state, path)
+        return state["step"]
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_path_keeps_working_when_the_strategy_changes(tmp_path: Path) -> None:
+    # A sharded checkpoint (a folder) resumed under ddp, which writes one file: the next save
+    # failed with IsADirectoryError; and back under fsdp, the folder replaces the file.
+    from lite_core.strategies import FSDPStrategy
+
+    path = tmp_path / "last"
+    strategies = [lambda: "fsdp", lambda: "ddp", lambda: "ddp", lambda: "fsdp", lambda: "fsdp",
+                  lambda: FSDPStrategy(state_dict_type="full"), lambda: "fsdp"]
+    steps = [_Resume(accelerator="cpu", strategy=strategy(), devices=1).run(path) for strategy in strategies]
+    assert steps == [1, 2, 3, 4, 5, 6, 7]
+    assert path.is_dir()
+    assert [p.name for p in tmp_path.iterdir()] == ["last"]  # nothing of the replaced layouts is left
+
+
+@pytest.mark.timeout(120)
+def test_a_one_file_save_that_died_replacing_a_sharded_checkpoint_leaves_it_to_load(tmp_path: Path) -> None:
+    path = tmp_path / "last"
+    assert _Resume(accelerator="cpu", strategy="fsdp", devices=1).run(path) == 1
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_checkpoint import _Resume
+        real_replace = os.replace
+        def dying_replace(source, destination):
+            real_replace(source, destination)
+            if os.fspath(source) == {str(path)!r}:  # the folder is aside, the new file not in place
+                os._exit(9)
+        os.replace = dying_replace
+        from pathlib import Path
+        _Resume(accelerator="cpu", strategy="ddp", devices=1).run(Path({str(path)!r}))
+        """
+    )
+    assert subprocess.run([sys.executable, "-c", script], timeout=100).returncode == 9
+    assert not path.exists()
+    with pytest.warns(UserWarning, match="a save that was replacing it was interrupted"):
+        assert _Resume(accelerator="cpu", strategy="ddp", devices=1).run(path) == 2  # resumed from step 1
+    assert path.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["last"]  # the aside folder and the temporary file are gone
 
 
 @pytest.mark.timeout(60)

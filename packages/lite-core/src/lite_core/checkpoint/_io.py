@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import torch
 
 from lite_core._user_frame import warn_user
-from lite_core.checkpoint._store import _host, is_url, load_file, put_file, save_file, writer
+from lite_core.checkpoint._store import METADATA_FILE, _host, is_url, load_file, put_file, save_file, writer
 from lite_core.errors import CheckpointError
 
 
@@ -47,7 +47,9 @@ class TorchCheckpointIO(CheckpointIO):
 
     A crash while writing leaves the previous file at `path` intact, and its temporary file
     (`.NAME.HOST-PID.XXXXXXXX.tmp` beside `path`) behind; the next successful save of the same
-    path removes such leftovers (see `remove_stale_temporaries`).
+    path removes such leftovers (see `remove_stale_temporaries`). Where `path` holds a checkpoint
+    folder written under another strategy (a sharded checkpoint, or a backend's own format), the
+    new file replaces it as `put_in_place` says; any other folder there fails the save.
     """
 
     def save_part(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -71,7 +73,10 @@ class TorchCheckpointIO(CheckpointIO):
                 torch.save(checkpoint, _WritebackAhead(handle))
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, target)
+            if _is_checkpoint_folder(target):  # saved under another strategy
+                put_in_place(Path(tmp), target)
+            else:  # a folder of anything else is refused by the rename: nothing of the user's is removed
+                os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -141,23 +146,65 @@ class _WritebackAhead:
         self._handed_over = self._written
 
 
-def remove_stale_temporaries(target: Path, started: float, folders: bool = False) -> None:
-    """Remove the temporary files (with `folders=True`: a sharded save's staging folders and the
-    folders holding the checkpoint it replaced) that interrupted saves of `target` left beside it.
+def put_in_place(new: Path, target: Path) -> None:
+    """Rename `new` (a checkpoint file, or a sharded checkpoint's folder) to `target`, replacing
+    the checkpoint there whatever its layout: a path keeps working when the strategy that saves
+    to it changes (a folder of shards saved under `fsdp`, then one file under `ddp`, or back).
+
+    A file replaces a file (or nothing) in one atomic rename. Where a folder is involved no single
+    rename can replace it, so the previous checkpoint is first moved aside, into
+    `.NAME.HOST-PID.XXXXXXXX.old/NAME` beside `target`, and `new` then takes its place: if the
+    process dies between the two renames, `load` reads the previous checkpoint from there
+    (`existing_or_previous`) and the next successful save of `target` removes it
+    (`remove_stale_temporaries`). Either the previous or the new checkpoint is loadable at every
+    moment.
+    """
+    if not _is_folder(target) and not (new.is_dir() and os.path.lexists(target)):
+        os.replace(new, target)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".old", dir=target.parent))
+    os.replace(target, aside / target.name)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(aside / target.name, target)  # the previous checkpoint back; if this fails, load finds it aside
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _is_checkpoint_folder(path: Path) -> bool:
+    """Whether `path` is a folder that holds a checkpoint: a sharded one (its `.metadata`) or a
+    backend's own format (its `READER_FILE`)."""
+    from lite_core.checkpoint._state import READER_FILE
+
+    return _is_folder(path) and any((path / name).is_file() for name in (METADATA_FILE, READER_FILE))
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether `path` is a folder itself (a link to one is replaced as a file is)."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def remove_stale_temporaries(target: Path, started: float) -> None:
+    """Remove what interrupted saves of `target` left beside it: the temporary files of one-file
+    saves, the staging folders of sharded saves, and the folders holding a checkpoint that a save
+    moved aside to replace it (`put_in_place`). Every save of `target`, whatever its layout,
+    removes all three kinds, so a path whose strategy changed is cleaned up too.
 
     A leftover is removed when its writer is known to be gone: a process of this host that no
     longer runs. A temporary of another host (a shared file system), or one without a writer in
     its name (written by an older version), is removed only if nothing wrote to it (or, for a
     folder, to the files in it) since `started` (when the current save began): a concurrent
-    writer that is still writing keeps touching it. Temporaries of other paths, of live writers on
-    this host, and those of the other kind (a one-file save leaves folders alone) are never touched.
+    writer that is still writing keeps touching it. Temporaries of other paths and of live
+    writers on this host are never touched.
     """
-    pattern = _leftover_pattern(target, "tmp|old" if folders else "tmp")
+    pattern = _leftover_pattern(target, "tmp|old")
     for candidate in target.parent.iterdir():
         match = pattern.fullmatch(candidate.name)
-        if match is None or candidate.is_dir() != folders or not _is_stale(candidate, match, started):
+        if match is None or not _is_stale(candidate, match, started):
             continue
-        if folders:
+        if _is_folder(candidate):
             shutil.rmtree(candidate, ignore_errors=True)
         else:
             candidate.unlink(missing_ok=True)
@@ -166,14 +213,14 @@ def remove_stale_temporaries(target: Path, started: float, folders: bool = False
 def _leftover_pattern(target: Path, kinds: str) -> re.Pattern[str]:
     """Names of what saves of `target` leave beside it: `.NAME.HOST-PID.XXXXXXXX.KIND` (an older
     version wrote no `HOST-PID.`); `.tmp` is a file or staging folder being written, `.old` the
-    folder a sharded save moves the previous checkpoint into while it replaces it."""
+    folder a save moves the previous checkpoint into while it replaces it (`put_in_place`)."""
     return re.compile(rf"\.{re.escape(target.name)}\.(?:(?P<host>[^.]+)-(?P<pid>\d+)\.)?[a-z0-9_]+\.(?:{kinds})")
 
 
 def previous_checkpoint(target: Path) -> Path | None:
-    """When nothing is at `target`: the previous checkpoint that a sharded save moved aside to
-    replace it (`.NAME.HOST-PID.XXXXXXXX.old/NAME`) and could not put back because it was
-    interrupted between its two renames; the newest if there are several."""
+    """When nothing is at `target`: the previous checkpoint (a file or a folder) that a save moved
+    aside to replace it (`.NAME.HOST-PID.XXXXXXXX.old/NAME`, see `put_in_place`) and that stayed
+    there because the save was interrupted between its two renames; the newest if there are several."""
     if target.exists() or not target.parent.is_dir():
         return None
     pattern = _leftover_pattern(target, "old")
@@ -183,8 +230,8 @@ def previous_checkpoint(target: Path) -> Path | None:
 
 
 def existing_or_previous(path: str) -> str:
-    """`path`, or, when nothing is there, the previous checkpoint an interrupted sharded save of
-    `path` left aside (with a warning)."""
+    """`path`, or, when nothing is there, the previous checkpoint an interrupted save of `path`
+    left aside (with a warning)."""
     previous = previous_checkpoint(Path(path))
     if previous is None:
         return path
