@@ -371,6 +371,31 @@ def test_a_one_file_save_that_died_replacing_a_sharded_checkpoint_leaves_it_to_l
     assert [p.name for p in tmp_path.iterdir()] == ["last"]  # the aside folder and the temporary file are gone
 
 
+class _SavesTo(LightningLite):
+    def run(self, *paths: Path) -> None:
+        model = self.setup_module(nn.Linear(2, 2))
+        for path in paths:
+            self.save({"model": model}, path)
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_save_to_a_file_name_says_once_that_it_writes_a_folder(tmp_path: Path) -> None:
+    import warnings
+
+    from lite_core.strategies import FSDPStrategy
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning Lite gives, not Python's once per line
+        _SavesTo(accelerator="cpu", strategy="fsdp", devices=1).run(tmp_path / "final.pt", tmp_path / "final.pt",
+                                                                     tmp_path / "best.ckpt", tmp_path / "step-3")
+        _SavesTo(accelerator="cpu", strategy=FSDPStrategy(state_dict_type="full"), devices=1).run(tmp_path / "one.pt")
+    said = [str(w.message) for w in caught if "folder" in str(w.message)]
+    assert said == [f"save() writes '{tmp_path / 'final.pt'}' as a folder of shards, not one file, under"
+                    " strategy='fsdp': pass FSDPStrategy(state_dict_type='full') to write one file, or save to"
+                    " a name without a file suffix to keep the shards."]
+    assert (tmp_path / "final.pt").is_dir() and (tmp_path / "one.pt").is_file()
+
+
 @pytest.mark.timeout(60)
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"

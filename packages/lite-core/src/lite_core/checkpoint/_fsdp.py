@@ -3,9 +3,11 @@ full file, both read back at any process count. The formats are described in `li
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ from lite_core.checkpoint._state import (
     shapes_of,
     state_of,
 )
+from lite_core._user_frame import warn_user
 from lite_core.errors import CheckpointError
 from lite_core.model.optimizer import unwrap_optimizer
 from lite_core.model.parts import forward_module
@@ -215,6 +218,7 @@ def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple
     other values, the staging directory)."""
     from torch.distributed.tensor import DTensor
 
+    _warn_of_a_file_name(strategy, path)
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     state.update({key: value for key, value in plain.items() if _holds(value, DTensor)})
@@ -224,6 +228,27 @@ def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple
         return state, extra, path
     staging = on_rank_zero(strategy, path, lambda: _staging_directory(Path(path)))
     return state, extra, staging
+
+
+#: The suffixes of a one-file checkpoint's name: a sharded save to such a name says it writes a folder.
+FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+_warned_of_file_names: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_of_a_file_name(strategy: Any, path: str) -> None:
+    """Warn once per strategy, on rank 0, where a sharded save writes a folder under a file's name
+    (`final.pt`), naming the option that writes one file instead."""
+    if not path.rstrip("/").lower().endswith(FILE_SUFFIXES) or strategy in _warned_of_file_names:
+        return
+    _warned_of_file_names.add(strategy)
+    if strategy.global_rank != 0:
+        return
+    option = ("save_distributed_checkpoint=False"
+              if "save_distributed_checkpoint" in inspect.signature(type(strategy)).parameters
+              else "state_dict_type='full'")
+    warn_user(f"save() writes '{path}' as a folder of shards, not one file, under strategy={strategy.name!r}:"
+              f" pass {type(strategy).__name__}({option}) to write one file, or save to a name without a file"
+              " suffix to keep the shards.")
 
 
 def _start_at_url(strategy: Any, url: str, extra: dict[str, Any]) -> None:
