@@ -158,6 +158,35 @@ def test_a_url_holds_what_a_local_path_holds(request: pytest.FixtureRequest, tmp
     assert latest(base) == f"{base}/ckpt.pt"
 
 
+class _Resume(LightningLite):
+    """The checkpoint calls of the preemption page's loop: resume from `url` if it holds a
+    checkpoint, take a step, save to `url`; returns the step."""
+
+    def run(self, url: str) -> int:
+        model = self.setup_module(nn.Linear(2, 2))
+        state = {"model": model, "step": 0}
+        self.load(url, state, missing_ok=True)
+        state["step"] += 1
+        self.save(state, url)
+        return state["step"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", ["memory", "s3"])
+def test_a_url_keeps_working_when_the_strategy_changes(request: pytest.FixtureRequest, store: str) -> None:
+    # A one-file save to a URL that held a sharded checkpoint landed inside its folder, and the
+    # old shards kept being loaded.
+    base = request.getfixturevalue("s3_bucket") + "/run" if store == "s3" else _memory_base()
+    steps = [_Resume(accelerator="cpu", strategy=strategy, devices=1).run(f"{base}/last")
+             for strategy in ("fsdp", "ddp", "ddp", "fsdp", "ddp")]
+    assert steps == [1, 2, 3, 4, 5]
+    fs, key = fsspec.core.url_to_fs(base)
+    fs.invalidate_cache()
+    assert fs.isfile(f"{key}/last") and not fs.isdir(f"{key}/last")
+    assert [path.rstrip("/").rpartition("/")[2] for path in fs.ls(key, detail=False)] == ["last"]
+    assert latest(base) == f"{base}/last"
+
+
 def test_missing_ok_at_a_url_returns_nothing_for_an_empty_prefix() -> None:
     lite, model, _ = _setup()
     assert lite.load(f"{_memory_base()}/ckpt", {"model": model}, missing_ok=True) == {}

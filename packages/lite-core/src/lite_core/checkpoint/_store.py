@@ -216,7 +216,13 @@ def put_file(checkpoint: dict[str, Any], url: str) -> None:
 
 def save_file(checkpoint: dict[str, Any], url: str) -> None:
     """Write a one-file checkpoint to `url`: a pending marker, `torch.save` streamed to a
-    temporary key beside it, a copy to `url`, then the marker removed."""
+    temporary key beside it, a copy to `url`, then the marker removed.
+
+    Where `url` holds a sharded checkpoint (saved under another strategy), it is removed once the
+    upload is whole and before the copy, `.metadata` first (`clear_sharded`): a copy onto a folder
+    would land inside it, and the store keeps no folder to rename aside. Until the copy, `load`
+    says that the upload never finished, as while a sharded save replaces a checkpoint at a URL.
+    """
     started = time.time()
     begin(url)
     fs, key = filesystem(url)
@@ -224,6 +230,9 @@ def save_file(checkpoint: dict[str, Any], url: str) -> None:
     try:
         with fs.open(temporary, "wb") as handle:
             torch.save(checkpoint, handle)
+        if fs.isdir(key):
+            clear_sharded(url)
+            fs.invalidate_cache(key)
         fs.mv(temporary, key)
     except BaseException:
         with suppress(Exception):  # the store may be gone: the hidden key is never read as a checkpoint
