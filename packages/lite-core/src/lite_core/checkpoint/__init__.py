@@ -15,6 +15,12 @@ and process count:
 Optimizer state saved by `fsdp` is keyed by parameter name (`"layer.weight"`) rather than by
 position, so that it can be matched to parameters under any strategy.
 
+A path keeps working when the strategy changes: a save replaces the checkpoint at its path
+whatever its layout (a folder of shards by a file, or back), with the crash guarantees of a save
+that replaces its own kind on a local disk (see `put_in_place`); at a URL the name holds no
+checkpoint while a file replaces a folder (`_store.save_file`). A sharded save to a file's name
+(`final.pt`) warns once that it writes a folder.
+
 Every piece of checkpoint code lives in this package: the byte-level IO plugins (`CheckpointIO`),
 turning content into plain state and back (`to_state`, `restore`), the sharded format and
 `consolidate`, `fsdp`'s own save and load, and the `lite consolidate` command.
