@@ -21,6 +21,7 @@ from lite_core.plugins import (
     unwrap_optimizer,
 )
 from lite_deepspeed import _portable
+from lite_deepspeed._safe import refuse_code
 from lite_deepspeed.optimizer import DeepSpeedEngineOptimizer
 
 
@@ -130,14 +131,18 @@ def refuse_reserved_keys(rest: dict[str, Any]) -> None:
         )
 
 
-def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun) -> dict[str, Any]:
+def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
+         weights_only: bool = True) -> dict[str, Any]:
     """Restore the model (and optimizer, if `state` holds it) from the DeepSpeed checkpoint
     directory `path`, then the rest: through DeepSpeed when it can read the shards as they are
-    (same ZeRO layout and number of ranks), else by reading the checkpoint whole."""
+    (same ZeRO layout and number of ranks), else by reading the checkpoint whole. With
+    `weights_only`, files that name anything but DeepSpeed's own classes are refused first."""
     key, engine = find_engine(state)  # type: ignore[misc]
     saved = _latest_tag_dir(Path(path))
     if saved is None or not _deepspeed_reads_as_is(saved, strategy):
-        return load_whole(_portable.read_whole(path), state, strict, strategy)
+        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy)
+    if weights_only:
+        refuse_code(saved, path)
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
         path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),

@@ -9,7 +9,9 @@ model and into the fp32 master copy, the moments into the sharded optimizer stat
 Both use DeepSpeed's own tools: `deepspeed.utils.zero_to_fp32` to gather the flat shards (the
 moments are laid out exactly like the fp32 master weights, so the same gathering applies), and
 the `deepspeed.utils.safe_set_full_*` functions to scatter full tensors into the shards.
-DeepSpeed writes its files with pickled objects, so they are read with `weights_only=False`.
+DeepSpeed writes its files with pickled objects, so they are read with `weights_only=False`, after
+`lite_deepspeed._safe.refuse_code` has checked them with safe loading (unless the user passed
+`load(..., weights_only=False)`).
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ def tag_dir(path: str | Path) -> Path:
     return Path(path) / latest.read_text().strip()
 
 
-def read_whole(path: str | Path) -> dict[str, Any]:
-    """The whole content of the DeepSpeed checkpoint directory `path`, as a one-file checkpoint holds it."""
+def read_whole(path: str | Path, weights_only: bool = True) -> dict[str, Any]:
+    """The whole content of the DeepSpeed checkpoint directory `path`, as a one-file checkpoint
+    holds it; with `weights_only`, files that name anything but DeepSpeed's own classes are refused."""
     from deepspeed.utils import zero_to_fp32
 
+    from lite_deepspeed._safe import refuse_code
+
     folder = tag_dir(path)
+    if weights_only:
+        refuse_code(folder, str(path))
     model_files = zero_to_fp32.get_model_state_files(str(folder))
     first = torch.load(model_files[0], map_location="cpu", weights_only=False)
     layout = first.get(LAYOUT_KEY)

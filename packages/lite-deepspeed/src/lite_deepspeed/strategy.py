@@ -297,18 +297,18 @@ class DeepSpeedStrategy(DDPStrategy):
         if _checkpoint.find_engine(state or {}) is None:
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
         if _checkpoint.is_deepspeed_directory(path):
-            return _checkpoint.load(path, state or {}, strict, self)
+            return _checkpoint.load(path, state or {}, strict, self, weights_only)
         content = read_checkpoint(path, self.checkpoint_io, weights_only)
         return _checkpoint.load_whole(content, state or {}, strict, self)
 
     @classmethod
-    def read_whole_checkpoint(cls, path: str) -> dict[str, Any]:
+    def read_whole_checkpoint(cls, path: str, weights_only: bool = True) -> dict[str, Any]:
         """A DeepSpeed checkpoint directory read in one process as a one-file checkpoint holds it
         (the model as a full fp32 state dict, the optimizer's fp32 state keyed by parameter name),
         so that `ddp`, `single_device`, `fsdp` and the other strategies load it."""
         from lite_deepspeed._portable import read_whole
 
-        return read_whole(path)
+        return read_whole(path, weights_only)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(stage={self.stage})"

@@ -492,11 +492,12 @@ class Strategy:
         return {module: command for module, command in cls.requirements.items() if not _importable(module)}
 
     @classmethod
-    def read_whole_checkpoint(cls, path: str) -> dict[str, Any]:
+    def read_whole_checkpoint(cls, path: str, weights_only: bool = True) -> dict[str, Any]:
         """The whole content of a checkpoint directory in this strategy's own format, read in one
         process as a one-file checkpoint holds it (modules as full state dicts, optimizers keyed by
         parameter name), so that every strategy loads it. A strategy that writes such a directory
-        overrides this and writes `READER_FILE`, holding its registered name, into the directory."""
+        overrides this and writes `READER_FILE`, holding its registered name, into the directory.
+        With `weights_only` (`load`'s default) it refuses files that could run code when read."""
         from lite_core.errors import CheckpointError
 
         raise CheckpointError(f"'{path}' names strategy {cls.__name__}, which reads no checkpoint directory whole:"
