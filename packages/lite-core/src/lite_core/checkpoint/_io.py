@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import torch
 
 from lite_core._user_frame import warn_user
-from lite_core.checkpoint._store import METADATA_FILE, _host, is_url, load_file, put_file, save_file, writer
+from lite_core.checkpoint._store import METADATA_FILE, READER_FILE, _host, is_url, load_file, put_file, save_file, writer
 from lite_core.errors import CheckpointError
 
 
@@ -176,8 +176,6 @@ def put_in_place(new: Path, target: Path) -> None:
 def _is_checkpoint_folder(path: Path) -> bool:
     """Whether `path` is a folder that holds a checkpoint: a sharded one (its `.metadata`) or a
     backend's own format (its `READER_FILE`)."""
-    from lite_core.checkpoint._state import READER_FILE
-
     return _is_folder(path) and any((path / name).is_file() for name in (METADATA_FILE, READER_FILE))
 
 

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._stateful import is_stateful
+from lite_core.checkpoint._store import READER_FILE
 from lite_core.model._module import user_class_of
 from lite_core.errors import CheckpointError
 
@@ -40,9 +41,6 @@ def state_of(value: Any) -> Any:
     return value.state_dict() if is_stateful(value) else value
 
 
-#: A text file in a backend's checkpoint directory that names the strategy (registered in
-#: `lite_core.strategies`) whose `read_whole_checkpoint` reads the directory under any strategy.
-READER_FILE = "lite_reader"
 
 
 def read_checkpoint(path: str, io: CheckpointIO, weights_only: bool) -> dict[str, Any]:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 PENDING_SUFFIX = ".lite-pending"
 #: The file torch distributed checkpoint writes last into a sharded checkpoint.
 METADATA_FILE = ".metadata"
+#: A text file in a backend's checkpoint directory that names the strategy (registered in
+#: `lite_core.strategies`) whose `read_whole_checkpoint` reads the directory under any strategy.
+READER_FILE = "lite_reader"
 #: The extra (`pip install 'lite-core[EXTRA]'`) that installs the fsspec back end of a protocol.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
