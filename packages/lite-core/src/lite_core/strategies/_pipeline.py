@@ -7,11 +7,16 @@ loss (the mean of the micro-batches' losses, broadcast from the last stage so th
 holds it) with the gradients already accumulated, and `backward(loss)` then has nothing left to
 do. Under `torch.no_grad()` (or after `model.eval()`) the schedule runs forward only
 (`schedule.eval`): `model(x, target=y)` returns the loss, `model(x)` the last stage's output, on
-every process.
+every process. Each mode and batch shape runs on a schedule and stages of its own (a *plan*), so
+the shapes always follow the batch and an evaluation leaves training's schedule untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,6 +33,10 @@ SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZ
 #: makes them those of the mean loss over the whole batch (the loss function averages over its
 #: micro-batch). Torch's default; a test turns it off to see exactness fail.
 SCALE_GRADS = True
+
+#: How many plans (a schedule and its stages per batch shape) a model keeps in each mode: in
+#: training, the batch and an epoch's last one; in evaluation, those with and without a loss.
+MAX_PLANS_PER_MODE = 4
 
 
 def schedule_class(name: str) -> type:
@@ -51,40 +60,47 @@ def runs_several_stages(cls: type) -> bool:
 class PipelineForward:
     """What `model(...)` calls under pipeline parallelism (see the module's docstring).
 
+    Each kind of call runs on a *plan* of its own: a schedule over `PipelineStage`s of its own,
+    keyed by the mode (training or evaluation), whether a loss is computed, and the shapes and
+    dtypes of the batch. torch's stages size their receive buffers on their first step and keep
+    them, and two schedules over the same stages overwrite each other's buffers (an evaluation's
+    `model(x)` left the training schedule receiving activations that need no gradient); with a
+    plan per kind, a batch of another size gets buffers of its own size, and an evaluation touches
+    nothing that training uses. Plans are dropped oldest first beyond `MAX_PLANS_PER_MODE`.
+
     Args:
-        stages: this process's `PipelineStage`s, in stage order.
+        layout: this process's stages before they are built.
         schedule: the schedule class.
         microbatches: how many micro-batches each batch is cut into.
-        group: the pipeline-parallel process group.
-        last_rank: the rank, in `group`, of the process that holds the last stage.
+        last_rank: the rank, in the pipeline group, of the process that holds the last stage.
         loss_fn: `loss_fn(output, target)`, averaging over its micro-batch; `None` until given.
         module: the user's model, holding this process's layers (its `training` flag decides).
         copies: (a part's copy of a module, the model's module) pairs whose flags follow the model's.
     """
 
-    def __init__(self, stages: list[Any], schedule: type, microbatches: int, group: Any, last_rank: int,
+    def __init__(self, layout: StageLayout, schedule: type, microbatches: int, last_rank: int,
                  loss_fn: Callable[..., torch.Tensor] | None, module: nn.Module,
                  copies: list[tuple[nn.Module, nn.Module]]) -> None:
-        self._stages = stages
+        self._layout = layout
         self.module = module
         self.copies = copies
         self._schedule_class = schedule
         self._microbatches = microbatches
-        self._group = group
+        self._group = layout.group
         self._last_rank = last_rank
         self.loss_fn = loss_fn
-        self._schedules: dict[bool, Any] = {}
+        self._plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()
         #: The loss the last training call returned, which `backward` recognises.
         self.last_loss: torch.Tensor | None = None
         self.calls = 0
 
     @property
     def holds_first_stage(self) -> bool:
-        return any(stage.is_first for stage in self._stages)
+        return self._layout.holds_first
 
     @property
     def holds_last_stage(self) -> bool:
-        return any(stage.is_last for stage in self._stages)
+        return self._layout.holds_last
 
     def __call__(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
         self.calls += 1
@@ -99,53 +115,132 @@ class PipelineForward:
                 " forward and backward together: call loss = model(x, target=y) with setup(..., loss_fn=...),"
                 " or run under torch.no_grad() for outputs."
             )
-        self._check_batch(args, kwargs, target)
+        shapes = self._check_batch(args, kwargs, target)
         with_loss = target is not None
-        schedule = self._schedule(with_loss)
-        losses: list[torch.Tensor] = []
-        run = schedule.step if training else schedule.eval
-        # The batch goes to the first stage and the target to the last, as torch's schedules take
-        # them (torch 2.11 refuses input args on any other stage; 2.13 ignores them).
-        if not self.holds_first_stage:
-            args, kwargs = (), {}
-        if with_loss:
-            if self.holds_last_stage:
-                run(*args, target=target, losses=losses, **kwargs)
-            else:
-                run(*args, **kwargs)
-            loss = self._broadcast_loss(losses)
-            if training:
-                self.last_loss = loss
-            return loss
-        return self._broadcast_output(run(*args, **kwargs))
-
-    def _schedule(self, with_loss: bool) -> Any:
         if with_loss and self.loss_fn is None:
             raise MisuseError(
                 "Under pipeline parallelism model(x, target=y) needs the loss function: pass"
                 " setup(model, optimizer, loss_fn=loss_fn), or ModelParallelStrategy(..., loss_fn=loss_fn)."
             )
-        if with_loss not in self._schedules:
-            loss_fn = self.loss_fn if with_loss else None
-            stage = self._stages if runs_several_stages(self._schedule_class) else self._stages[0]
-            self._schedules[with_loss] = self._schedule_class(stage, self._microbatches, loss_fn=loss_fn,
-                                                              scale_grads=SCALE_GRADS)
-        return self._schedules[with_loss]
+        plan = self._plan((training, with_loss, shapes))
+        # The batch goes to the first stage and the target to the last, as torch's schedules take
+        # them (torch 2.11 refuses input args on any other stage; 2.13 ignores them).
+        if not self.holds_first_stage:
+            args, kwargs = (), {}
+        if not self.holds_last_stage:
+            target = None
+        try:
+            with self._shape_inference_undone(plan):
+                if training:
+                    return self._train(plan, args, kwargs, target)
+                return self._evaluate(plan, args, kwargs, target, with_loss)
+        finally:
+            plan.release()
 
-    def _check_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> None:
-        tensors = [t for t in (*args, *kwargs.values(), target) if isinstance(t, torch.Tensor)]
-        if not tensors:
-            raise MisuseError("Under pipeline parallelism the model takes tensors: pass the batch as tensors.")
-        size = tensors[0].shape[0] if tensors[0].dim() else 0
-        if size == 0 or size % self._microbatches:
+    @contextmanager
+    def _shape_inference_undone(self, plan: _Plan) -> Iterator[None]:
+        """On a plan's first call, put the buffers back as they were before torch's shape inference:
+        each stage learns its shapes by running its part once before the micro-batches (on the
+        batch, or on uninitialised tensors of the shapes it receives), in the model's mode, which
+        would count that pass in a BatchNorm's running statistics; it is each part's first forward,
+        and the buffers are put back before the second (the first micro-batch's)."""
+        if not plan.fresh:
+            yield
+            return
+        handles = [_restore_after_first_forward(part) for part in self._layout.parts]
+        try:
+            yield
+            plan.fresh = False
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _train(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> torch.Tensor:
+        """The schedule's step: forward and backward over every micro-batch; the batch's loss."""
+        losses: list[torch.Tensor] = []
+        if target is not None:
+            plan.schedule.step(*args, target=target, losses=losses, **kwargs)
+        else:
+            plan.schedule.step(*args, **kwargs)
+        self.last_loss = self._broadcast_loss(losses)
+        return self.last_loss
+
+    def _evaluate(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
+                  with_loss: bool) -> Any:
+        """A forward-only pass (`schedule.eval`) that leaves training as it was: its plan is its own,
+        it builds no graph, and the gradients are set aside while it runs (torch's single-stage
+        schedules end `eval` as they end `step`, with the gradients' scaling and FSDP's reduction,
+        and building a plan drops FSDP's gradients)."""
+        gradients = [(parameter, parameter.grad) for parameter in self.module.parameters()]
+        losses: list[torch.Tensor] = []
+        try:
+            for parameter, _ in gradients:
+                parameter.grad = None
+            with torch.no_grad():
+                if target is not None:
+                    output = plan.schedule.eval(*args, target=target, losses=losses, **kwargs)
+                else:
+                    output = plan.schedule.eval(*args, **kwargs)
+        finally:
+            for parameter, grad in gradients:
+                parameter.grad = grad
+        if with_loss:
+            return self._broadcast_loss(losses)
+        return self._broadcast_output(output)
+
+    def _plan(self, key: tuple[Any, ...]) -> _Plan:
+        """The plan for calls like this one, built on its first use (after checking that every
+        stage of the pipeline builds the same one)."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        self._agree(key)
+        training, with_loss, _ = key
+        stages = self._layout.build()
+        stage = stages if runs_several_stages(self._schedule_class) else stages[0]
+        # An evaluation plan only ever runs `schedule.eval`, so its stages are set up forward only,
+        # and it has no gradients to scale.
+        schedule = self._schedule_class(stage, self._microbatches, loss_fn=self.loss_fn if with_loss else None,
+                                        scale_grads=SCALE_GRADS and training)
+        plan = self._plans[key] = _Plan(schedule, stages)
+        same_mode = [each for each in self._plans if each[0] == training]  # oldest first
+        for old in same_mode[:-MAX_PLANS_PER_MODE]:  # evaluation never drops training's plans
+            del self._plans[old]
+        return plan
+
+    def _agree(self, key: tuple[Any, ...]) -> None:
+        """Refuse, on every stage, a call that the stages of the pipeline do not make alike (another
+        batch size on one of them would leave the others waiting for data that never comes)."""
+        digest = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "big")
+        seen = torch.tensor([digest, -digest], dtype=torch.int64, device=self._layout.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self._group)
+        if seen[0].item() != digest or -seen[1].item() != digest:
             raise MisuseError(
-                f"A batch of {size} samples does not split into microbatches={self._microbatches} equal"
-                " micro-batches: choose a batch size (per data-parallel rank) that is a multiple of"
-                " microbatches, or a microbatches that divides it."
+                "The stages of the pipeline were called with different batches (shapes, dtypes, target or"
+                " mode): call model(...) on every process of the pipeline with the same batch, as the set-up"
+                " loader gives it."
             )
 
+    def _check_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> tuple[Any, ...]:
+        """The batch's tensors' shapes and dtypes; a batch that does not cut into `microbatches`
+        equal parts is refused here, before any collective, on every stage alike."""
+        named = [*(("", t) for t in args), *sorted(kwargs.items()), ("target", target)]
+        tensors = [(name, t) for name, t in named if isinstance(t, torch.Tensor)]
+        if not tensors:
+            raise MisuseError("Under pipeline parallelism the model takes tensors: pass the batch as tensors.")
+        for _, tensor in tensors:
+            size = tensor.shape[0] if tensor.dim() else 0
+            if size == 0 or size % self._microbatches:
+                raise MisuseError(
+                    f"A batch of {size} samples does not split into microbatches={self._microbatches} equal"
+                    " micro-batches: choose batch sizes (per data-parallel rank; evaluation batches and an"
+                    " epoch's last batch included) that are multiples of microbatches, or drop_last=True."
+                )
+        return tuple((name, tuple(t.shape), t.dtype) for name, t in tensors)
+
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        device = self._stages[0].device
+        device = self._layout.device
         if self.holds_last_stage:
             loss = torch.stack([value.detach().float() for value in losses]).mean().to(device)
         else:
@@ -155,7 +250,7 @@ class PipelineForward:
 
     def _broadcast_output(self, output: Any) -> Any:
         """The last stage's output tensor, on every process of the pipeline."""
-        device = self._stages[0].device
+        device = self._layout.device
         meta = [(tuple(output.shape), output.dtype) if self.holds_last_stage else None]
         dist.broadcast_object_list(meta, group=self._group, group_src=self._last_rank, device=device)
         shape, dtype = meta[0]
@@ -165,17 +260,76 @@ class PipelineForward:
         return tensor
 
 
+def _restore_after_first_forward(module: nn.Module) -> Any:
+    """A hook that puts `module`'s buffers back as they are now just before its second forward pass
+    (once, when the first one's graph is gone: a BatchNorm's backward checks its buffers'
+    versions); its handle."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    calls: list[bool] = []
+
+    def restore(*_: Any) -> None:
+        calls.append(True)
+        if len(calls) == 2:
+            with torch.no_grad():
+                for buffer, value in saved:
+                    buffer.copy_(value)
+
+    return module.register_forward_pre_hook(restore)
+
+
 def stages_on_rank(pp_rank: int, pp_size: int, stages_per_rank: int) -> list[int]:
     """The stage indexes process `pp_rank` of the pipeline holds (looped: rank r holds r, r+pp, ...)."""
     return [pp_rank + index * pp_size for index in range(stages_per_rank)]
 
 
-def build_stages(parts: list[nn.Module], indexes: list[int], num_stages: int, device: torch.device,
-                 group: Any) -> list[Any]:
-    """One `PipelineStage` per part (its input and output shapes are found on the first step)."""
-    from torch.distributed.pipelining import PipelineStage
+@dataclass(frozen=True)
+class StageLayout:
+    """This process's stages before they are built: each plan builds `PipelineStage`s of its own
+    over the same parts (a stage's input and output shapes are found on its first step).
 
-    return [PipelineStage(module, index, num_stages, device, group=group) for module, index in zip(parts, indexes)]
+    Args:
+        parts: this process's parts of the model, in stage order.
+        indexes: their stage indexes.
+        num_stages: the pipeline's stages, over every process.
+        device: where the stages run.
+        group: the pipeline-parallel process group.
+    """
+
+    parts: list[nn.Module]
+    indexes: list[int]
+    num_stages: int
+    device: torch.device
+    group: Any
+
+    @property
+    def holds_first(self) -> bool:
+        return 0 in self.indexes
+
+    @property
+    def holds_last(self) -> bool:
+        return self.num_stages - 1 in self.indexes
+
+    def build(self) -> list[Any]:
+        """One new `PipelineStage` per part."""
+        from torch.distributed.pipelining import PipelineStage
+
+        return [PipelineStage(part, index, self.num_stages, self.device, group=self.group)
+                for part, index in zip(self.parts, self.indexes)]
+
+
+@dataclass
+class _Plan:
+    """A schedule and the stages it runs, for one kind of call (see `PipelineForward`); `fresh`
+    until its first call has run."""
+
+    schedule: Any
+    stages: list[Any]
+    fresh: bool = True
+
+    def release(self) -> None:
+        """Drop what the last call left in the stages (outputs, activations), keeping the buffers."""
+        for stage in self.stages:
+            stage.clear_runtime_states()
 
 
 @dataclass(frozen=True)

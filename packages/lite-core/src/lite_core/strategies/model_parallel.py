@@ -286,11 +286,11 @@ class ModelParallelStrategy(FSDPStrategy):
         self._keys_before_split[id(module)] = list(module.state_dict())
         _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
         parts = [self._parallelize_part(part) for part in parts]
-        stages = _pipeline.build_stages(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
+        layout = _pipeline.StageLayout(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
         last_rank = (num_stages - 1) % options.size
         copies = [pair for part in parts for pair in _split.copies_of(part, module)]
-        self._pipelines[id(module)] = PipelineForward(stages, options.schedule, options.microbatches,
-                                                      pp_mesh.get_group(), last_rank, options.loss_fn, module, copies)
+        self._pipelines[id(module)] = PipelineForward(layout, options.schedule, options.microbatches, last_rank,
+                                                      options.loss_fn, module, copies)
         self._sharded_modules.append(module)
         return module
 
