@@ -59,6 +59,21 @@ class Net(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
+class NormNet(Net):
+    """`Net` with a BatchNorm before its head: its running statistics are training state that a
+    forward pass in training mode changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x) if self.norm is not None else x
+        return self.head(x) if self.head is not None else x
+
+
 class Transformer(nn.Module):
     """A transformer's shape: embed, blocks (a ModuleList), norm, head. Without split points the
     pipeline cuts the blocks evenly; a stage's forward iterates its own blocks only."""
@@ -104,7 +119,7 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def make_model(kind: str) -> nn.Module:
     torch.manual_seed(0)
-    return {"net": Net, "transformer": Transformer, "sequential": sequential}[kind]()
+    return {"net": Net, "norm": NormNet, "transformer": Transformer, "sequential": sequential}[kind]()
 
 
 def make_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -268,6 +283,100 @@ def bad_inputs(world: int) -> dict:
             "accumulate": accumulate, "eval_mode_loss": eval_mode.item(), "eval_mode_grads": left_behind}
 
 
+#: Batches of shrinking sizes under microbatches=2 (each trained on, then evaluated), then 8 again.
+SIZES = (8, 4, 2)
+#: An epoch's batches (its last one short) and the validation batch, under microbatches=2.
+EPOCH = (8, 8, 4)
+VALIDATION = 4
+EPOCHS = 3
+
+
+def rank_slice(lite: LightningLite, data: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    """This data-parallel rank's part of the global batch `data[start:start + size]`."""
+    kwargs = lite.strategy.distributed_sampler_kwargs()
+    replicas, shard = (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
+    per_rank = size // replicas
+    return lite.to_device(data[start + shard * per_rank:start + (shard + 1) * per_rank])
+
+
+def step_on(lite: LightningLite, model: nn.Module, optimizer, scheduler, xb: torch.Tensor,
+            yb: torch.Tensor) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = model(xb, target=yb)
+    lite.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
+def shrinking_batches(lite: LightningLite) -> dict:
+    """Train on a batch of 8, then 4, then 2, each followed by an evaluation of the same batch under
+    `torch.no_grad()` (its output and loss); then evaluate a batch of 8 again."""
+    model = make_model("net")
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    x, y = make_data()
+    losses, outputs, eval_losses, start = [], [], [], 0
+    for size in (*SIZES, None):
+        if size is not None:
+            xb, yb = lite.to_device(x[start:start + size]), lite.to_device(y[start:start + size])
+            start += size
+            losses.append(lite.all_gather(step_on(lite, model, optimizer, scheduler, xb, yb).detach()).cpu())
+        else:
+            xb, yb = lite.to_device(x[:SIZES[0]]), lite.to_device(y[:SIZES[0]])
+        with torch.no_grad():
+            outputs.append(lite.all_gather(model(xb)).cpu())
+            eval_losses.append(lite.all_gather(model(xb, target=yb)).cpu())
+    return {"initial": initial, "losses": losses, "outputs": outputs, "eval_losses": eval_losses,
+            "final": full_weights(model)}
+
+
+def evaluation(lite: LightningLite, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """The user's evaluation between epochs: under `model.eval()` and `torch.no_grad()` the loss and
+    the output, then under `model.eval()` alone the loss; whether the gradients (those of the
+    epoch's last step) and the random state came out unchanged."""
+    xv, yv = rank_slice(lite, x, 0, VALIDATION), rank_slice(lite, y, 0, VALIDATION)
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    model.eval()
+    with torch.no_grad():
+        loss = model(xv, target=yv)
+        output = model(xv)
+    eval_mode_loss = model(xv, target=yv)
+    model.train()
+    kept = all((a is None and p.grad is None) or (a is not None and p.grad is not None and torch.equal(a, p.grad))
+               for a, p in zip(grads, model.parameters()))
+    return {"loss": lite.all_gather(loss.detach()).cpu(), "eval_mode_loss": lite.all_gather(eval_mode_loss.detach()).cpu(),
+            "output": lite.all_gather(output.detach()).cpu(), "target": lite.all_gather(yv).cpu(),
+            "unchanged": kept and torch.equal(rng, torch.get_rng_state())}
+
+
+def epochs(lite: LightningLite, evaluate: bool) -> dict:
+    """`EPOCHS` epochs of `EPOCH`'s batches (the last one short), with or without an evaluation of a
+    batch of `VALIDATION` between them; the final weights and buffers of every stage."""
+    model = make_model("norm")
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
+    x, y = make_data()
+    evaluations = []
+    for epoch in range(EPOCHS):
+        start = 0
+        for size in EPOCH:
+            step_on(lite, model, optimizer, scheduler, rank_slice(lite, x, start, size), rank_slice(lite, y, start, size))
+            start += size
+        # Between epochs (ddp's evaluation after the last one would leave rank 0's BatchNorm
+        # statistics on every rank: DistributedDataParallel broadcasts buffers at each forward).
+        if evaluate and epoch < EPOCHS - 1:
+            evaluations.append(evaluation(lite, model, x[start:], y[start:]))
+    return {"final": full_weights(model), "evaluations": evaluations}
+
+
+def evaluation_between_epochs(make_lite) -> dict:
+    """The same training with and without an evaluation each epoch."""
+    return {"with": epochs(make_lite(), evaluate=True), "without": epochs(make_lite(), evaluate=False)}
+
+
 def main(out: Path, world: int, checkpoint: Path | None) -> None:
     results: dict = {}
     if world == 2 and checkpoint is not None:
@@ -288,6 +397,9 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
         results["pp2_transformer"] = train(pipeline(world, split_points=None), kind="transformer")
         for precision in ("bf16-mixed", "bf16-true"):
             results[f"pp2_{precision}"] = train(pipeline(world, precision=precision), clip=False)
+        results["shrinking_batches"] = shrinking_batches(pipeline(world, microbatches=2))
+        results["epochs_pp2"] = evaluation_between_epochs(lambda: pipeline(world, microbatches=2))
+        results["epochs_ddp"] = evaluation_between_epochs(lambda: other_strategy(world, "ddp"))
         results["errors"] = bad_inputs(world)
         results["flops"] = flops(world)
     elif world == 4:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lite_core.errors import MisuseError
-from lite_core.strategies import _split
+from lite_core.strategies import _pipeline, _split
 
 
 def _one_sentence(message: str) -> bool:
@@ -120,3 +120,23 @@ def test_a_stage_without_the_blocks_keeps_an_empty_container_its_forward_iterate
     torch.testing.assert_close(second(hidden), model.head(model.norm(hidden)))
     _split.trim(model, set(stages[1]), expanded)
     assert len(model.blocks) == 0 and model.embed is None
+
+
+def _forward(microbatches: int) -> _pipeline.PipelineForward:
+    """A pipeline's forward on one process without a process group: a call that reached a
+    collective would fail with torch's error, not Lite's."""
+    layout = _pipeline.StageLayout([nn.Linear(2, 2)], [0], 2, torch.device("cpu"), None)
+    module = layout.parts[0]
+    return _pipeline.PipelineForward(layout, _pipeline.schedule_class("1F1B"), microbatches, 1,
+                                     nn.functional.mse_loss, module, [])
+
+
+@pytest.mark.parametrize(("batch", "target", "grad"), [(6, 6, True), (8, 6, True), (6, None, False), (2, 2, False)])
+def test_a_batch_that_microbatches_does_not_divide_is_refused_before_any_collective(batch, target, grad) -> None:
+    forward = _forward(microbatches=4)
+    y = None if target is None else torch.zeros(target, 2)
+    with torch.set_grad_enabled(grad), pytest.raises(MisuseError) as info:
+        forward(torch.zeros(batch, 2), target=y)
+    size = batch if batch % 4 else target
+    assert str(info.value).startswith(f"A batch of {size} samples does not split into microbatches=4")
+    assert _one_sentence(str(info.value))

@@ -182,6 +182,60 @@ def test_checkpoints_move_between_pipeline_ddp_and_one_process(job2, job4, tmp_p
     assert_weights(whole["model"], plain["weights"][-1], initial)
 
 
+def test_batches_of_8_then_4_then_2_train_and_evaluate_as_one_plain_process(job2):
+    # microbatches=2: each size gets a schedule of its own shapes (stale ones crashed training and
+    # returned 8 rows of wrong values for a batch of 4 under no_grad); then a batch of 8 again.
+    run = job2["shrinking_batches"]
+    model = job_module.make_model("net")
+    model.load_state_dict(run["initial"])
+    optimizer, scheduler = job_module.make_optimizer(model)
+    x, y = job_module.make_data()
+    start = 0
+    for index, size in enumerate((*job_module.SIZES, None)):
+        if size is None:
+            xb, yb = x[:job_module.SIZES[0]], y[:job_module.SIZES[0]]
+        else:
+            xb, yb = x[start:start + size], y[start:start + size]
+            start += size
+            optimizer.zero_grad()
+            loss = job_module.loss_fn(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            torch.testing.assert_close(run["losses"][index], loss.detach().expand(2), atol=1e-6, rtol=0)
+        with torch.no_grad():
+            expected = model(xb)
+        assert run["outputs"][index].shape == (2, *expected.shape)  # every rank: the batch's rows, no more
+        for rank_output in run["outputs"][index]:
+            torch.testing.assert_close(rank_output, expected, atol=1e-6, rtol=0)
+        loss = job_module.loss_fn(expected, yb)
+        torch.testing.assert_close(run["eval_losses"][index], loss.expand(2), atol=1e-6, rtol=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(run["final"][name], value, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["epochs_pp2", "epochs_ddp"])
+def test_an_evaluation_each_epoch_changes_nothing_in_training(job2, layout):
+    # Three epochs of batches of 8, 8, 4 (microbatches=2) with and without an evaluation of a batch
+    # of 4 between them, of a model with BatchNorm (running statistics: training state that a
+    # forward pass in training mode changes); ddp is the control.
+    with_evaluation, without = job2[layout]["with"], job2[layout]["without"]
+    assert with_evaluation["final"].keys() == without["final"].keys()
+    assert any("running_mean" in name for name in without["final"])
+    for name, value in without["final"].items():
+        assert torch.equal(with_evaluation["final"][name], value), name  # bitwise
+    for seen in with_evaluation["evaluations"]:
+        assert seen["unchanged"]  # the last step's gradients, the random state
+        output = seen["output"].reshape(-1, job_module.WIDTH)  # every rank's
+        target = seen["target"].reshape(-1, job_module.WIDTH)
+        if layout == "epochs_pp2":  # every stage holds the whole output and loss
+            output, target = output[:job_module.VALIDATION], target[:job_module.VALIDATION]
+            torch.testing.assert_close(seen["output"][1], seen["output"][0], atol=0, rtol=0)
+        loss = job_module.loss_fn(output, target)
+        torch.testing.assert_close(seen["loss"].mean(), loss, atol=1e-6, rtol=0)
+        torch.testing.assert_close(seen["eval_mode_loss"].mean(), loss, atol=1e-6, rtol=0)
+
+
 def test_bad_input_is_refused_in_one_sentence(job2):
     errors = job2["errors"]
     assert "'blocks.9' names no module" in errors["no_module"]
