@@ -43,3 +43,39 @@ def test_a_peer_position_of_a_shuffled_loader_continues_the_peers_order() -> Non
             own.set_state(torch.Generator().manual_seed(99).get_state())
         healed.load_state_dict(position)
         assert _take(healed, 4) == rest, "the healed stream drew its own order of the epoch"
+
+
+def _committed_pass(stream: LoaderStream, begin_step=_one_step) -> list[list[int]]:
+    """One pass of `stream`, every step committed."""
+    taken = []
+    for (rows,) in stream.batches(begin_step):
+        taken.append(rows.tolist())
+        stream.commit()
+    return taken
+
+
+def test_a_heal_into_the_peers_next_epoch_ends_the_pass_under_way() -> None:
+    """A group started again resumes mid-epoch from a checkpoint and heals at its first quorum from
+    a peer that has begun the next epoch: the pass under way (the user's loop's epoch) ends there,
+    and the next pass is the peer's epoch from its position. Found by the chaos job: the pass went
+    on with the next epoch's batches, and the user's loop trained a third epoch."""
+    loader = DataLoader(TensorDataset(torch.arange(24)), batch_size=4)
+    peer = LoaderStream(loader, split_batches=True)
+    assert len(_committed_pass(peer)) == 6
+    assert _take(peer, 1) == [[0, 1, 2, 3]]  # one step into epoch 1
+    position = peer.state_dict()
+    assert (position["epoch"], position["committed"]) == (1, 1)
+
+    healed = LoaderStream(loader, split_batches=True)
+    healed.load_state_dict({"epoch": 0, "committed": 3})  # the checkpoint it resumed from
+    heals = [lambda: healed.load_state_dict(position)]  # due at its first quorum
+
+    def begin_step() -> tuple[int, int]:
+        if heals:
+            heals.pop()()
+        return 0, 1
+
+    assert _committed_pass(healed, begin_step) == [], "the pass of epoch 0 went on with epoch 1's batches"
+    assert _committed_pass(healed) == [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19],
+                                       [20, 21, 22, 23]]
+    assert healed.epoch == 2

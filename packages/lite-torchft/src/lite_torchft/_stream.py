@@ -72,9 +72,14 @@ class LoaderStream:
         `begin_step` opens the step's quorum (healing this process if a peer's state is due) and
         returns this process's index among the processes alive in the step and their number.
         """
+        pass_epoch = self.epoch
         self._set_epoch()
         while self._fill(1):
             index, count = begin_step()
+            if self.epoch != pass_epoch:
+                # The step healed this process from a peer already in a later epoch: this pass is
+                # over (the user's loop moves on to its next epoch, which the peer's position starts).
+                return
             if not self._fill(1 if self.split_batches else count):
                 break  # fewer batches left than processes: the epoch ends for everyone alike
             yield self._share(index, count)
