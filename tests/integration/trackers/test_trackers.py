@@ -100,7 +100,20 @@ def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def wandb_runs(folder: Path) -> list[Path]:
+    """The offline run folders under `folder`, oldest first: one per attempt, and one more for each
+    checkpoint (the logger finishes the run there and continues it in a new folder)."""
     return sorted(folder.glob("wandb/offline-run-*"))
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The run id of an offline run folder (its `run-<id>.wandb` file; the folder's name may end in
+    a `-N` that W&B adds when one second saw two folders of the run)."""
+    return next(run_dir.glob("run-*.wandb")).stem.removeprefix("run-")
+
+
+def wandb_steps(runs: list[Path], key: str = "value") -> list[int]:
+    """The steps of the rows holding `key`, folder after folder."""
+    return [row["_step"] for run in runs for row in wandb_history(run) if key in row]
 
 
 def wandb_records(run_dir: Path) -> Iterator:
@@ -186,16 +199,16 @@ def test_the_monitors_rows_the_checkpoints_stall_and_the_restart_reach_mlflow_on
 def test_wandb_continues_one_run_across_the_restart_with_the_config_and_rank_zeros_file(job) -> None:
     out_dir, _ = job
     runs = wandb_runs(out_dir / "wandb")
-    assert len(runs) == 2, runs  # one directory per attempt ...
-    assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # ... of one run id, which sync joins
-    steps = [[row["_step"] for row in wandb_history(run) if "value" in row] for run in runs]
+    # A folder per attempt and per checkpoint (at steps 1 and 3, then 5 and 7 after the restart) ...
+    assert len(runs) == 6, runs
+    assert len({wandb_run_id(run) for run in runs}) == 1, runs  # ... of one run id, which sync joins
     values = [row["value"] for run in runs for row in wandb_history(run) if "value" in row]
     # The first attempt logged steps 0..4; the restart resumed from the checkpoint of step 3.
     # Offline, W&B cannot tell that step 4 was logged after that checkpoint (see docs/logging.md).
-    assert steps == [[0, 1, 2, 3, 4], [4, 5, 6, 7]]
+    assert wandb_steps(runs) == [0, 1, 2, 3, 4, 4, 5, 6, 7]
     assert set(values) == {float(s) for s in range(STEPS)}  # rank 0's values only
-    monitored = [[row["_step"] for row in wandb_history(run) if "checkpoint/saves" in row] for run in runs]
-    assert monitored == [[2, 4], [6]]  # the ThroughputMonitor's rows, with the checkpoints' stall
+    # The ThroughputMonitor's rows, with the checkpoints' stall (each attempt's monitor from its third step).
+    assert wandb_steps(runs, "checkpoint/saves") == [2, 4, 6]
     for run in runs:
         assert wandb_config(run) == {"lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.0}}
     assert sorted(p.name for run in runs for p in (run / "files").glob("summary-rank*")) == ["summary-rank0.txt"]
@@ -247,9 +260,8 @@ def test_a_job_resumed_elsewhere_at_a_smaller_world_size_continues_each_trackers
     [trackio_run] = SQLiteStorage.get_runs("resized")
     assert trackio_steps(trackio_run, project="resized") == [(s, float(s)) for s in range(STEPS)]
     runs = [*wandb_runs(first / "wandb"), *wandb_runs(second / "wandb")]
-    assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # one run id, which sync joins
-    assert [[row["_step"] for row in wandb_history(run) if "value" in row] for run in runs] == [
-        [0, 1, 2, 3, 4], [4, 5, 6, 7]]  # offline, the step logged after the checkpoint is in both files
+    assert len({wandb_run_id(run) for run in runs}) == 1, runs  # one run id, which sync joins
+    assert wandb_steps(runs) == [0, 1, 2, 3, 4, 4, 5, 6, 7]  # offline, step 4 (after the checkpoint) is there twice
 
 
 def test_trackio_refuses_the_config_after_the_first_value_and_keeps_it_across_a_resume() -> None:
@@ -316,7 +328,7 @@ def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_wandb_run(
     wandb.teardown()
     runs = [run for name in "abc" for run in wandb_runs(tmp_path / name)]
     assert len(runs) == 3, runs
-    assert len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs  # one run id, which sync joins
+    assert len({wandb_run_id(run) for run in runs}) == 1, runs  # one run id, which sync joins
     steps = sorted(row["_step"] for run in runs for row in wandb_history(run) if "value" in row)
     assert steps == list(range(8))
 
@@ -374,6 +386,72 @@ def test_what_a_server_down_at_finalize_did_not_take_is_written_to_the_fallback_
     assert len(messages) == 2 and messages[1] == (
         f"MLflowLogger could not send 3 metric values to '{logger._uri()}': they are in"
         f" '{tmp_path / 'mlflow-unsent-no-run.jsonl'}', one JSON object per line.")
+
+
+#: What the checkpoint at step 10 covers (logged by the killed job), and what the resumed job logs
+#: (kill_after_checkpoint.py): (step, value, attempt).
+COVERED = [(step, float(step), 0.0) for step in range(11)]
+RESUMED = [(step, step + 1000.0, 1.0) for step in range(11, 16)]
+
+
+def check_wandb_after_the_kill(out_dir: Path, server: Server) -> None:
+    runs = wandb_runs(out_dir / "wandb")
+    assert len({wandb_run_id(run) for run in runs}) == 1, runs
+    rows = [(row["_step"], row["value"], row["attempt"]) for run in runs for row in wandb_history(run)
+            if "value" in row]  # `attempt` was logged in a second call: one row per step holds both
+    assert [row for row in rows if row[2] == 0.0 and row[0] <= 10] == COVERED, rows  # none lost, none twice
+    assert [row for row in rows if row[2] == 1.0] == RESUMED, rows
+
+
+def check_trackio_after_the_kill(out_dir: Path, server: Server) -> None:
+    [run] = SQLiteStorage.get_runs("kill")
+    stored = trackio_steps(run, project="kill")
+    assert [step for step, _ in stored] == list(range(16)), stored  # each step once
+    # Steps 11 and 12 are the killed job's if its writer thread stored them in time (the resume skips them then).
+    assert stored[:11] == [row[:2] for row in COVERED] and stored[13:] == [row[:2] for row in RESUMED[2:]], stored
+
+
+def check_mlflow_after_the_kill(out_dir: Path, server: Server) -> None:
+    client = mlflow.MlflowClient(tracking_uri=server.uri)
+    [run] = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+    assert history(client, run.info.run_id, "value") == [row[:2] for row in COVERED + RESUMED]
+    assert history(client, run.info.run_id, "attempt") == [(step, attempt) for step, _, attempt in COVERED + RESUMED]
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "trackio", "mlflow"])
+def test_a_job_killed_two_steps_after_a_checkpoint_keeps_every_step_it_covers(tracker, server, tmp_path,
+                                                                             run_script, output_of) -> None:
+    """The job logs steps 0..12 to one tracker (alone: nothing else delays the kill), saves its logger
+    at step 10 and is SIGKILLed after step 12, nothing finalized; resumed from the checkpoint, it logs
+    11..15 (kill_after_checkpoint.py)."""
+    logger = f"mlflow={server.uri}" if tracker == "mlflow" else tracker
+    env = {"WANDB_SILENT": "true", "TRACKIO_DIR": str(TRACKIO_DIR)}
+    killed = run_script("kill_after_checkpoint.py", str(tmp_path), logger, env=env, timeout=300)  # a hang guard
+    assert killed.returncode == -signal.SIGKILL, output_of(killed)
+    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), logger, env=env, timeout=300)
+    assert resumed.returncode == 0, output_of(resumed)
+    {"wandb": check_wandb_after_the_kill, "trackio": check_trackio_after_the_kill,
+     "mlflow": check_mlflow_after_the_kill}[tracker](tmp_path, server)
+
+
+def test_wandb_refuses_in_one_warning_values_for_a_step_a_checkpoint_already_wrote(tmp_path, monkeypatch,
+                                                                                   recwarn) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(project="late", save_dir=tmp_path, mode="offline")
+    lite = LightningLite(accelerator="cpu", loggers=logger)
+    lite.log("value", 0.0, step=0)
+    lite.save({"wandb": logger}, tmp_path / "last.ckpt")  # writes step 0 to the run
+    lite.log("late", 1.0, step=0)
+    lite.log("late", 2.0, step=0)
+    lite.log("value", 1.0, step=1)
+    logger.finalize()
+    wandb.teardown()  # W&B's service writes the finished run's last records when it stops
+    messages = [str(w.message) for w in recwarn.list if "WandbLogger" in str(w.message)]
+    assert messages == ["WandbLogger did not log values for step 0 because a checkpoint had already written that step"
+                        " to the run, and W&B takes no values for a step it has moved past: log a step's values before"
+                        " you save the checkpoint that covers it."]
+    rows = [row for run in wandb_runs(tmp_path) for row in wandb_history(run)]
+    assert [(row["_step"], row.get("value"), row.get("late")) for row in rows] == [(0, 0.0, None), (1, 1.0, None)]
 
 
 # Last in the module: it kills the module's server, and starts it again.

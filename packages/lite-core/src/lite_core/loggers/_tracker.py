@@ -146,9 +146,17 @@ class TrackerLogger:
         return self._run_id
 
     def state_dict(self) -> dict[str, Any]:
-        """`{"run_id": ..., "last_step": ...}`: put the logger in the state you `save`, and `load`
-        makes the resumed job append to the same tracker run."""
+        """`{"run_id": ..., "last_step": ...}`, taken once what was logged has reached the tracker's
+        own storage (see `_persist`), so that a process killed right after the checkpoint loses no
+        step the checkpoint covers: put the logger in the state you `save`, and `load` makes the
+        resumed job append to the same tracker run."""
+        if self._logs():
+            self._persist()
         return {"run_id": self._run_id, "last_step": self._last_step}
+
+    def _persist(self) -> None:
+        """The durable point (each tracker's own): what was logged is in the tracker's own storage
+        when this returns; `save` takes the logger's state, and so calls it, before it writes."""
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the saved run: later logs go to `state["run_id"]`, and the steps up to

@@ -22,10 +22,11 @@ class MLflowLogger(TrackerLogger):
     """Logs to one MLflow run per job, from global rank 0 only (the other ranks import nothing).
 
     The run is created (or, after `load`, reopened) at the first value logged. Metrics are sent in
-    batches, every `flush_every` `log_metrics` calls and in `finalize()`. When the tracking server
-    does not answer, one warning says so, training goes on, and the metrics stay buffered and are
-    sent at the next flush that reaches it; whatever is still unsent at `finalize()` is written to
-    `fallback_dir/mlflow-unsent-<run>.jsonl` (one JSON object per metric, parameter or artifact).
+    batches, every `flush_every` `log_metrics` calls, at a `save` of a state holding the logger
+    (before the checkpoint is written) and in `finalize()`. When the tracking server does not
+    answer, one warning says so, training goes on, and the metrics stay buffered and are sent at the next flush that reaches it; whatever
+    is still unsent at `finalize()` is written to `fallback_dir/mlflow-unsent-<run>.jsonl` (one
+    JSON object per metric, parameter or artifact).
 
     Put the logger in the state you save (`self.save({"model": model, "logger": logger}, path)`)
     and the resumed job appends to the same run; steps the resume repeats are not logged again.
@@ -219,11 +220,10 @@ class MLflowLogger(TrackerLogger):
             self._flush_now()  # what this process logged while it led
         self._opened_run_id = None
 
-    def state_dict(self) -> dict[str, Any]:
-        """`{"run_id": ..., "last_step": ...}`, after sending what is buffered, so that the steps a
-        checkpoint covers are on the server (or kept) before it is written."""
-        self.flush()
-        return super().state_dict()
+    def _persist(self) -> None:
+        """Send what is buffered, so that the steps a checkpoint covers are on the server before it is
+        written (while the server does not answer they stay buffered, see `flush`)."""
+        self._flush_now()
 
     def _write_fallback(self) -> None:
         self._fallback_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,10 @@ class TrackioLogger(TrackerLogger):
     same run (`trackio.init(name=..., resume="allow")`); steps the resume repeats are not logged
     again, nor those the interrupted job logged after its checkpoint (read from the local store).
 
+    A `save` of a state holding the logger finishes the run before the checkpoint is written
+    (trackio writes to its store every half second; `finish()` waits for that), and the next value
+    continues it, so a job killed after the checkpoint loses no step the checkpoint covers.
+
     trackio resumes a run by its name, so the name is this logger's `run_id`: leave `name` unset
     (trackio picks a new one) or give each job its own. trackio stores a run's config with the
     first value each process logs, so `log_hyperparams` is taken before the first value only; a
@@ -55,6 +59,7 @@ class TrackioLogger(TrackerLogger):
         self._fresh = True  # no run of this job exists yet: a given name starts a new run
         self._config: dict[str, Any] = {}
         self._run: Any = None
+        self._continuing = False  # the next `trackio.init` continues this process's own run after a checkpoint
 
     @property
     def experiment(self) -> Any:
@@ -106,9 +111,18 @@ class TrackioLogger(TrackerLogger):
                                      resume="allow" if continuing or shared else "never", **self._init_kwargs)
             self._run_id = self._opened_run_id = str(self._run.name)
             self._fresh = False
-            if continuing or shared:
+            if (continuing or shared) and not self._continuing:  # the store may hold steps logged elsewhere
                 self._resumed_at(self._stored_last_step())
+            self._continuing = False
         return self._run
+
+    def _persist(self) -> None:
+        """Finish the run (the next value continues it): trackio writes to its store from a thread
+        every half second, and `finish()` waits for that thread, so the steps logged so far are in
+        the store when this returns."""
+        if self._run is not None:
+            self._close()
+            self._continuing = True
 
     def _stored_config(self) -> dict[str, Any]:
         from trackio.sqlite_storage import SQLiteStorage
