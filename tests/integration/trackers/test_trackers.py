@@ -454,6 +454,30 @@ def test_wandb_refuses_in_one_warning_values_for_a_step_a_checkpoint_already_wro
     assert [(row["_step"], row.get("value"), row.get("late")) for row in rows] == [(0, 0.0, None), (1, 1.0, None)]
 
 
+def test_mlflow_opens_its_run_at_the_first_value(server, tmp_path) -> None:
+    logger = MLflowLogger(experiment_name="first-value", tracking_uri=server.uri, fallback_dir=tmp_path)
+    lite = LightningLite(accelerator="cpu", loggers=logger)  # flush_every=20, the default
+    lite.log_hyperparams({"lr": 0.1})
+    lite.log("value", 0.5, step=0)
+    client = mlflow.MlflowClient(tracking_uri=server.uri)
+    [run] = client.search_runs([client.get_experiment_by_name("first-value").experiment_id])
+    assert logger.run_id == run.info.run_id  # not None for 19 more steps
+    assert history(client, run.info.run_id, "value") == [(0, 0.5)] and run.data.params == {"lr": "0.1"}
+    logger.finalize()
+
+
+def test_a_tracking_server_nobody_listens_on_is_reported_at_the_first_value(tmp_path, recwarn) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    logger = MLflowLogger(tracking_uri=uri, fallback_dir=tmp_path)  # flush_every=20, the default
+    lite = LightningLite(accelerator="cpu", loggers=logger)
+    lite.log("value", 0.5, step=0)
+    messages = [str(w.message) for w in recwarn.list if "MLflowLogger" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith(f"MLflowLogger could not reach the tracking server '{uri}'")
+    lite.log("value", 1.0, step=1)  # training goes on, with no second warning
+    assert len([w for w in recwarn.list if "MLflowLogger" in str(w.message)]) == 1
+    logger.finalize()
+
+
 # Last in the module: it kills the module's server, and starts it again.
 def test_an_mlflow_server_down_in_the_middle_of_a_run_loses_no_metric(server, tmp_path, recwarn) -> None:
     logger = MLflowLogger(experiment_name="outage", tracking_uri=server.uri, flush_every=2, fallback_dir=tmp_path)

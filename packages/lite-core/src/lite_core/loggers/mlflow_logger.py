@@ -21,10 +21,11 @@ _JOB_TAG = "lite.job"  # the tag that marks the run of a job with `LITE_JOB_ID` 
 class MLflowLogger(TrackerLogger):
     """Logs to one MLflow run per job, from global rank 0 only (the other ranks import nothing).
 
-    The run is created (or, after `load`, reopened) at the first value logged. Metrics are sent in
-    batches, every `flush_every` `log_metrics` calls, at a `save` of a state holding the logger
-    (before the checkpoint is written) and in `finalize()`. When the tracking server does not
-    answer, one warning says so, training goes on, and the metrics stay buffered and are sent at the next flush that reaches it; whatever
+    The run is created (or, after `load`, reopened) at the first value logged, which is sent at
+    once. Metrics are then sent in batches, every `flush_every` `log_metrics` calls, at a `save` of
+    a state holding the logger (before the checkpoint is written) and in `finalize()`. When the
+    tracking server does not answer, one warning says so (at the first value already), training
+    goes on, and the metrics stay buffered and are sent at the next flush that reaches it; whatever
     is still unsent at `finalize()` is written to `fallback_dir/mlflow-unsent-<run>.jsonl` (one
     JSON object per metric, parameter or artifact).
 
@@ -76,7 +77,9 @@ class MLflowLogger(TrackerLogger):
         self._warned = False
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Buffer `metrics` at `step`; send the buffer every `flush_every` calls."""
+        """Buffer `metrics` at `step`; send the first values at once (which opens the run, so that a
+        server that does not answer is reported at the first log), then the buffer every
+        `flush_every` calls."""
         self._refuse_after_finalize("log_metrics")
         if not self._logs():
             self._hand_over()
@@ -87,7 +90,7 @@ class MLflowLogger(TrackerLogger):
         now = int(time.time() * 1000)
         self._metrics.extend((name, float(value), now, step) for name, value in metrics.items())
         self._calls += 1
-        if self._calls % self._flush_every == 0:
+        if self._calls == 1 or self._calls % self._flush_every == 0:  # the first value opens the run
             self.flush()
 
     def log_hyperparams(self, config: Any) -> None:
