@@ -1,0 +1,130 @@
+"""The chaos job: docs/preemption.md's loop as a cloud user runs it under `ddp_ft` (one replica
+group of one process; the harness, tests/_chaos.py, starts two and injects the faults).
+
+    python chaos_job.py OUT BUCKET        # one group (REPLICA_GROUP_ID etc. in the environment)
+    python chaos_job.py OUT plain         # the same loop in plain PyTorch: OUT/weights-plain.pt
+
+Two epochs of a shuffled loader (`split_batches=True`: each loader batch is the step's global
+batch), the set-up loader in the saved state, resumed at the top from `latest(BUCKET)`, saved to
+`BUCKET/step-N` after every committed step (every other one in the background), stopped on
+SIGTERM with a last foreground save. The job keeps its own ledger: right after each committed
+step, before saving, a line `epoch step pid rows...` (the sample ids this process trained on)
+goes to `OUT/ledger-<group>`, flushed and synced. Between steps the group waits while
+`OUT/hold-<group>` names a step it has reached (the harness lands its faults there), and at the
+start while `OUT/gate` exists; while `OUT/slow-<group>` exists it sleeps 10 times longer between
+steps (a slow rank). A finished group writes `OUT/weights-<group>.pt` and
+`OUT/done-<group>`; a preempted one returns after its last save without them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+EPOCHS = 2
+BATCH = 4  # the global batch
+SAMPLES = 48  # 12 steps an epoch
+SLEEP = float(os.environ.get("CHAOS_STEP_SLEEP", "0.05"))
+
+
+def data() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, 3, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1
+    index = torch.arange(SAMPLES, dtype=torch.float64).unsqueeze(1)
+    order = torch.Generator().manual_seed(3)
+    return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=True, generator=order)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def plain(out: Path) -> None:
+    """One plain PyTorch process over the same loader: where a job without faults ends."""
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    loader = data()
+    for _ in range(EPOCHS):
+        for x, y, _ in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            optimizer.step()
+    torch.save(net.state_dict(), out / "weights-plain.pt")
+
+
+def _held(out: Path, group: str, step: int) -> bool:
+    try:
+        text = (out / f"hold-{group}").read_text().strip()
+    except FileNotFoundError:
+        return False
+    return not text or step >= int(text)
+
+
+def _record(out: Path, group: str, epoch: int, step: int, index: torch.Tensor) -> None:
+    rows = " ".join(str(int(i)) for i in index.flatten().tolist())
+    with open(out / f"ledger-{group}", "a") as ledger:
+        ledger.write(f"{epoch} {step} {os.getpid()} {rows}\n")
+        ledger.flush()
+        os.fsync(ledger.fileno())
+
+
+def lite(out: Path, bucket: str) -> None:
+    from lite_core import LightningLite
+    from lite_core.checkpoint import latest
+    from lite_torchft import DDPFTStrategy
+
+    group = os.environ["REPLICA_GROUP_ID"]
+
+    class Train(LightningLite):
+        def run(self) -> None:
+            stop = {"requested": False}
+            signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))  # the scheduler's warning
+            net = model()
+            net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+            loader = self.setup_dataloaders(data(), split_batches=True)
+            state = {"model": net, "optimizer": optimizer, "loader": loader, "epoch": 0, "step": 0}
+            resumed = latest(bucket)
+            if resumed is not None:
+                self.load(resumed, state)
+            (out / f"ready-{group}-{os.getpid()}").touch()
+            while (out / "gate").exists():
+                time.sleep(0.02)
+            for epoch in range(state["epoch"], EPOCHS):
+                for x, y, index in loader:
+                    optimizer.zero_grad()
+                    self.backward(torch.nn.functional.mse_loss(net(x), y))
+                    before = self.strategy.step
+                    optimizer.step()
+                    if self.strategy.step == before:
+                        continue  # the step did not commit: its batch comes again
+                    state["step"], state["epoch"] = self.strategy.step, epoch
+                    _record(out, group, epoch, state["step"], index)
+                    if self.all_reduce(torch.tensor(float(stop["requested"])), reduce_op="max") > 0:
+                        self.save(state, f"{bucket}/step-{state['step']}")
+                        return
+                    self.save(state, f"{bucket}/step-{state['step']}", blocking=state["step"] % 2 == 0)
+                    time.sleep(SLEEP * (10 if (out / f"slow-{group}").exists() else 1))
+                    while _held(out, group, state["step"]):
+                        time.sleep(0.02)
+                state["epoch"] = epoch + 1
+            weights = {name: tensor.detach().clone() for name, tensor in net.state_dict().items()}
+            self.save(state, f"{bucket}/step-{state['step']}")  # waits for the last background save too
+            torch.save(weights, out / f"weights-{group}.pt")
+            (out / f"done-{group}").touch()
+
+    Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).run()
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "plain":
+        plain(Path(sys.argv[1]))
+    else:
+        lite(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,53 @@
+"""The chaos job (tests/_chaos.py): two `ddp_ft` replica groups of a user's loop that streams a
+shuffled loader, saves to an S3 bucket (moto's server on 127.0.0.1) after every step, some in the
+background, and keeps its own ledger of the samples it trained, run under a seeded schedule of
+faults: SIGKILL of a group or of the whole job, SIGTERM to the job, the store down, a slow group.
+Each seed's schedule is printed; `LITE_CHAOS_SEED=S` runs seed S alone (replay a failure), and
+`benchmarks/chaos_soak.py --faults N --seed S` runs longer schedules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import free_port, script_env  # the repository's conftest.py
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("_chaos", Path(__file__).parent / "_chaos.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_chaos"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_chaos = _harness()
+
+@pytest.fixture
+def quick_lighthouse() -> Iterator[str]:
+    """A lighthouse that forms a quorum of whichever groups asked within 1 s (the `lighthouse`
+    fixture waits 10 s for a heartbeating group that has not asked): the chaos job's restarts
+    need not meet in one quorum, since a group that comes late heals, and waiting costs CI time."""
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1000)
+    yield f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    server.shutdown()
+
+
+SEEDS = [int(os.environ["LITE_CHAOS_SEED"])] if os.environ.get("LITE_CHAOS_SEED") else [0, 1, 2]
+
+
+@pytest.mark.timeout(600)  # a hang guard: each wait inside is bounded too (_chaos.PATIENCE)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_job_under_random_faults_loses_no_sample_and_ends_where_one_plain_process_ends(
+        quick_lighthouse: str, tmp_path: Path, s3_server, s3_bucket: str, seed: int) -> None:
+    schedule = _chaos.draw(seed)
+    report = _chaos.run(tmp_path, quick_lighthouse, f"{s3_bucket}/chaos", s3_server, script_env, free_port, schedule)
+    assert report.samples_repeated == 0
