@@ -248,7 +248,7 @@ def test_lite_env_text_report(run_script, tmp_path, output_of):
     import importlib.util
 
     if importlib.util.find_spec("fairscale") is None:
-        assert "ddp_sharded (needs fairscale: pip install 'lite-core[fairscale]')" in strategies
+        assert "ddp_sharded (needs fairscale: pip install 'fairscale>=0.4.13')" in strategies
     else:
         assert ", ddp_sharded, " in strategies
     assert ", ddp_spawn," in strategies  # the others are listed plainly

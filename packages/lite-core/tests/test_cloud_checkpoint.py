@@ -75,7 +75,7 @@ def test_an_s3_url_without_s3fs_is_refused_before_anything_is_written(
     for call in (lambda: lite.save({"model": model}, "s3://bucket/run1/ckpt"),
                  lambda: lite.save({"model": model}, "s3://bucket/run1/ckpt", blocking=False),
                  lambda: lite.load("s3://bucket/run1/ckpt")):
-        with pytest.raises(MissingDependencyError, match=r"pip install 'lite-core\[s3\]'") as info:
+        with pytest.raises(MissingDependencyError, match=r"pip install 's3fs>=2023\.1'") as info:
             call()
         _one_sentence(str(info.value))
     assert list(tmp_path.iterdir()) == []  # no ./s3:/bucket/run1/ckpt

@@ -76,7 +76,7 @@ def test_multi_node_needs_the_main_address_without_a_scheduler(monkeypatch: pyte
 @pytest.mark.parametrize(("flag", "extra"), [("gpus", "cuda"), ("tpu_cores", "xla")])
 def test_legacy_device_flags_warn_and_need_their_backend(flag: str, extra: str) -> None:
     with pytest.warns(DeprecationWarning, match=f"{flag}= is deprecated"):
-        with pytest.raises(BackendNotInstalledError, match=rf"pip install 'lite-core\[{extra}\]'") as info:
+        with pytest.raises(BackendNotInstalledError, match=rf"pip install '\./packages/lite-core\[{extra}\]' \./packages/lite-") as info:
             LightningLite(**{flag: 8 if flag == "tpu_cores" else 2})
     assert "\n" not in str(info.value)
 

@@ -79,7 +79,7 @@ def test_a_missing_safetensors_is_named_with_its_install(tmp_path: Path, monkeyp
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else find_spec(name, *a))
     lite = LightningLite(accelerator="cpu")
-    with pytest.raises(MissingDependencyError, match=r"pip install 'lite-core\[hf\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'safetensors>=0\.4'"):
         lite.export_safetensors(lite.setup(_gpt2()), tmp_path / "export")
     assert not (tmp_path / "export").exists()
 

@@ -145,7 +145,7 @@ def test_the_float8_all_gather_is_on_by_default_only_under_fsdp_with_tensorwise_
 def test_without_torchao_the_install_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # as if it were not installed
     with pytest.raises(MissingDependencyError, match=r"^FP8 precision needs the torchao package, which is not"
-                                                     r" installed: run `pip install 'lite-core\[fp8\]'`.$"):
+                                                     r" installed: run `pip install 'torchao>=0\.18'`.$"):
         Float8Precision(emulate=True)
 
 

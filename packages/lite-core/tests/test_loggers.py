@@ -126,7 +126,7 @@ def test_tensorboard_missing_names_the_install_line(tmp_path: Path, monkeypatch:
     with pytest.raises(MissingDependencyError) as info:
         TensorBoardLogger(tmp_path)
     assert str(info.value) == ("TensorBoardLogger needs the tensorboard package, which is not installed: run"
-                               " `pip install 'lite-core[tensorboard]'`.")
+                               " `pip install 'tensorboard>=2.14'`.")
     assert isinstance(info.value, ImportError)
 
 

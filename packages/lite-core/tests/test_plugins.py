@@ -105,7 +105,7 @@ def test_the_not_installed_table_matches_every_backend_entry_point() -> None:
 
 def test_single_xla_without_lite_xla_names_the_install_line() -> None:
     # this package's conftest hides installed real backends from the registry
-    with pytest.raises(BackendNotInstalledError, match=r"lite-xla, which is not installed: run `pip install 'lite-core\[xla\]'`"):
+    with pytest.raises(BackendNotInstalledError, match=r"lite-xla, which is not installed: run `pip install '\./packages/lite-core\[xla\]' \./packages/lite-xla`"):
         _registry.STRATEGIES.load("single_xla")
 
 

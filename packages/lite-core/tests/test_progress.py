@@ -72,5 +72,5 @@ def test_off_a_terminal_without_a_total_every_hundred_and_where_the_loop_stopped
 
 def test_missing_tqdm_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'lite-core\[progress\]'`\.$"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'tqdm>=4\.60'`\.$"):
         progress_bar(range(3))

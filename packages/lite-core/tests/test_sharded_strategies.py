@@ -98,7 +98,7 @@ def test_a_meta_module_is_reinitialised_by_the_roots_init_weights_where_it_lacks
 @pytest.mark.parametrize("name", ["ddp_sharded", "ddp_sharded_spawn"])
 def test_ddp_sharded_without_fairscale_names_the_install_line(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fairscale", None)  # how Python marks a package unimportable
-    with pytest.raises(BackendNotInstalledError, match=r"pip install 'lite-core\[fairscale\]'") as info:
+    with pytest.raises(BackendNotInstalledError, match=r"pip install 'fairscale>=0\.4\.13'") as info:
         LightningLite(accelerator="cpu", strategy=name, devices=2)
     _one_sentence(str(info.value))
     assert f"strategy='{name}' needs fairscale" in str(info.value)

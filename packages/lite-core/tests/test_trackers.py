@@ -15,14 +15,16 @@ from lite_core.errors import MisuseError, MissingDependencyError
 from lite_core.loggers._tracker import TrackerLogger, config_as_dict, flatten
 
 
-@pytest.mark.parametrize(("logger", "module"), [(WandbLogger, "wandb"), (MLflowLogger, "mlflow"),
-                                                 (TrackioLogger, "trackio")])
-def test_a_tracker_not_installed_is_named_with_its_pip_install(logger, module, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("logger", "module", "requirement"), [(WandbLogger, "wandb", "wandb>=0.17"),
+                                                                (MLflowLogger, "mlflow", "mlflow>=2.10"),
+                                                                (TrackioLogger, "trackio", "trackio>=0.43")])
+def test_a_tracker_not_installed_is_named_with_its_pip_install(logger, module, requirement,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
     with pytest.raises(MissingDependencyError) as info:
         logger()
     assert str(info.value) == (f"{logger.__name__} needs the {module} package, which is not installed: run"
-                               f" `pip install 'lite-core[{module}]'`.")
+                               f" `pip install '{requirement}'`.")  # lite-core[EXTRA]'s package: works today
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from lite_core._install import install_hint
 from lite_core._suggest import closest
 from lite_core.errors import (
     BackendImportError,
@@ -82,7 +83,7 @@ class Registry:
         if extra is not None:
             return BackendNotInstalledError(
                 f"{self.kind}={name!r} is provided by {_EXTRA_PACKAGE[extra]}, which is not installed:"
-                f" run `pip install 'lite-core[{extra}]'`."
+                f" run `{install_hint(extra)}`."
             )
         valid = self.names()
         guess = closest(name, valid) or closest(name, _KNOWN_BACKENDS[self.kind])

@@ -9,6 +9,7 @@ from functools import cache
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from lite_core.errors import MissingDependencyError
+from lite_core._install import install_hint
 
 if TYPE_CHECKING:
     from lite_core.lite import LightningLite
@@ -53,7 +54,7 @@ def progress_bar(iterable: Iterable[T] | None = None, lite: LightningLite | None
         from tqdm import tqdm
     except ImportError:
         raise MissingDependencyError(
-            "progress_bar needs the tqdm package, which is not installed: run `pip install 'lite-core[progress]'`."
+            f"progress_bar needs the tqdm package, which is not installed: run `{install_hint('progress')}`."
         ) from None
     stream = file if file is not None else sys.stderr
     if lite is not None and not lite.is_global_zero:

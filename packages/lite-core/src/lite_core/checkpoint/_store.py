@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lite_core.errors import CheckpointError, MissingDependencyError
+from lite_core._install import install_hint
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -123,7 +124,7 @@ def _check_backend(url: str, protocol: str) -> None:
         fsspec.get_filesystem_class(protocol)
     except ImportError as err:
         extra = _EXTRAS.get(protocol)
-        install = f"pip install 'lite-core[{extra}]'" if extra else f"install fsspec's back end for '{protocol}'"
+        install = install_hint(extra) if extra else f"install fsspec's back end for '{protocol}'"
         raise MissingDependencyError(
             f"Checkpoints at '{url}' need the fsspec back end for '{protocol}://', which is not installed: {install}."
         ) from err

@@ -12,6 +12,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from lite_core._install import install_hint
+
 _GROUPS = {"accelerators": "lite_core.accelerators", "strategies": "lite_core.strategies"}
 #: The report's first line, so that whoever runs `lite env` knows what it is for.
 OPENING = "Paste this whole report, from this line on, into your bug report."
@@ -59,7 +61,7 @@ def install_command(package: str, extra: str) -> str:
     """The command that installs the backend `package` today: Lite's packages are not on the
     package index yet, so pip takes the core's `extra` and the backend from the folders of a
     clone of Lite's repository (the README's route; `pip install 'lite-core[EXTRA]'` fails)."""
-    return f"pip install './packages/lite-core[{extra}]' ./packages/{package}"
+    return install_hint(extra)
 
 
 def _version(distribution: str) -> str | None:

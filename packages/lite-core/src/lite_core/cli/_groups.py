@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from lite_core.errors import ConfigurationError
+from lite_core._install import install_hint
 
 _GROUP, _NAME = "lite_core.launchers", "replica_groups"
 
@@ -41,5 +42,5 @@ def launch_groups(groups: int, argv: list[str], name: str) -> int:
     """Run `lite run argv` as `groups` replica groups through the installed backend."""
     found = [ep for ep in entry_points(group=_GROUP) if ep.name == _NAME]
     if not found:
-        raise ConfigurationError("--replica-groups needs a fault-tolerance backend: pip install 'lite-core[torchft]'.")
+        raise ConfigurationError(f"--replica-groups needs a fault-tolerance backend: {install_hint('torchft')}.")
     return int(found[0].load()(groups, argv, name))

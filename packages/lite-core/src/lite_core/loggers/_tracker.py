@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lite_core.errors import MisuseError, MissingDependencyError
+from lite_core._install import install_hint
 
 
 def require_package(module: str, logger: str, extra: str) -> None:
@@ -21,7 +22,7 @@ def require_package(module: str, logger: str, extra: str) -> None:
     (checked without importing it: the client is imported on global rank 0 at the first log)."""
     if importlib.util.find_spec(module) is None:
         raise MissingDependencyError(
-            f"{logger} needs the {module} package, which is not installed: run `pip install 'lite-core[{extra}]'`."
+            f"{logger} needs the {module} package, which is not installed: run `{install_hint(extra)}`."
         )
 
 

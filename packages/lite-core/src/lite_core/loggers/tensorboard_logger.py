@@ -10,6 +10,7 @@ from typing import Any
 
 from lite_core.errors import MisuseError, MissingDependencyError
 from lite_core.loggers.logger import FolderLogger
+from lite_core._install import install_hint
 
 
 class TensorBoardLogger(FolderLogger):
@@ -39,7 +40,7 @@ class TensorBoardLogger(FolderLogger):
         if importlib.util.find_spec("tensorboard") is None:
             raise MissingDependencyError(
                 "TensorBoardLogger needs the tensorboard package, which is not installed: run"
-                " `pip install 'lite-core[tensorboard]'`."
+                f" `{install_hint('tensorboard')}`."
             )
         super().__init__(root_dir, name, version)
         self._writer_kwargs = writer_kwargs

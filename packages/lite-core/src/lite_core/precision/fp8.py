@@ -12,6 +12,7 @@ from torch import nn
 
 from lite_core.errors import ConfigurationError, MissingDependencyError
 from lite_core.precision.precision import MixedPrecision
+from lite_core._install import install_hint
 
 #: torchao's recipe names (`Float8LinearConfig.from_recipe_name`) that Lite offers.
 RECIPES = ("tensorwise", "rowwise")
@@ -140,5 +141,5 @@ def _require_torchao() -> None:
         import torchao.float8  # noqa: F401
     except ImportError as error:
         raise MissingDependencyError(
-            "FP8 precision needs the torchao package, which is not installed: run `pip install 'lite-core[fp8]'`."
+            f"FP8 precision needs the torchao package, which is not installed: run `{install_hint('fp8')}`."
         ) from error

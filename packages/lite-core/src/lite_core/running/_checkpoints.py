@@ -15,6 +15,7 @@ from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import CheckpointError, ConfigurationError, MissingDependencyError
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
+from lite_core._install import install_hint
 
 
 class Checkpoints:
@@ -117,4 +118,4 @@ class Checkpoints:
 def _require_safetensors(call: str) -> None:
     if importlib.util.find_spec("safetensors") is None:
         raise MissingDependencyError(f"{call} needs the safetensors package, which is not installed:"
-                                     " run `pip install 'lite-core[hf]'`.")
+                                     f" run `{install_hint('hf')}`.")

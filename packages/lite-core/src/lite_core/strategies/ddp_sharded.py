@@ -19,6 +19,7 @@ from lite_core.checkpoint import to_state
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
 from lite_core.strategies.ddp import DDPStrategy
+from lite_core._install import install_hint
 
 
 class DDPShardedStrategy(DDPStrategy):
@@ -36,7 +37,7 @@ class DDPShardedStrategy(DDPStrategy):
 
     name = "ddp_sharded"
     supported_process_group_backends = frozenset({"gloo", "nccl"})  # what fairscale talks
-    requirements = {"fairscale": "pip install 'lite-core[fairscale]'"}
+    requirements = {"fairscale": install_hint("fairscale")}
     supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
     stages_checkpoints = False  # `save_checkpoint` consolidates the sharded optimizer state first
 
@@ -45,7 +46,7 @@ class DDPShardedStrategy(DDPStrategy):
         if not _fairscale_installed():
             raise BackendNotInstalledError(
                 f"strategy={self.name!r} needs fairscale, which is not installed: run"
-                " `pip install 'lite-core[fairscale]'`."
+                f" `{install_hint('fairscale')}`."
             )
         if sharded_kwargs.get("reduce_buffer_size", 0) != 0:
             raise ConfigurationError(
