@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -278,6 +279,29 @@ def test_the_next_save_of_a_name_removes_the_temporary_key_an_interrupted_upload
     assert _temporaries(fs, key, "step-2") == [f"{key}/.step-2.otherhost-7.0123abcd.tmp"]
     assert _temporaries(fs, key, "step-1") == left["step-1"]  # another name's leftover is not this save's
     assert latest(base) == f"{base}/step-2"
+
+
+@pytest.mark.parametrize("store", ["memory", "s3"])
+def test_a_save_removes_what_a_dead_process_of_this_host_left_of_another_name(
+        request: pytest.FixtureRequest, store: str) -> None:
+    """A job that saves `step-N` never saves an interrupted name again: its leftovers (the
+    temporary key and the pending marker of a process killed mid-upload) go at the next save of
+    any name once their writer is known dead; another host's are kept (found by the chaos soak)."""
+    from lite_core.checkpoint._store import writer
+
+    base = request.getfixturevalue("s3_bucket") + "/run" if store == "s3" else _memory_base()
+    fs, key = fsspec.core.url_to_fs(base)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    host = writer().rsplit("-", 1)[0]
+    fs.pipe_file(f"{key}/.step-1.{host}-{dead}.0123abcd.tmp", b"killed mid-upload")
+    fs.pipe_file(f"{key}/.step-1.lite-pending", b"")
+    fs.pipe_file(f"{key}/.step-3.otherhost-7.0123abcd.tmp", b"another host's, maybe in flight")
+    lite, model, _ = _setup()
+    lite.save({"model": model}, f"{base}/step-2")
+    fs.invalidate_cache()
+    names = sorted(path.rstrip("/").rpartition("/")[2] for path in fs.ls(key, detail=False))
+    assert names == [".step-3.otherhost-7.0123abcd.tmp", "step-2"], names
 
 
 def _gone(*args: Any, **kwargs: Any) -> None:

@@ -15,7 +15,17 @@ from typing import Any, BinaryIO
 import torch
 
 from lite_core._user_frame import warn_user
-from lite_core.checkpoint._store import METADATA_FILE, READER_FILE, _host, is_url, load_file, put_file, save_file, writer
+from lite_core.checkpoint._store import (
+    METADATA_FILE,
+    READER_FILE,
+    _host,
+    is_url,
+    load_file,
+    put_file,
+    running,
+    save_file,
+    writer,
+)
 from lite_core.errors import CheckpointError
 
 
@@ -242,7 +252,7 @@ def existing_or_previous(path: str) -> str:
 
 def _is_stale(candidate: Path, match: re.Match[str], started: float) -> bool:
     if match["host"] == _host():
-        return int(match["pid"]) != os.getpid() and not _running(int(match["pid"]))
+        return int(match["pid"]) != os.getpid() and not running(int(match["pid"]))
     try:
         return _last_change(candidate) < started
     except OSError:  # gone already
@@ -255,16 +265,6 @@ def _last_change(candidate: Path) -> float:
     if candidate.is_dir():
         changed = max([changed, *(entry.stat().st_mtime for entry in candidate.iterdir())])
     return changed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _unreadable(source: Path | str) -> CheckpointError:

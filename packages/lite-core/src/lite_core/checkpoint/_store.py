@@ -139,6 +139,17 @@ def _host() -> str:
     return socket.gethostname().replace(".", "_")
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` of this host is running (another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # -- paths ---------------------------------------------------------------------------------------
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec file system of `url` and the path within it, with nothing about it taken from
@@ -247,19 +258,34 @@ def save_file(checkpoint: dict[str, Any], url: str) -> None:
 
 
 def remove_stale_uploads(url: str, started: float) -> None:
-    """Rank 0, once a one-file checkpoint at `url` committed: remove the temporary keys that
-    earlier saves of the same name left beside it (a process killed, or a store gone, between its
-    upload and the copy). A key counts as stale when the store last wrote it before the second
-    in which this save `started`: one saver writes a name at a time, so nothing older is still
-    being copied. Keys of other names are never touched; failing to list or delete only leaves
-    them (the checkpoint is committed already)."""
+    """Rank 0, once a one-file checkpoint at `url` committed: remove what interrupted uploads (a
+    process killed, or a store gone, between its upload and the copy) left beside it.
+
+    - Temporary keys of the same name, when the store last wrote them before the second in which
+      this save `started`: one saver writes a name at a time, so nothing older is still being copied.
+    - Temporary keys of other names whose writer (`HOST-PID` in the key) is a process of this host
+      that no longer runs, and those names' pending markers: that upload can never finish (a job
+      saving `step-N` names never saves an interrupted name again). Another host's keys of other
+      names are left: whether their writer still runs cannot be told from here.
+
+    Failing to list or delete only leaves them (the checkpoint is committed already)."""
     fs, key = filesystem(url)
-    pattern = re.compile(rf"\.{re.escape(_name(key))}\.[^.]+-\d+\.[0-9a-f]{{8}}\.tmp")
+    pattern = re.compile(r"\.(?P<name>.+)\.(?P<host>[^.]+)-(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
+    folder = key.rstrip("/").rpartition("/")[0]
     with suppress(Exception):
-        for entry in fs.ls(key.rstrip("/").rpartition("/")[0], detail=True):
-            name = _name(entry["name"])
-            if pattern.fullmatch(name) and fs.modified(entry["name"]).timestamp() < int(started):
+        for entry in fs.ls(folder, detail=True):
+            found = pattern.fullmatch(_name(entry["name"]))
+            if found is None:
+                continue
+            if found["name"] == _name(key):
+                stale = fs.modified(entry["name"]).timestamp() < int(started)
+            else:
+                stale = found["host"] == _host() and int(found["pid"]) != os.getpid() and not running(int(found["pid"]))
+            if stale:
                 fs.rm_file(entry["name"])
+                if found["name"] != _name(key):
+                    with suppress(FileNotFoundError):
+                        fs.rm_file(f"{folder}/.{found['name']}{PENDING_SUFFIX}")
 
 
 # -- reading -------------------------------------------------------------------------------------
