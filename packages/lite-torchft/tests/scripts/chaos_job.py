@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from ft_train import _held  # the same hold between steps as the heal tests' script
+
 EPOCHS = 2
 BATCH = 4  # the global batch
 SAMPLES = 48  # 12 steps an epoch
@@ -58,14 +60,6 @@ def plain(out: Path) -> None:
             torch.nn.functional.mse_loss(net(x), y).backward()
             optimizer.step()
     torch.save(net.state_dict(), out / "weights-plain.pt")
-
-
-def _held(out: Path, group: str, step: int) -> bool:
-    try:
-        text = (out / f"hold-{group}").read_text().strip()
-    except FileNotFoundError:
-        return False
-    return not text or step >= int(text)
 
 
 def _record(out: Path, group: str, epoch: int, step: int, index: torch.Tensor) -> None:
