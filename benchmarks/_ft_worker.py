@@ -34,8 +34,11 @@ def _loader(steps: int) -> DataLoader:
 
 
 def _model() -> torch.nn.Module:
+    """32 -> FT_HIDDEN (64 by default) -> 1: about 33 * FT_HIDDEN float32 parameters (the state a
+    heal transfers; SGD without momentum keeps no optimizer state)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    hidden = int(os.environ.get("FT_HIDDEN", "64"))
+    return torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
 
 
 def main(out: Path, strategy: str, steps: int, sleep: float) -> None:

@@ -42,9 +42,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _group(out: Path, group: int, lighthouse: str, steps: int, sleep: float,
-           strategy: str = "ddp_ft") -> subprocess.Popen[bytes]:
+           strategy: str = "ddp_ft", hidden: int = 64) -> subprocess.Popen[bytes]:
     env = _env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()), FT_HIDDEN=str(hidden))
     return subprocess.Popen([sys.executable, str(WORKER), str(out), strategy, str(steps), str(sleep)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -100,17 +100,17 @@ def alone(lighthouse: str, steps: int) -> tuple[float, float]:
     return _replica_groups(lighthouse, steps, "ddp_ft", 1)[0], _replica_groups(lighthouse, steps, "torchft", 1)[0]
 
 
-def failure(lighthouse: str) -> tuple[float, float, float]:
+def failure(lighthouse: str, steps: int = 120, kill_after: int = 10, hidden: int = 64) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        group0, group1 = (_group(out, g, lighthouse, 120, 0.05) for g in (0, 1))
-        while len(_records(_record_of_when(out, "1", group1.pid))[1]) < 10:
+        group0, group1 = (_group(out, g, lighthouse, steps, 0.05, hidden=hidden) for g in (0, 1))
+        while len(_records(_record_of_when(out, "1", group1.pid))[1]) < kill_after:
             time.sleep(0.02)
         committed_at_kill = _records(_record_of(out, "0"))[1][-1][1]
         killed = time.time()
         os.kill(group1.pid, signal.SIGKILL)
         group1.wait()
-        restarted = _group(out, 1, lighthouse, 120, 0.05)
+        restarted = _group(out, 1, lighthouse, steps, 0.05, hidden=hidden)
         group0.wait(timeout=300)
         restarted.wait(timeout=300)
         after = [t for _, committed, t in _records(_record_of(out, "0"))[1] if committed > committed_at_kill and t > killed]
@@ -129,7 +129,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--heal-sizes", default="",
+                        help="MB of model state, comma-separated (e.g. 10,100,1000): only the heal time against the"
+                             " state's size (written to results/torchft_heal.md), nothing else")
     options = parser.parse_args()
+    if options.heal_sizes:
+        return heal_by_size([float(mb) for mb in options.heal_sizes.split(",")])
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
@@ -172,6 +177,26 @@ def main() -> None:
         f"| restarted group: its first step (quorum + healing from a peer) | {heal_step:.2f} s |",
     ]
     write_results("torchft", rows)
+
+
+def heal_by_size(sizes_mb: list[float]) -> None:
+    """A restarted group's first step (its quorum and the heal: the peer's state sent over
+    torchft's HTTP transport on loopback and loaded) against the size of that state."""
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
+    lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    rows = ["| model state | parameters | process start -> first committed step | first step (quorum + heal) |",
+            "| ---: | ---: | ---: | ---: |"]
+    try:
+        for mb in sizes_mb:
+            hidden = max(1, round(mb * 2**20 / 4 / 34))  # (32 + 1 + 1) * hidden + 1 float32 parameters
+            _, heal_total, heal_step = failure(lighthouse, steps=24, kill_after=4, hidden=hidden)
+            rows.append(f"| {mb:g} MB | {34 * hidden + 1:,} | {heal_total:.2f} s | {heal_step:.2f} s |")
+            print(rows[-1], flush=True)
+    finally:
+        server.shutdown()
+    write_results("torchft_heal", rows)
 
 
 def write_results(name: str, rows: list[str]) -> str:
