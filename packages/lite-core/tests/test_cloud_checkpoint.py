@@ -297,11 +297,14 @@ def test_a_save_removes_what_a_dead_process_of_this_host_left_of_another_name(
     fs.pipe_file(f"{key}/.step-1.{host}-{dead}.0123abcd.tmp", b"killed mid-upload")
     fs.pipe_file(f"{key}/.step-1.lite-pending", b"")
     fs.pipe_file(f"{key}/.step-3.otherhost-7.0123abcd.tmp", b"another host's, maybe in flight")
+    # A store gone mid-upload before the temporary key existed leaves only the marker (the chaos job's store-down).
+    fs.pipe_file(f"{key}/.step-4.lite-pending", f"{host}-{dead}".encode())
+    fs.pipe_file(f"{key}/.step-5.lite-pending", b"otherhost-7")
     lite, model, _ = _setup()
     lite.save({"model": model}, f"{base}/step-2")
     fs.invalidate_cache()
     names = sorted(path.rstrip("/").rpartition("/")[2] for path in fs.ls(key, detail=False))
-    assert names == [".step-3.otherhost-7.0123abcd.tmp", "step-2"], names
+    assert names == [".step-3.otherhost-7.0123abcd.tmp", ".step-5.lite-pending", "step-2"], names
 
 
 def _gone(*args: Any, **kwargs: Any) -> None:

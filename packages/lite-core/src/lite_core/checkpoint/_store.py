@@ -265,27 +265,50 @@ def remove_stale_uploads(url: str, started: float) -> None:
       this save `started`: one saver writes a name at a time, so nothing older is still being copied.
     - Temporary keys of other names whose writer (`HOST-PID` in the key) is a process of this host
       that no longer runs, and those names' pending markers: that upload can never finish (a job
-      saving `step-N` names never saves an interrupted name again). Another host's keys of other
-      names are left: whether their writer still runs cannot be told from here.
+      saving `step-N` names never saves an interrupted name again).
+    - Pending markers of other names whose writer (`HOST-PID`, the marker's content) is a process
+      of this host that no longer runs: an upload that failed before its temporary key existed (the
+      store gone mid-save) leaves only its marker.
 
-    Failing to list or delete only leaves them (the checkpoint is committed already)."""
+    Another host's keys and markers of other names are left: whether their writer still runs
+    cannot be told from here. Failing to list or delete only leaves them (the checkpoint is
+    committed already)."""
     fs, key = filesystem(url)
-    pattern = re.compile(r"\.(?P<name>.+)\.(?P<host>[^.]+)-(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
     folder = key.rstrip("/").rpartition("/")[0]
-    with suppress(Exception):
-        for entry in fs.ls(folder, detail=True):
-            found = pattern.fullmatch(_name(entry["name"]))
-            if found is None:
-                continue
-            if found["name"] == _name(key):
-                stale = fs.modified(entry["name"]).timestamp() < int(started)
-            else:
-                stale = found["host"] == _host() and int(found["pid"]) != os.getpid() and not running(int(found["pid"]))
-            if stale:
-                fs.rm_file(entry["name"])
-                if found["name"] != _name(key):
-                    with suppress(FileNotFoundError):
-                        fs.rm_file(f"{folder}/.{found['name']}{PENDING_SUFFIX}")
+    try:
+        entries = fs.ls(folder, detail=True)
+    except Exception:
+        return
+    for entry in entries:
+        with suppress(Exception):  # one entry gone meanwhile (removed with its key) skips only that entry
+            _remove_if_stale(fs, folder, entry["name"], _name(key), started)
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<writer>[^.]+-\d+)\.[0-9a-f]{8}\.tmp")
+_MARKER = re.compile(rf"\.(?P<name>.+){re.escape(PENDING_SUFFIX)}")
+
+
+def _remove_if_stale(fs: AbstractFileSystem, folder: str, path: str, saved: str, started: float) -> None:
+    if (found := _TEMPORARY.fullmatch(_name(path))) is not None:
+        if found["name"] == saved:
+            stale = fs.modified(path).timestamp() < int(started)
+        else:
+            stale = _dead_writer_of_this_host(found["writer"])
+        if stale:
+            fs.rm_file(path)
+            if found["name"] != saved:
+                with suppress(FileNotFoundError):
+                    fs.rm_file(f"{folder}/.{found['name']}{PENDING_SUFFIX}")
+    elif (found := _MARKER.fullmatch(_name(path))) is not None and found["name"] != saved:
+        if _dead_writer_of_this_host(fs.cat_file(path).decode(errors="replace")):
+            with suppress(FileNotFoundError):
+                fs.rm_file(path)
+
+
+def _dead_writer_of_this_host(name: str) -> bool:
+    """Whether `name` (`HOST-PID`, see `writer`) is another process of this host that no longer runs."""
+    host, _, pid = name.strip().rpartition("-")
+    return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not running(int(pid))
 
 
 # -- reading -------------------------------------------------------------------------------------
