@@ -275,12 +275,13 @@ def bad_inputs(world: int) -> dict:
     lite = pipeline(world)
     model = lite.setup(make_model("net"), loss_fn=loss_fn)
     no_target = error_of(lambda: model(lite.to_device(torch.zeros(4, WIDTH))))
-    accumulate = error_of(lambda: lite.no_backward_sync(model).__enter__())
+    loss = model(lite.to_device(torch.zeros(4, WIDTH)), target=lite.to_device(torch.ones(4, WIDTH)))
+    other_tensor = error_of(lambda: lite.backward(loss.detach() * 2))  # not computed from the loss
     model.eval()  # evaluation without torch.no_grad(): forward only, no gradients left behind
     eval_mode = model(lite.to_device(torch.zeros(4, WIDTH)), target=lite.to_device(torch.ones(4, WIDTH)))
     left_behind = sum(p.grad is not None for p in model.parameters())
     return {"no_module": no_module, "too_many": too_many, "uneven": uneven, "no_target": no_target,
-            "accumulate": accumulate, "eval_mode_loss": eval_mode.item(), "eval_mode_grads": left_behind}
+            "other_tensor": other_tensor, "eval_mode_loss": eval_mode.item(), "eval_mode_grads": left_behind}
 
 
 #: Batches of shrinking sizes under microbatches=2 (each trained on, then evaluated), then 8 again.

@@ -4,6 +4,8 @@ is in tests/integration/sharded)."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -139,4 +141,38 @@ def test_a_batch_that_microbatches_does_not_divide_is_refused_before_any_collect
         forward(torch.zeros(batch, 2), target=y)
     size = batch if batch % 4 else target
     assert str(info.value).startswith(f"A batch of {size} samples does not split into microbatches=4")
+    assert _one_sentence(str(info.value))
+
+
+def test_a_steps_gradients_wait_apart_and_backward_adds_them_scaled() -> None:
+    from lite_core.strategies import _pipeline_backward
+
+    layer = nn.Linear(2, 1)
+    layer.weight.grad = torch.ones_like(layer.weight)  # an earlier batch's, accumulated
+
+    def step() -> None:  # as the schedule's step: it computes, then divides every gradient it sees
+        layer(torch.ones(1, 2)).sum().backward()
+        for parameter in layer.parameters():
+            parameter.grad.div_(2)
+
+    gradients = _pipeline_backward.run_apart(layer.parameters(), step)
+    assert torch.equal(layer.weight.grad, torch.ones_like(layer.weight)) and layer.bias.grad is None
+    loss = torch.tensor(3.0, requires_grad=True)
+    waiting = _pipeline_backward.StepGradients(weakref.ref(loss), gradients)
+    [scale] = _pipeline_backward.scales(loss / 4, [loss])
+    assert scale == 0.25
+    waiting.add_into_grad(scale)
+    torch.testing.assert_close(layer.weight.grad, torch.full_like(layer.weight, 1 + 0.5 * 0.25))
+    torch.testing.assert_close(layer.bias.grad, torch.full_like(layer.bias, 0.5 * 0.25))
+
+
+def test_backward_of_anything_but_a_function_of_the_pipelines_loss_is_refused_in_one_sentence() -> None:
+    from lite_core.strategies import _pipeline_backward
+
+    loss, weight = torch.tensor(3.0, requires_grad=True), nn.Parameter(torch.ones(2))
+    assert _pipeline_backward.scales(loss, [loss]) == [1.0]
+    assert _pipeline_backward.scales(loss * loss / 2, [loss]) == [3.0]  # the chain rule: d(L²/2)/dL = L
+    with pytest.raises(MisuseError) as info:
+        _pipeline_backward.scales(loss + weight.square().sum(), [loss])
+    assert "compute any other term of the loss inside loss_fn" in str(info.value)
     assert _one_sentence(str(info.value))

@@ -242,7 +242,7 @@ def test_bad_input_is_refused_in_one_sentence(job2):
     assert "8 pipeline stages need at least as many layers" in errors["too_many"]
     assert "does not split into microbatches=3" in errors["uneven"]
     assert "needs the target" in errors["no_target"]
-    assert "no_backward_sync() cannot accumulate under pipeline parallelism" in errors["accumulate"]
+    assert "backward() takes the loss that model(x, target=y) returned since the last" in errors["other_tensor"]
     assert errors["eval_mode_grads"] == 0 and errors["eval_mode_loss"] > 0  # model.eval(): forward only
 
 

@@ -4,8 +4,8 @@
 A schedule runs the forward and backward passes of every micro-batch together, so under
 pipeline parallelism `model(x, target=y)` is the whole step's computation: it returns the batch's
 loss (the mean of the micro-batches' losses, broadcast from the last stage so that every process
-holds it) with the gradients already accumulated, and `backward(loss)` then has nothing left to
-do. Under `torch.no_grad()` (or after `model.eval()`) the schedule runs forward only
+holds it), and keeps the step's gradients apart until `backward(loss)`, or `backward(loss / n)`,
+adds them into `.grad` (`_pipeline_backward`). Under `torch.no_grad()` (or after `model.eval()`) the schedule runs forward only
 (`schedule.eval`): `model(x, target=y)` returns the loss, `model(x)` the last stage's output, on
 every process. Each mode and batch shape runs on a schedule and stages of its own (a *plan*), so
 the shapes always follow the batch and an evaluation leaves training's schedule untouched.
@@ -14,6 +14,7 @@ the shapes always follow the batch and an evaluation leaves training's schedule 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.strategies._pipeline_backward import StepGradients, run_apart
 
 #: The schedules by name (`torch.distributed.pipelining.get_schedule_class`, case insensitive).
 SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -90,8 +92,8 @@ class PipelineForward:
         self._last_rank = last_rank
         self.loss_fn = loss_fn
         self._plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()
-        #: The loss the last training call returned, which `backward` recognises.
-        self.last_loss: torch.Tensor | None = None
+        #: The training calls whose gradients wait for `backward` of their loss (oldest first).
+        self._steps: list[StepGradients] = []
         self.calls = 0
 
     @property
@@ -156,14 +158,30 @@ class PipelineForward:
                 handle.remove()
 
     def _train(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> torch.Tensor:
-        """The schedule's step: forward and backward over every micro-batch; the batch's loss."""
+        """The schedule's step: forward and backward over every micro-batch, with the gradients
+        set aside (they wait for `backward`); the batch's loss, a leaf that `backward` recognises."""
         losses: list[torch.Tensor] = []
-        if target is not None:
-            plan.schedule.step(*args, target=target, losses=losses, **kwargs)
-        else:
-            plan.schedule.step(*args, **kwargs)
-        self.last_loss = self._broadcast_loss(losses)
-        return self.last_loss
+
+        def step() -> None:
+            if target is not None:
+                plan.schedule.step(*args, target=target, losses=losses, **kwargs)
+            else:
+                plan.schedule.step(*args, **kwargs)
+
+        gradients = run_apart(self.module.parameters(), step)
+        loss = self._broadcast_loss(losses).requires_grad_()
+        self._steps = [each for each in self._steps if each.loss() is not None]  # losses dropped: no backward
+        self._steps.append(StepGradients(weakref.ref(loss), gradients))
+        return loss
+
+    def waiting(self) -> list[tuple[torch.Tensor, StepGradients]]:
+        """(loss, its step's gradients) of the training calls whose loss `backward` has not taken yet."""
+        found = [(each.loss(), each) for each in self._steps]
+        return [(loss, each) for loss, each in found if loss is not None]
+
+    def taken(self, step: StepGradients) -> None:
+        """`backward` added `step`'s gradients into `.grad`."""
+        self._steps = [each for each in self._steps if each is not step]
 
     def _evaluate(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
                   with_loss: bool) -> Any:

@@ -7,6 +7,7 @@ into stages (`_split`) run by a `torch.distributed.pipelining` schedule (`_pipel
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,7 +18,17 @@ from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
-from lite_core.strategies import _clip, _context, _fsdp_init, _fsdp_optimizers, _mesh, _pipeline, _pipeline_load, _split
+from lite_core.strategies import (
+    _clip,
+    _context,
+    _fsdp_init,
+    _fsdp_optimizers,
+    _mesh,
+    _pipeline,
+    _pipeline_backward,
+    _pipeline_load,
+    _split,
+)
 from lite_core.strategies._context import ContextParallel
 from lite_core.strategies._mesh import (
     CONTEXT_MESH_DIM_NAMES,
@@ -105,7 +116,7 @@ class ModelParallelStrategy(FSDPStrategy):
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
     supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
-    changes_backward = True  # under a pipeline the schedule ran the backward pass already
+    changes_backward = True  # under a pipeline backward adds the gradients the schedule computed
     fully_shards_parameters = None  # if at all, in the user's parallelize_fn
 
     def __init__(self, parallelize_fn: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
@@ -388,27 +399,32 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().call_module_method(forward_module, module, name, *args, **kwargs)
 
     def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        # The loss names its pipeline (with several models set up, `module` is only the first one).
-        pipeline = next((each for each in self._pipelines.values() if each.last_loss is tensor), None)
-        if pipeline is None:
-            if module is None or id(module) not in self._pipelines:
-                context = self.context_parallel
-                if context is None:
-                    return super().backward(tensor, module, *args, **kwargs)
-                with context.ring():
-                    return super().backward(tensor, module, *args, **kwargs)
+        # A loss a pipeline returned (or one computed from it, such as loss / n): the schedule ran its
+        # backward pass, whose gradients are added into .grad now, scaled (see `_pipeline_backward`).
+        if self._pipelines and _pipeline_backward.backward(self._pipelines.values(), tensor, self._replicas()):
+            return
+        if module is not None and id(module) in self._pipelines:
             raise MisuseError(
-                "Under pipeline parallelism backward() takes the loss that model(x, target=y) returned, whose"
-                " backward pass the schedule already ran: pass that loss, and compute any other loss inside loss_fn."
+                "Under pipeline parallelism backward() takes the loss that model(x, target=y) returned since the"
+                " last backward(), or a function of it such as loss / n: pass that, and compute any other loss"
+                " inside loss_fn."
             )
-        pipeline.last_loss = None  # the schedule ran the backward pass; nothing is left to do
+        context = self.context_parallel
+        if context is None:
+            return super().backward(tensor, module, *args, **kwargs)
+        with context.ring():
+            return super().backward(tensor, module, *args, **kwargs)
+
+    def _replicas(self) -> Any:
+        """The data-parallel group when it has several processes (their pipelines' scales must agree)."""
+        data = self.device_mesh["data_parallel"]
+        return data.get_group() if data.size() > 1 else None
 
     def no_backward_sync(self, module: nn.Module) -> Any:
         if id(module) in self._pipelines:
-            raise MisuseError(
-                "no_backward_sync() cannot accumulate under pipeline parallelism, where the schedule already"
-                " accumulates over its micro-batches: raise microbatches (with the batch size) instead."
-            )
+            # Gradients accumulate at backward (see `_pipeline_backward`); the stages still reduce
+            # them over the data-parallel ranks at the end of each step, as the schedule does.
+            return nullcontext()
         return super().no_backward_sync(module)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,

@@ -1,0 +1,87 @@
+"""The user's own loop under pipeline parallelism (issue 57) on real processes over gloo, against one
+plain PyTorch process: accumulation over batches with `no_backward_sync` and `backward(loss / n)`
+(`tests/scripts/pipeline_loop_job.py`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+_SCRIPT = _SCRIPTS / "pipeline_loop_job.py"
+sys.path.insert(0, str(_SCRIPTS))
+_spec = importlib.util.spec_from_file_location("pipeline_loop_job", _SCRIPT)
+loop_job = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(loop_job)
+job = loop_job.job  # pipeline_job: the model, data, optimizer and loss
+
+ATOL = 1e-6
+
+
+def _run(run_script, output_of, out_dir: Path, world: int) -> dict:
+    # Several processes on a small machine import torch slowly: the store waits longer than usual.
+    proc = run_script(_SCRIPT, out_dir, world, timeout=240, env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    assert proc.returncode == 0, output_of(proc)
+    return torch.load(out_dir / "results.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def job2(run_script, output_of, tmp_path_factory):
+    return _run(run_script, output_of, tmp_path_factory.mktemp("pipeline-loop-2"), 2)
+
+
+@pytest.fixture(scope="module")
+def job4(run_script, output_of, tmp_path_factory):
+    return _run(run_script, output_of, tmp_path_factory.mktemp("pipeline-loop-4"), 4)
+
+
+def plain_accumulation(initial: dict) -> tuple[list[float], list[float], dict]:
+    """One process, the same loop: `backward(loss / n)` over `ACCUMULATE` batches per step."""
+    model = job.make_model("net")
+    model.load_state_dict(initial)
+    optimizer, scheduler = job.make_optimizer(model)
+    x, y = job.make_data()
+    batch, losses, norms = job.GLOBAL_BATCH, [], []
+    for step in range(loop_job.OPTIMIZER_STEPS):
+        for index in range(loop_job.ACCUMULATE):
+            start = (step * loop_job.ACCUMULATE + index) * batch
+            loss = job.loss_fn(model(x[start:start + batch]), y[start:start + batch])
+            (loss / loop_job.ACCUMULATE).backward()
+            losses.append(loss.item())
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), job.MAX_NORM).item())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return losses, norms, model.state_dict()
+
+
+def assert_accumulates_as_one_process(run: dict) -> None:
+    losses, norms, expected = plain_accumulation(run["initial"])
+    for seen, loss in zip(run["losses"], losses):  # every rank holds its data-parallel shard's loss
+        torch.testing.assert_close(seen.mean(), torch.tensor(loss), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(norms), atol=ATOL, rtol=0)
+    assert min(norms) > job.MAX_NORM  # clipping happened: the norms are those of the accumulated gradients
+    assert run["final"].keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(run["final"][name], value, atol=ATOL, rtol=0, msg=name)
+    moved = max((value - run["initial"][name]).abs().max().item() for name, value in expected.items())
+    assert moved > 1000 * ATOL
+
+
+def test_accumulation_with_a_scaled_loss_equals_one_plain_process(job2):
+    assert_accumulates_as_one_process(job2["accumulation_pp2"])
+
+
+def test_accumulation_under_pipeline_and_data_parallel_equals_one_plain_process(job4):
+    assert_accumulates_as_one_process(job4["accumulation_pp2xdp2"])
+
+
+def test_a_loss_scale_that_differs_between_data_parallel_ranks_is_refused_on_each(job4):
+    for message in job4["scale_per_replica"]:
+        assert "factors that differ between data-parallel ranks (1.0 to 2.0)" in message
