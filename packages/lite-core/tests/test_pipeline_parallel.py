@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lite_core.errors import MisuseError
-from lite_core.strategies import _pipeline, _split
+from lite_core.strategies import _absent, _pipeline, _split
 
 
 def _one_sentence(message: str) -> bool:
@@ -36,7 +36,7 @@ def test_a_part_holds_its_units_under_the_unsplit_models_names() -> None:
     model = Net()
     stages, expanded = _split.assign_stages(model, ["blocks.2"], 2)
     assert stages == [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "head"]]
-    second = _split.part(model, set(stages[1]), expanded)
+    second = _split.part(model, stages, 1, expanded)
     assert sorted(second.state_dict()) == ["blocks.2.bias", "blocks.2.weight", "blocks.3.bias", "blocks.3.weight",
                                            "head.bias", "head.weight"]
     assert second.blocks._modules["2"] is model.blocks[2]  # shared, not copied
@@ -115,13 +115,13 @@ def test_a_stage_without_the_blocks_keeps_an_empty_container_its_forward_iterate
     model = Transformer()
     stages, expanded = _split.assign_stages(model, ["norm"], 2)  # a top-level cut: blocks all on stage 0
     assert stages == [["embed", "blocks"], ["norm", "head"]]
-    second = _split.part(model, set(stages[1]), expanded)
+    second = _split.part(model, stages, 1, expanded)
     assert isinstance(second.blocks, nn.ModuleList) and len(second.blocks) == 0 and len(model.blocks) == 4
     assert sorted(second.state_dict()) == ["head.bias", "head.weight", "norm.bias", "norm.weight"]
     hidden = torch.randn(3, 4)
     torch.testing.assert_close(second(hidden), model.head(model.norm(hidden)))
     _split.trim(model, set(stages[1]), expanded)
-    assert len(model.blocks) == 0 and model.embed is None
+    assert len(model.blocks) == 0 and not model.embed  # a stand-in, false for `if self.embed:`
 
 
 def _forward(microbatches: int) -> _pipeline.PipelineForward:
@@ -176,3 +176,72 @@ def test_backward_of_anything_but_a_function_of_the_pipelines_loss_is_refused_in
         _pipeline_backward.scales(loss + weight.square().sum(), [loss])
     assert "compute any other term of the loss inside loss_fn" in str(info.value)
     assert _one_sentence(str(info.value))
+
+
+class Unguarded(nn.Module):
+    """A transformer's shape whose forward has no guards for the layers a stage does not hold;
+    `scale`, `positions` and `after` add what no stand-in can skip."""
+
+    def __init__(self, scale: float = 1.0, positions: bool = False, after: float = 1.0) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.pos = nn.Linear(1, 4)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 3)
+        self.scale, self.positions, self.after = scale, positions, after
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.positions:
+            x = x + self.pos(torch.ones(x.shape[0], 1))
+        for block in self.blocks:
+            x = x + block(x)
+        x = self.head(self.norm(x))
+        return x * self.after if self.after != 1.0 else x
+
+
+def _stages(model: nn.Module) -> list[nn.Module]:
+    """The model's two parts (cut at blocks.2), each checked as under a pipeline."""
+    stages, expanded = _split.assign_stages(model, ["blocks.2"], 2)
+    parts = [_split.part(model, stages, index, expanded) for index in range(2)]
+    for index, part in enumerate(parts):
+        _absent.watch(part, index, stages[index][0])
+    return parts
+
+
+def test_a_forward_without_guards_runs_with_the_layers_a_stage_does_not_hold_handed_over() -> None:
+    model = Unguarded()
+    first, second = _stages(model)
+    x = torch.randn(3, 4)
+    assert not second.embed and not first.head and second.embed is not None  # `if self.embed:` skips it
+    torch.testing.assert_close(second(first(x)), model(x), atol=0, rtol=0)
+    with torch.no_grad():  # every call is checked alike
+        torch.testing.assert_close(second(first(x)), model(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("model", "stage", "message"), [
+    (Unguarded(scale=2.0), 1, "Pipeline stage 1 does not hold 'embed', and your forward changes its output before"
+                              " 'blocks.2', which the stage holds"),
+    (Unguarded(positions=True), 1, "Pipeline stage 1 does not hold 'pos', and your forward calls it on something"
+                                   " other than the stage's input"),
+    (Unguarded(after=2.0), 0, "Pipeline stage 0 does not hold 'norm', and your forward changes what it passes to"
+                              " 'norm' before returning it"),
+])
+def test_a_forward_that_a_missing_layer_cannot_be_skipped_in_is_refused_in_one_sentence(model, stage, message) -> None:
+    first, second = _stages(model)
+    x = torch.randn(3, 4)
+    with pytest.raises(MisuseError) as info:
+        second(first(x).detach()) if stage == 1 else first(x)
+    assert str(info.value).startswith(message) and "guard that code with `if self." in str(info.value)
+    assert _one_sentence(str(info.value))
+
+
+def test_the_models_own_forward_after_the_cut_names_the_set_up_model() -> None:
+    model = Unguarded()
+    stages, expanded = _split.assign_stages(model, ["blocks.2"], 2)
+    _split.trim(model, set(stages[0]), expanded)
+    with pytest.raises(MisuseError, match="The layer 'norm' is held by another pipeline stage"):
+        model(torch.randn(3, 4))

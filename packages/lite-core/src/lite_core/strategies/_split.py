@@ -6,18 +6,20 @@ part is a structural copy of the model (every module on the way to a unit copied
 themselves shared) without the other stages' units, as torchtitan's `module_fqns_per_model_part`
 does: so a part's `state_dict()` keys are those of the unsplit model, and its `forward` is the
 model's own. Inside `nn.Sequential`, `nn.ModuleList` and `nn.ModuleDict` a missing unit is
-left out (their iteration skips it, their keys stay); elsewhere it becomes `None`, which the
-model's `forward` skips (`if self.embed is not None: ...`).
+left out (their iteration skips it, their keys stay); a missing container is an empty one;
+elsewhere a missing unit is an `_absent.Absent` stand-in that hands its input on (and is false,
+for `if self.embed:`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
 from lite_core.errors import MisuseError
+from lite_core.strategies._absent import Absent
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -144,9 +146,11 @@ def _refuse_own_parameters(model: nn.Module, expanded: set[str]) -> None:
             )
 
 
-def part(model: nn.Module, keep: set[str], expanded: set[str]) -> nn.Module:
-    """A structural copy of `model` that holds only the units named in `keep` (shared, not copied)."""
-    return _copy(model, "", keep, expanded)
+def part(model: nn.Module, stages: list[list[str]], index: int, expanded: set[str]) -> nn.Module:
+    """A structural copy of `model` that holds only stage `index`'s units (shared, not copied);
+    the other stages' units are left out, emptied or stand-ins (see the module's docstring)."""
+    earlier = {unit for stage in stages[:index] for unit in stage}
+    return _copy(model, "", set(stages[index]), expanded, lambda name: name in earlier)
 
 
 def trim(model: nn.Module, keep: set[str], expanded: set[str]) -> None:
@@ -156,10 +160,11 @@ def trim(model: nn.Module, keep: set[str], expanded: set[str]) -> None:
             for child_name in list(module._modules):
                 full = f"{name}.{child_name}" if name else child_name
                 if full not in keep and full not in expanded:
-                    _drop(module, child_name)
+                    _drop(module, child_name, full, None)
 
 
-def _copy(module: nn.Module, prefix: str, keep: set[str], expanded: set[str]) -> nn.Module:
+def _copy(module: nn.Module, prefix: str, keep: set[str], expanded: set[str],
+          before: Callable[[str], bool]) -> nn.Module:
     new = copy.copy(module)
     for key, value in module.__dict__.items():  # hook dicts, parameters, buffers: the copy's own
         if isinstance(value, (dict, set)):
@@ -167,23 +172,24 @@ def _copy(module: nn.Module, prefix: str, keep: set[str], expanded: set[str]) ->
     for name, child in module._modules.items():
         full = prefix + name
         if full in expanded:
-            new._modules[name] = _copy(child, full + ".", keep, expanded)
+            new._modules[name] = _copy(child, full + ".", keep, expanded, before)
         elif full not in keep and child is not None:
-            _drop(new, name)
+            _drop(new, name, full, before(full))
     return new
 
 
-def _drop(module: nn.Module, name: str) -> None:
-    """Leave unit `name` out of `module`: a container's entry is removed, another module's child
-    becomes `None`, and a child that is a container becomes an empty one (so that the model's
-    `for block in self.blocks` runs on every stage)."""
+def _drop(module: nn.Module, name: str, full: str, before: bool | None) -> None:
+    """Leave unit `name` (`full` in the model) out of `module`: a container's entry is removed, a
+    child that is a container becomes an empty one (so that the model's `for block in self.blocks`
+    runs on every stage), another child a stand-in that hands its input on (`before`: the unit
+    belongs to an earlier stage; `None`: to no stage this module runs)."""
     child = module._modules[name]
     if isinstance(module, _CONTAINERS):
         del module._modules[name]
     elif isinstance(child, _CONTAINERS):
         module._modules[name] = _emptied(child)
     else:
-        module._modules[name] = None
+        module._modules[name] = Absent(full, before)
 
 
 def _emptied(container: nn.Module) -> nn.Module:

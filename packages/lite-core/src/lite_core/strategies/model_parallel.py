@@ -19,6 +19,7 @@ from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import (
+    _absent,
     _clip,
     _context,
     _fsdp_init,
@@ -293,10 +294,12 @@ class ModelParallelStrategy(FSDPStrategy):
         points = _split.split_names(module, options.split_points)
         stage_units, expanded = _split.assign_stages(module, points, num_stages)
         indexes = _pipeline.stages_on_rank(pp_mesh.get_local_rank(), options.size, options.stages_per_rank)
-        parts = [_split.part(module, set(stage_units[index]), expanded) for index in indexes]
+        parts = [_split.part(module, stage_units, index, expanded) for index in indexes]
         self._keys_before_split[id(module)] = list(module.state_dict())
         _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
         parts = [self._parallelize_part(part) for part in parts]
+        for part, index in zip(parts, indexes):  # after parallelize_fn: its hooks (input casts) run first
+            _absent.watch(part, index, stage_units[index][0])
         layout = _pipeline.StageLayout(parts, indexes, num_stages, self.root_device, pp_mesh.get_group())
         last_rank = (num_stages - 1) % options.size
         copies = [pair for part in parts for pair in _split.copies_of(part, module)]
