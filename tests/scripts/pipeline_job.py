@@ -236,17 +236,6 @@ def save_on_pipeline(lite: LightningLite, out: Path) -> dict:
     return {"saved": saved, "one_more": full_weights(state["model"]), "full_state_dict": whole}
 
 
-def flops(world: int) -> dict:
-    """`measure_flops` of the set-up model on each stage, and what the monitor counts per replica."""
-    from lite_core import ThroughputMonitor, measure_flops
-
-    lite = pipeline(world)
-    model = lite.setup(make_model("net"), loss_fn=loss_fn)
-    local = measure_flops(model, lite.to_device(torch.zeros(GLOBAL_BATCH, WIDTH)))
-    monitor = ThroughputMonitor(lite, flops_per_step=local, log_every_n_steps=0)
-    return {"local": lite.all_gather(torch.tensor(float(local))).tolist(), "monitor": monitor._flops_per_step}
-
-
 def first_batches(lite: LightningLite) -> torch.Tensor:
     """Every rank's first batch from a set-up loader (data is sharded by data-parallel rank only)."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -402,7 +391,6 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
         results["epochs_pp2"] = evaluation_between_epochs(lambda: pipeline(world, microbatches=2))
         results["epochs_ddp"] = evaluation_between_epochs(lambda: other_strategy(world, "ddp"))
         results["errors"] = bad_inputs(world)
-        results["flops"] = flops(world)
     elif world == 4:
         results["pp2xdp2_1F1B"] = train(pipeline(world, dp=2))
         results["checkpoint"] = save_on_pipeline(pipeline(world, dp=2), out)

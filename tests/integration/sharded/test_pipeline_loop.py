@@ -1,5 +1,6 @@
 """The user's own loop under pipeline parallelism (issue 57) on real processes over gloo, against one
-plain PyTorch process: accumulation over batches with `no_backward_sync` and `backward(loss / n)`
+plain PyTorch process: accumulation over batches with `no_backward_sync` and `backward(loss / n)`,
+a forward without guards for the layers a stage does not hold, and the FLOPs the monitor counts
 (`tests/scripts/pipeline_loop_job.py`)."""
 
 from __future__ import annotations
@@ -85,3 +86,38 @@ def test_accumulation_under_pipeline_and_data_parallel_equals_one_plain_process(
 def test_a_loss_scale_that_differs_between_data_parallel_ranks_is_refused_on_each(job4):
     for message in job4["scale_per_replica"]:
         assert "factors that differ between data-parallel ranks (1.0 to 2.0)" in message
+
+
+def test_a_gpt_whose_forward_has_no_guards_trains_and_evaluates_as_one_plain_process(job2):
+    # Stage 1 calls self.embed on the activations it receives and stage 0 self.norm and self.head on
+    # its blocks' output: those layers hand their input on (they raised TypeError on None before).
+    run = job2["unguarded_pp2"]
+    model = loop_job.make_gpt()
+    model.load_state_dict(run["initial"])
+    optimizer, scheduler = job.make_optimizer(model)
+    tokens, targets = loop_job.gpt_data()
+    batch = job.GLOBAL_BATCH
+    for step, seen in enumerate(run["losses"]):
+        optimizer.zero_grad()
+        loss = loop_job.gpt_loss(model(tokens[step * batch:(step + 1) * batch]), targets[step * batch:(step + 1) * batch])
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        torch.testing.assert_close(seen, loss.detach(), atol=ATOL, rtol=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(run["final"][name], value, atol=ATOL, rtol=0, msg=name)
+    with torch.no_grad():
+        logits = model(tokens[2 * batch:3 * batch])
+    torch.testing.assert_close(run["eval_output"], logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(run["eval_loss"], loop_job.gpt_loss(logits, targets[2 * batch:3 * batch]), atol=ATOL, rtol=0)
+
+
+def test_measure_flops_counts_the_whole_model_before_and_after_setup_and_the_monitor_once(job2):
+    from lite_core import measure_flops
+
+    whole = measure_flops(loop_job.make_gpt(), loop_job.gpt_data()[0][:job.GLOBAL_BATCH])
+    counts = job2["flops"]["counts"]  # per rank: before setup, after (on meta, on the device), the monitor's
+    assert counts.shape == (2, 4)
+    # After setup stage 0 counted only its layers, and stage 1 raised on the token ids.
+    assert (counts == whole).all(), counts
+    assert job2["flops"]["devices"] == 2  # MFU divides the job's FLOPs (one replica's, once) by both

@@ -8,7 +8,6 @@ device the job uses, in the dtype the matrix multiplications run in.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import time
@@ -20,7 +19,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from lite_core.model._module import STATE_KEY, user_class_of
+from lite_core.model._meta import meta_copy
+from lite_core.model._module import is_set_up_model, state_of
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.launchers.rank import RESTART_VARIABLE
@@ -47,6 +47,11 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     copy of the model on the meta device, so it allocates no memory and costs no real step;
     `inputs` (tensors, alone or in dicts, lists, tuples) are moved to the meta device too.
 
+    It counts the whole model, before or after `setup()`, under every strategy: under pipeline
+    parallelism, where a process holds only its stages' layers after `setup()`, it counts the whole
+    model as it was before the cut (on the meta device, whatever `on_meta`), so every process gets
+    one data-parallel replica's FLOPs on `inputs`, the batch one process is given.
+
     Args:
         model: the plain model, or the one `setup()` returned.
         inputs: what the model is called with: one tensor or a tuple of positional arguments.
@@ -62,8 +67,11 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     from lite_core.model.parts import original_module
 
     module = original_module(model)
+    whole = _whole_pipelined_model(model)
+    if whole is not None:
+        module, on_meta = whole, True
     if on_meta:
-        module = _meta_copy(module)
+        module = meta_copy(module)
         inputs = tree_map_only(torch.Tensor, _meta_input, inputs)
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     counter = FlopCounterMode(display=False)
@@ -75,63 +83,21 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     return int(counter.get_total_flops())
 
 
+def _whole_pipelined_model(model: nn.Module) -> nn.Module | None:
+    """The whole model on the meta device, as a pipeline kept it before cutting `model` into
+    stages; `None` for a model no pipeline runs."""
+    if not is_set_up_model(model):
+        return None
+    state = state_of(model)
+    pipeline_of = getattr(state.strategy, "pipeline_of", None)  # strategies with a pipeline dimension
+    pipeline = pipeline_of(state.forward_module) if pipeline_of is not None else None
+    return None if pipeline is None else pipeline.whole_model
+
+
 def _meta_input(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` on the meta device, a leaf that wants a gradient if the original does."""
     meta = tensor.detach().to("meta")
     return meta.requires_grad_() if tensor.requires_grad else meta
-
-
-def _meta_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of `module` whose parameters and buffers are empty meta tensors of their full
-    (unsharded) shape, and whose modules are of the user's own classes.
-
-    A module that `setup()` or a sharding strategy changed (`fully_shard` makes it an `FSDP<Class>`
-    that refuses `copy.deepcopy`) is rebuilt as a plain instance of the user's class, without the
-    strategy's state and hooks: the count runs the user's forward on the whole model, as one
-    process computes it."""
-    memo: dict[int, Any] = {}
-    for submodule in module.modules():
-        for tensor in [*submodule._parameters.values(), *submodule._buffers.values()]:
-            if tensor is not None and id(tensor) not in memo:
-                memo[id(tensor)] = _meta_tensor(tensor)
-    changed = [m for m in module.modules() if user_class_of(m) is not type(m)]
-    for submodule in changed:  # every shell first, so that references between modules resolve to them
-        memo[id(submodule)] = object.__new__(user_class_of(submodule))
-    for submodule in changed:
-        memo[id(submodule)].__dict__.update(copy.deepcopy(_plain_state(submodule), memo))
-    return copy.deepcopy(module, memo)
-
-
-def _meta_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """An empty meta tensor of `tensor`'s full shape (a sharded DTensor's global one) and dtype."""
-    meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-    return nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-
-
-#: What a module's `__dict__` holds for the set-up model and for torch's composable APIs
-#: (`fully_shard` keeps its state and registry under keys with this prefix).
-_STRATEGY_KEYS = (STATE_KEY, "__composable_api_state_key", "_is_fsdp_managed_module", "_fsdp_use_orig_params")
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
-               "_state_dict_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks",
-               "_load_state_dict_post_hooks")
-
-
-def _plain_state(module: nn.Module) -> dict[str, Any]:
-    """`module.__dict__` without Lite's and the strategy's state, and without the hooks that state registered."""
-    state = {k: v for k, v in module.__dict__.items() if not k.startswith(_STRATEGY_KEYS)}
-    for name in _HOOK_DICTS:
-        if name in state:
-            state[name] = type(state[name])((i, h) for i, h in state[name].items() if not _strategy_hook(h))
-    return state
-
-
-def _strategy_hook(hook: Any) -> bool:
-    """Whether `hook` is a method of a torch composable API's state (FSDP's pre- and post-forward)."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed._composable_state import _State
-
-    return isinstance(getattr(hook, "__self__", None), _State)
 
 
 class ThroughputMonitor:
@@ -163,10 +129,10 @@ class ThroughputMonitor:
     Args:
         lite: the `LightningLite` the loop runs in.
         window: how many recent steps the rates average over.
-        flops_per_step: the FLOPs of one step of this process (see `measure_flops`); `None` leaves
-            FLOP/s and MFU out. Under pipeline parallelism this process computes only its stages
-            (`measure_flops` on the set-up model counts them): the monitor adds up the stages of
-            one pipeline, so every stage counts once.
+        flops_per_step: the FLOPs of one step of one data-parallel replica: the whole model on the
+            batch this process gets, as `measure_flops` counts it (before or after `setup()`, under
+            pipeline and tensor parallelism too); `None` leaves FLOP/s and MFU out. The job's FLOPs
+            are it times the data-parallel size, counted once, and MFU divides them by every device.
         peak_flops: dense peak FLOP/s of one device, overriding what the accelerator knows.
         dtype: the matmul dtype for the accelerator's peak (`"fp32"`, `"tf32"`, `"bf16"`, `"fp16"`,
             `"fp8"`, `"fp64"`); default: from the precision (`32-true` is `tf32` when torch allows it).
@@ -199,7 +165,7 @@ class ThroughputMonitor:
         if dtype is not None and dtype not in DTYPES:
             raise ConfigurationError(f"dtype={dtype!r} is not a matmul dtype Lite knows: pass one of {list(DTYPES)}.")
         self._lite = lite
-        self._flops_per_step = _over_the_pipeline(lite, flops_per_step)
+        self._flops_per_step = flops_per_step
         self._log_every = log_every_n_steps
         self._bar = progress_bar
         shard = lite.strategy.distributed_sampler_kwargs()
@@ -336,17 +302,6 @@ class ThroughputMonitor:
 
 
 _clock = time.perf_counter
-
-
-def _over_the_pipeline(lite: LightningLite, flops: float | None) -> float | None:
-    """One data-parallel replica's FLOPs per step: this process's, summed over the stages of its
-    pipeline when the strategy has one (a process of a pipeline computes only its own stages)."""
-    strategy = lite.strategy
-    if flops is None or getattr(strategy, "pipeline_parallel_size", 1) == 1:
-        return flops
-    group = strategy.device_mesh["pipeline_parallel"].get_group()
-    total = lite.all_reduce(torch.tensor(float(flops), dtype=torch.float64), group=group, reduce_op="sum")
-    return float(total)
 
 
 def _refuse_batch_size(batch_size: Any) -> None:

@@ -78,12 +78,14 @@ class PipelineForward:
         loss_fn: `loss_fn(output, target)`, averaging over its micro-batch; `None` until given.
         module: the user's model, holding this process's layers (its `training` flag decides).
         copies: (a part's copy of a module, the model's module) pairs whose flags follow the model's.
+        whole_model: the whole model before the cut, on the meta device (`measure_flops` counts it).
     """
 
     def __init__(self, layout: StageLayout, schedule: type, microbatches: int, last_rank: int,
                  loss_fn: Callable[..., torch.Tensor] | None, module: nn.Module,
-                 copies: list[tuple[nn.Module, nn.Module]]) -> None:
+                 copies: list[tuple[nn.Module, nn.Module]], whole_model: nn.Module | None = None) -> None:
         self._layout = layout
+        self.whole_model = whole_model
         self.module = module
         self.copies = copies
         self._schedule_class = schedule

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
+from lite_core.model._meta import meta_copy
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import (
     _absent,
@@ -296,6 +297,7 @@ class ModelParallelStrategy(FSDPStrategy):
         indexes = _pipeline.stages_on_rank(pp_mesh.get_local_rank(), options.size, options.stages_per_rank)
         parts = [_split.part(module, stage_units, index, expanded) for index in indexes]
         self._keys_before_split[id(module)] = list(module.state_dict())
+        whole = meta_copy(module)  # for measure_flops: the whole model, without memory
         _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
         parts = [self._parallelize_part(part) for part in parts]
         for part, index in zip(parts, indexes):  # after parallelize_fn: its hooks (input casts) run first
@@ -304,7 +306,7 @@ class ModelParallelStrategy(FSDPStrategy):
         last_rank = (num_stages - 1) % options.size
         copies = [pair for part in parts for pair in _split.copies_of(part, module)]
         self._pipelines[id(module)] = PipelineForward(layout, options.schedule, options.microbatches, last_rank,
-                                                      options.loss_fn, module, copies)
+                                                      options.loss_fn, module, copies, whole)
         self._sharded_modules.append(module)
         return module
 
