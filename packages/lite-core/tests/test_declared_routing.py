@@ -73,7 +73,7 @@ class _Net(nn.Linear):
 
 def _train_one_step(lite: LightningLite) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
     user_optimizer = torch.optim.SGD((net := _Net(2, 1)).parameters(), lr=0.1)
-    model, optimizer = lite.setup(net, user_optimizer)
+    model, optimizer = lite.setup(net, user_optimizer, forward_methods=["predict"])
     (batch,) = lite.setup_dataloaders(DataLoader([torch.ones(2)] * 2, batch_size=2))
     model.predict(batch)
     lite.backward(model(batch).sum())

@@ -1,6 +1,8 @@
-"""The set-up model is the model, on one process: every method of the user's module runs under the
-precision and through the strategy's forward; other attributes and `nn.Module`'s own methods keep
-their meaning; a `torch.compile`d model is wrapped plain and compiled again, with plain keys.
+"""The set-up model is the model, on one process: `generate` and the methods named in
+`setup(forward_methods=...)` run under the precision and through the strategy's forward, every
+other method on the module as it is, tensors among its arguments or not; other attributes and
+`nn.Module`'s own methods keep their meaning; a `torch.compile`d model is wrapped plain and
+compiled again, with plain keys.
 
 The same under `ddp`, `ddp_spawn`, `fsdp` (2 processes) and with a Hugging Face GPT-2:
 tests/integration/test_set_up_model.py; under DeepSpeed: lite-deepspeed's tests.
@@ -62,9 +64,13 @@ class Net(nn.Module):
         """Takes its tensors in a dataclass, as many users' batches come."""
         return self(batch.x)
 
-    def write(self, folder: str) -> str:
-        """A utility that computes nothing from an input, as `save_pretrained(folder)`."""
+    def write(self, folder: str, state_dict: dict[str, torch.Tensor] | None = None) -> str:
+        """A utility that computes nothing from an input, as `save_pretrained(folder, state_dict=...)`."""
         return folder
+
+    def direct(self, x: torch.Tensor) -> torch.Tensor:
+        """Computes with the weights without calling `self(...)`."""
+        return self.layer(x) * self.scale
 
     @property
     def width(self) -> int:
@@ -135,25 +141,54 @@ def test_a_method_runs_as_one_forward_pass_of_the_strategys_wrapper() -> None:
     assert "forward" not in vars(plain)  # the user's forward is its own again afterwards
 
 
-def test_a_method_called_with_tensors_runs_through_the_wrapper_and_one_without_runs_on_the_module() -> None:
-    """`save_pretrained(folder)` on one rank must not enter the strategy's forward (its collectives
-    would wait for the other ranks): a call without a tensor among its arguments runs on the module."""
+def test_a_method_with_tensor_arguments_runs_on_the_module_unless_it_is_a_forward_method() -> None:
+    """`save_pretrained(folder, state_dict=full)` on one rank must not enter the strategy's forward
+    (its collectives would wait for the other ranks): only `generate` and the named methods do."""
     plain, reference = _net(), _net()
     model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain)
     wrapper = forward_module(model)
     x = torch.randn(3, 4)
+    assert model.write("folder", state_dict=model.state_dict()) == "folder"
+    assert torch.equal(model.direct(x), reference.direct(x))
+    assert wrapper.calls == []
+    # Methods that call the model: their `self(x)` is `model(x)`, one pass of the wrapper each.
     assert torch.equal(model.encode({"x": x}), reference(x))
-    assert model.generate(x, steps=1).shape == (3, 4)
     assert torch.equal(model.score(Batch(x)), reference(x))
-    assert len(wrapper.calls) == 3  # tensors in a mapping or a dataclass count too
-    assert model.write("folder") == "folder"
-    assert len(wrapper.calls) == 3
+    assert len(wrapper.calls) == 2
+
+
+def test_a_named_method_runs_as_one_forward_pass_of_the_wrapper() -> None:
+    plain, reference = _net(), _net()
+    model = LightningLite(accelerator="cpu", strategy=_WrappingStrategy()).setup(plain, forward_methods=["direct"])
+    wrapper = forward_module(model)
+    x = torch.randn(3, 4)
+    assert torch.equal(model.direct(x), reference.direct(x))
+    assert len(wrapper.calls) == 1
+    assert "forward" not in vars(plain)
+
+
+def test_a_named_method_runs_under_the_precision() -> None:
+    plain = _net()
+    seen = _dtypes_computed(plain)
+    lite = LightningLite(accelerator="cpu", devices=1, precision="bf16-mixed")
+    model = lite.setup_module(plain, forward_methods="direct")  # one name alone
+    assert model.direct(torch.randn(2, 4)).dtype == torch.float32  # the output converted back, as model(x)'s
+    assert seen == [torch.bfloat16]
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])  # nothing routed, and routed
+@pytest.mark.parametrize("name", ["trainig_step", "state_dict", "width"])
+def test_a_forward_method_the_class_does_not_define_is_refused_at_setup(precision: str, name: str) -> None:
+    lite = LightningLite(accelerator="cpu", devices=1, precision=precision)
+    with pytest.raises(MisuseError, match=rf"names '{name}', which is not a method of Net") as info:
+        lite.setup(_net(), forward_methods=[name])
+    assert ". " not in str(info.value) and str(info.value).endswith(".")
 
 
 def test_a_wrapper_that_never_calls_the_module_is_an_error_not_a_wrong_result() -> None:
     model = LightningLite(accelerator="cpu", strategy=_IgnoringStrategy()).setup(_net())
     with pytest.raises(MisuseError, match=r"did not call Net in its forward.*forward\(\) instead"):
-        model.training_step(torch.randn(3, 4))
+        model.generate(torch.randn(3, 4))
 
 
 def test_attributes_that_are_not_methods_pass_through_and_module_methods_keep_their_meaning() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
@@ -169,7 +169,7 @@ class LightningLite:
 
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: Optimizer, move_to_device: bool = True,
-              loss_fn: Callable[..., torch.Tensor] | None = None) -> Any:
+              loss_fn: Callable[..., torch.Tensor] | None = None, forward_methods: str | Sequence[str] = ()) -> Any:
         """Set up a model and its optimizers; returns the model, or `(model, *optimizers)`.
 
         With `loss_fn`, `model(x, target=y)` returns `loss_fn(model(x), y)`: the loop
@@ -180,18 +180,24 @@ class LightningLite:
 
         A model compiled with `torch.compile(model, **options)` is set up as its plain module and
         the strategy's wrapper around it is compiled with the same options; the returned model's
-        state dict keys are the plain module's. Every method of the model called on the returned
-        one (`model.generate(...)`) runs under the precision and through the strategy, as
-        `model(x)` does.
+        state dict keys are the plain module's.
+
+        `model.generate(...)` and the methods named in `forward_methods` (say `["training_step"]`,
+        a method that computes on the model's weights without calling `self(x)`) run under the
+        precision and through the strategy, as `model(x)` does: every rank must call them. Every
+        other method (`save_pretrained(folder, state_dict=...)`, `num_parameters()`) runs on the
+        model as it is, whatever its arguments, so one rank alone may call it; its own calls of
+        `self(x)` run through the strategy.
         """
-        return self._models.setup(model, optimizers, move_to_device, loss_fn)
+        return self._models.setup(model, optimizers, move_to_device, loss_fn, _names(forward_methods))
 
     def setup_module(self, model: nn.Module, move_to_device: bool = True,
-                     loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
+                     loss_fn: Callable[..., torch.Tensor] | None = None,
+                     forward_methods: str | Sequence[str] = ()) -> LiteModule:
         """Move the model to the device, apply the precision and wrap it for the strategy (a
         `torch.compile`d model as `setup` does: wrapped plain, then compiled again); `loss_fn`
-        as for `setup`."""
-        return self._models.setup_module(model, move_to_device, loss_fn)
+        and `forward_methods` as for `setup`."""
+        return self._models.setup_module(model, move_to_device, loss_fn, _names(forward_methods))
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so that `step()` goes through the strategy and precision."""
@@ -521,3 +527,8 @@ class LightningLite:
     def seed_everything(seed: int | None = None, workers: bool = True) -> int:
         """Seed `random`, NumPy and torch (and dataloader workers with `workers=True`)."""
         return seed_everything(seed, workers=workers)
+
+
+def _names(forward_methods: str | Sequence[str]) -> tuple[str, ...]:
+    """`setup(forward_methods=...)` as a tuple: one name alone, or several."""
+    return (forward_methods,) if isinstance(forward_methods, str) else tuple(forward_methods)

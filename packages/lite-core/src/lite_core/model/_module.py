@@ -8,8 +8,9 @@ once per class (as torch's `fully_shard` does with `FSDP<Class>`), which adds wh
   a compiled module) under the precision. The wrapper holds the same object and calls it; while
   the strategy works on the model (`_SetUp.busy`), the model is plainly the user's module, so that
   inner call is `nn.Module.__call__` and the user's forward, hooks and all.
-- A method of the user's class called with a tensor (`model.training_step(x, y)`,
-  `model.generate(ids)`) runs the same way, as one forward pass of the strategy (`_methods.py`).
+- `model.generate(ids)` and the methods named in `setup(forward_methods=[...])` run the same way,
+  as one forward pass of the strategy; every other method runs on the module as it is, whatever
+  its arguments (`_methods.py`).
 - `load_state_dict` goes through the strategy where it has its own (sharded strategies take full
   weights), and so does `named_parameters()` (so `parameters()`) where the parameters that train
   are not the module's own (torch-xla's FSDP moves them onto its wrapper).
@@ -25,14 +26,13 @@ changes nothing gets a subclass that overrides nothing on the step path.
 from __future__ import annotations
 
 import copyreg
-import inspect
 from functools import cache, wraps
 from typing import Any, Callable
 
 from torch import nn
 
 from lite_core.model._changes import refuse_conversion
-from lite_core.model._methods import computes_on_input
+from lite_core.model._methods import forward_methods
 
 #: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
 #: and `_buffers`, so it is in no name, state dict or `modules()`).
@@ -140,13 +140,13 @@ def _through_precision(state: _SetUp, call: Callable[..., Any], args: tuple[Any,
 
 
 def _routed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, a method of the user's class, run as one forward pass of the strategy when it
-    is called with a tensor from outside the strategy; as it is otherwise."""
+    """`function`, a forward method of the user's class (`_methods.py`), run as one forward pass
+    of the strategy when it is called from outside the strategy; as it is inside."""
 
     @wraps(function)
     def method(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state = self.__dict__[STATE_KEY]
-        if state.busy or not computes_on_input(args, kwargs):
+        if state.busy:
             return function(self, *args, **kwargs)
         state.forward_ran = True
         state.busy = True
@@ -165,28 +165,12 @@ def _call_method(state: _SetUp, module: nn.Module, name: str) -> Callable[..., A
     return call
 
 
-def user_methods(user_class: type[nn.Module]) -> dict[str, Callable[..., Any]]:
-    """The plain functions defined by `user_class` and its bases outside torch (a Hugging Face
-    `generate` included), which are not `nn.Module`'s own names: the methods Lite routes."""
-    methods: dict[str, Callable[..., Any]] = {}
-    for klass in reversed(user_class.__mro__):
-        if klass.__module__.split(".")[0] == "torch" or klass is object:
-            continue
-        for name, value in vars(klass).items():
-            if name.startswith("__") or name == "forward" or hasattr(nn.Module, name):
-                continue
-            if inspect.isfunction(value):
-                methods[name] = value
-            else:
-                methods.pop(name, None)  # a property or attribute of a subclass hides the base's method
-    return methods
-
-
 @cache
-def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads: bool, guards: bool,
+def set_up_class(user_class: type[nn.Module], calls: bool, methods: tuple[str, ...], loads: bool, guards: bool,
                  parameters: bool) -> type:
     """The subclass of `user_class` a set-up model gets; only the parts asked for are added, so a
-    plain one-process model's step runs nothing of Lite's."""
+    plain one-process model's step runs nothing of Lite's. `methods`: the names of the methods
+    that run as a forward pass (none where nothing routes)."""
     mixins: list[type] = [LiteModule]
     if calls:
         mixins.append(_Calls)
@@ -197,13 +181,14 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: bool, loads:
     if guards:
         mixins.append(_GuardsChanges)
     body: dict[str, Any] = {"__module__": user_class.__module__, "__qualname__": user_class.__qualname__}
-    if methods:
-        body.update({name: _routed(name, function) for name, function in user_methods(user_class).items()})
+    functions = forward_methods(user_class, methods) if methods else {}
+    body.update({name: _routed(name, function) for name, function in functions.items()})
     return type(user_class.__name__, (*mixins, user_class), body)
 
 
 def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, compiled: nn.Module | None,
-                    *, routes: bool, loads: bool, guards: bool, parameters: bool) -> nn.Module:
+                    *, routes: bool, loads: bool, guards: bool, parameters: bool,
+                    named_methods: tuple[str, ...] = ()) -> nn.Module:
     """Make `module` the set-up model: the same object, its class a subclass of its own.
 
     Args:
@@ -216,8 +201,11 @@ def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any,
         loads: whether `load_state_dict` goes through the strategy's.
         guards: whether dtype and device changes are refused (the strategy cannot follow them).
         parameters: whether `named_parameters()` goes through the strategy's (they live on its wrapper).
+        named_methods: the user's `setup(forward_methods=...)`: methods that run as a forward pass
+            besides `generate` (checked to exist even where nothing routes).
     """
     user_class = type(module)
+    methods = tuple(forward_methods(user_class, named_methods))  # refuses a name the class lacks
     if compiled is not None:
         forward_call: Callable[..., Any] = compiled
     elif forward_module is module:
@@ -225,7 +213,7 @@ def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any,
     else:
         forward_call = forward_module
     module.__dict__[STATE_KEY] = _SetUp(strategy, forward_module, forward_call, user_class)
-    module.__class__ = set_up_class(user_class, routes, routes, loads, guards, parameters)
+    module.__class__ = set_up_class(user_class, routes, methods if routes else (), loads, guards, parameters)
     return module
 
 

@@ -94,9 +94,9 @@ class Strategy:
     #: precision whose `changes_optimizer_step` is `False`, a set-up optimizer's `step` is the
     #: user's own; `False` has every step go through `optimizer_step`.
     steps_optimizers_plainly: ClassVar[bool] = True
-    #: Whether the set-up model runs every method the user calls on it (`model.generate(...)`)
-    #: through `call_module_method`, even with no wrapper. Default `False`: only where something
-    #: wraps or changes the forward pass (see `call_module_method`).
+    #: Whether the set-up model runs its forward methods (`model.generate(...)`, those named in
+    #: `setup(forward_methods=...)`) through `call_module_method`, even with no wrapper. Default
+    #: `False`: only where something wraps or changes the forward pass (see `call_module_method`).
     routes_module_methods: ClassVar[bool] = False
     #: Whether the set-up model's `load_state_dict` goes through `load_module_state_dict`.
     #: Default `False`: it is the module's own.
@@ -268,7 +268,8 @@ class Strategy:
                            *args: Any, **kwargs: Any) -> Any:
         """Run `module.<name>(*args, **kwargs)`, a method of the user's `module`, as one forward
         pass of `forward_module` (what `setup_module` returned for it); the set-up model calls
-        this for every method the user calls on it (`model.generate(...)`), inside the precision.
+        this for its forward methods (`model.generate(...)`, those named in
+        `setup(forward_methods=...)`), inside the precision; other methods never reach it.
 
         By default the wrapper's forward runs once with its call of the user's module turned into
         the method (`DistributedDataParallel`, DeepSpeed's engine and any wrapper whose forward

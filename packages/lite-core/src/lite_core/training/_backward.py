@@ -34,5 +34,6 @@ def check_loss_came_through_setup(strategy: Strategy, models: list[LiteModule], 
         raise MisuseError(
             "backward() got a loss that no set-up model computed since the last backward(), so"
             f" strategy={strategy.name!r} would not synchronise its gradients: compute it by calling a"
-            " model passed to setup() (model(x), not model.forward(x))."
+            " model passed to setup() (model(x), not model.forward(x)), or name the method that computes it"
+            " in setup(model, forward_methods=[...])."
         )

@@ -53,7 +53,7 @@ class Models:
         self._plain_backward = _backward.is_plain_backward(strategy) and not strategy.is_distributed
 
     def setup(self, model: nn.Module, optimizers: tuple[Optimizer, ...], move_to_device: bool,
-              loss_fn: Callable[..., torch.Tensor] | None) -> Any:
+              loss_fn: Callable[..., torch.Tensor] | None, forward_methods: tuple[str, ...] = ()) -> Any:
         """`LightningLite.setup`: the set-up model, or `(model, *optimizers)`."""
         model, compile_options = unwrap_compiled(model)
         check_module(model, "setup")
@@ -66,13 +66,14 @@ class Models:
             self._claims.claim(optimizer, "optimizer")
         model = _prepare_module(self._strategy, model, move_to_device, optimizers)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = _wrap_module(self._strategy, self._set_up, forward_module, model, compile_options, loss_fn)
+        module = _wrap_module(self._strategy, self._set_up, forward_module, model, compile_options, loss_fn,
+                              forward_methods)
         if not optimizers:
             return module
         return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
 
     def setup_module(self, model: nn.Module, move_to_device: bool,
-                     loss_fn: Callable[..., torch.Tensor] | None) -> LiteModule:
+                     loss_fn: Callable[..., torch.Tensor] | None, forward_methods: tuple[str, ...] = ()) -> LiteModule:
         """`LightningLite.setup_module`: the model set up without optimizers."""
         model, compile_options = unwrap_compiled(model)
         check_module(model, "setup_module")
@@ -80,7 +81,7 @@ class Models:
         self._claims.claim(model, "model")
         model = _prepare_module(self._strategy, model, move_to_device)
         return _wrap_module(self._strategy, self._set_up, self._strategy.setup_module(model), model,
-                            compile_options, loss_fn)
+                            compile_options, loss_fn, forward_methods)
 
     def setup_optimizers(self, optimizers: tuple[Optimizer, ...]) -> Any:
         """`LightningLite.setup_optimizers`: each optimizer set up by the strategy and wrapped (one
@@ -174,14 +175,15 @@ def _follow_replaced_parameters(before: dict[str, nn.Parameter], model: nn.Modul
 
 def _wrap_module(strategy: Strategy, models: list[LiteModule], forward_module: nn.Module, model: nn.Module,
                  compile_options: CompileOptions | None = None,
-                 loss_fn: Callable[..., torch.Tensor] | None = None) -> LiteModule:
+                 loss_fn: Callable[..., torch.Tensor] | None = None,
+                 forward_methods: tuple[str, ...] = ()) -> LiteModule:
     compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
     compiled = strategy.forward_call(forward_module, compiled, loss_fn)
     routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
               or strategy.is_distributed or strategy.routes_module_methods)
     module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes,
                              loads=strategy.routes_load_state_dict, guards=not strategy.follows_conversions,
-                             parameters=strategy.routes_named_parameters)
+                             parameters=strategy.routes_named_parameters, named_methods=forward_methods)
     if not strategy.follows_new_parameters:
         guard_new_parameters(module, strategy.name)
     models.append(module)
