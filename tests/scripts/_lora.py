@@ -41,12 +41,13 @@ def lora_config() -> Any:
     return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
-def lora_model() -> Any:
-    """The base with fresh LoRA adapters (peft draws their initial weights from torch's generator)."""
+def lora_model(adapter_seed: int = SEED + 1) -> Any:
+    """The base with fresh LoRA adapters (peft draws their initial weights from torch's generator,
+    seeded with `adapter_seed`)."""
     from peft import get_peft_model
 
     base = base_model()
-    torch.manual_seed(SEED + 1)
+    torch.manual_seed(adapter_seed)
     return get_peft_model(base, lora_config())
 
 

@@ -19,7 +19,7 @@ from lite_core.connector._connect import connect
 from lite_core.data._evaluation import EvaluationPasses
 from lite_core.data._loaders import Loaders
 from lite_core.running._callbacks import Callbacks, Loggers
-from lite_core.running._checkpoints import Checkpoints
+from lite_core.running._checkpoints import Checkpoints, TrainableState
 from lite_core.running._collectives import Collectives
 from lite_core.running._execution import Running, wrap_run
 from lite_core.seed import seed_everything
@@ -369,14 +369,36 @@ class LightningLite:
             self.barrier("rank_zero_first")
 
     # -- checkpoints, logging, callbacks -----------------------------------------------------------------
-    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+    def full_state_dict(self, model: nn.Module, trainable_only: bool = False) -> dict[str, Any]:
         """The set-up model's whole state dict as plain CPU tensors on rank 0, under every strategy
         (sharded ones gather it; the other ranks get an empty dict): what `torch.save` on rank 0
         writes for a plain model to load. The tensors are a copy, never the model's own memory, so
         a snapshot kept in memory (`best = lite.full_state_dict(model)`) does not follow training.
         Call it on every rank.
+
+        With `trainable_only=True`, only the parameters that train (`requires_grad`: LoRA
+        adapters, not their frozen base), and under `fsdp` only those are gathered. peft's
+        `model.save_pretrained(folder, state_dict=...)` on rank 0 writes them as an adapter that
+        `PeftModel.from_pretrained` reads (docs/fine-tuning.md).
         """
+        if trainable_only:
+            return self._strategy.full_trainable_state_dict(model)
         return self._strategy.full_module_state_dict(model)
+
+    def trainable_state(self, model: nn.Module) -> TrainableState:
+        """The set-up model's trainable parameters as one entry of `save` and `load`'s content: an
+        adapters-only checkpoint, which the optimizer's state (it holds only those parameters) joins.
+
+            self.save({"adapters": self.trainable_state(model), "optimizer": optimizer}, path)
+            self.load(path, {"adapters": self.trainable_state(model), "optimizer": optimizer})
+
+        Saved as whole tensors under the model's own names (what `full_state_dict(model,
+        trainable_only=True)` returns) under every strategy, and loaded under any strategy and
+        process count into a model built the same way (the base loaded from its own files); the
+        frozen weights are neither written nor touched. A saved weight that does not train in
+        the model, or a trainable one missing, raises a `CheckpointError`.
+        """
+        return TrainableState(self._strategy, model)
 
     def export_safetensors(self, model: nn.Module, folder: str | os.PathLike[str],
                            max_file_bytes: int = 5 * 10**9) -> None:
@@ -389,13 +411,15 @@ class LightningLite:
         on every rank; a failure raises a `CheckpointError` on every rank.
 
         Args:
-            model: the set-up model.
+            model: the set-up model, or a module inside it: peft's `model.merge_and_unload()`
+                (called on every rank) returns the base model with the adapters merged into its
+                weights, which this writes under the base's own names.
             folder: where the files go, a local folder or an fsspec URL (the files are written
                 locally and put into the store, the index last):
                 `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`.
             max_file_bytes: the largest file; a tensor larger than that gets a file of its own.
         """
-        self._checkpoints.export_safetensors(model, folder, max_file_bytes)
+        self._checkpoints.export_safetensors(model, folder, max_file_bytes, self._models.holder_of(model))
 
     def load_safetensors(self, model: nn.Module, folder: str | os.PathLike[str]) -> None:
         """Load Hugging Face safetensors (what `transformers`' `save_pretrained` or

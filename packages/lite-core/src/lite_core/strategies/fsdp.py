@@ -17,6 +17,7 @@ from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
+from lite_core.strategies.strategy import trainable_names
 
 _STATE_DICT_TYPES = ("sharded", "full")
 
@@ -191,6 +192,17 @@ class FSDPStrategy(DDPStrategy):
             return super().full_module_state_dict(module)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return _copy_shared(module, get_model_state_dict(module, options=options))
+
+    def full_trainable_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Only the parameters that train are gathered (torch's `ignore_frozen_params`): an
+        adapters' checkpoint of a large frozen base never brings the base whole onto rank 0."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if module not in self._sharded_modules or self.whole_module_keys(module) is not None:
+            return super().full_trainable_state_dict(module)  # a pipeline stage's part: through the whole state
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        gathered = _copy_shared(module, get_model_state_dict(module, options=options))
+        return {name: gathered[name] for name in trainable_names(module) if name in gathered}  # buffers stay out
 
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:

@@ -307,6 +307,13 @@ class Strategy:
             return {}
         return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
 
+    def full_trainable_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """What `full_module_state_dict` gives, for the parameters that train only (`requires_grad`:
+        a LoRA adapter's, not the frozen base's). Here the whole state filtered; a sharding strategy
+        overrides it to gather only these."""
+        full = self.full_module_state_dict(module)
+        return {name: full[name] for name in trainable_names(module) if name in full}
+
     def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
                                assign: bool = False) -> Any:
         """`module.load_state_dict` for the set-up model (sharding strategies also accept full weights)."""
@@ -513,3 +520,8 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a missing parent package, or `sys.modules[name] = None`
         return False
+
+
+def trainable_names(module: nn.Module) -> list[str]:
+    """The state-dict names of `module`'s parameters that train (`requires_grad`), in its order."""
+    return [name for name, parameter in nn.Module.named_parameters(module) if parameter.requires_grad]

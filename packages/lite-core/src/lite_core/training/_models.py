@@ -95,6 +95,17 @@ class Models:
             wrapped.append(wrap_optimizer(self._strategy.setup_optimizer(optimizer), self._strategy))
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
+    def holder_of(self, module: nn.Module) -> tuple[LiteModule, str] | None:
+        """`(set-up model, "prefix.")` where `module` is a submodule of a set-up model (the base
+        model that peft's `merge_and_unload()` returns), `None` where it is not (or is one itself)."""
+        if isinstance(module, LiteModule):
+            return None
+        for model in self._set_up:
+            for name, submodule in nn.Module.named_modules(model):
+                if submodule is module:
+                    return model, f"{name}."
+        return None
+
     def backward(self, tensor: torch.Tensor, model: nn.Module | None, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
         """`LightningLite.backward`: `tensor.backward(*args, **kwargs)` through the strategy, after

@@ -1,0 +1,95 @@
+"""LoRA fine-tuning through Lite as a peft user writes it: what `tests/integration/test_fine_tuning.py` runs.
+
+    python lora_job.py STRATEGY DEVICES OUT_DIR
+
+A tiny Llama with peft's LoRA adapters (`_lora.py`) trains `_lora.STEPS` steps on global batches
+that `setup_dataloaders(split_batches=True)` splits over the processes. After the first step the
+job saves an adapters-only checkpoint (`trainable_state(model)` and the optimizer) to
+OUT_DIR/checkpoint. At the end:
+
+- rank 0 writes `OUT_DIR/record.pt`: the per-step losses (averaged over the processes), the
+  trained adapters (`full_state_dict(model, trainable_only=True)`), the keys the checkpoint holds,
+  and the adapters of a second model, its LoRA weights drawn from another seed, that loaded the
+  checkpoint and trained the remaining steps;
+- rank 0 alone calls peft's `model.save_pretrained(OUT_DIR/adapter, state_dict=adapters)`;
+- every rank merges the adapters into the base (`model.merge_and_unload()`) and exports the merged
+  base with `export_safetensors` to OUT_DIR/merged, beside which rank 0 writes the config.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+import _lora
+from lite_core import LightningLite
+
+torch.set_num_threads(1)
+#: A fresh model's adapters start from another draw than the trained one's: a checkpoint that
+#: did not load them would show.
+OTHER_SEED = 99
+
+
+class FineTune(LightningLite):
+    def run(self, out_dir: str) -> None:
+        out = Path(out_dir)
+        model = _lora.lora_model()
+        model, optimizer = self.setup(model, _lora.optimizer_for(model))
+        losses = []
+        for step, (tokens,) in enumerate(self._batches()):
+            losses.append(self._step(model, optimizer, tokens))
+            if step == 0:
+                self.save({"adapters": self.trainable_state(model), "optimizer": optimizer}, out / "checkpoint")
+        adapters = self.full_state_dict(model, trainable_only=True)
+        record = {"losses": losses, "adapters": adapters, "checkpoint_keys": self._checkpoint_keys(out / "checkpoint"),
+                  "resumed": self._resumed(out / "checkpoint")}
+        if self.is_global_zero:
+            torch.save(record, out / "record.pt")
+            model.save_pretrained(out / "adapter", state_dict=adapters)  # rank 0 alone, as peft users do
+            _lora.llama_config().save_pretrained(out / "merged")
+        self.barrier()
+        self.export_safetensors(model.merge_and_unload(), out / "merged")
+
+    def _batches(self) -> Any:
+        loader = DataLoader(_lora.data(), batch_size=_lora.GLOBAL_BATCH)
+        return self.setup_dataloaders(loader, split_batches=True)
+
+    def _step(self, model: Any, optimizer: Any, tokens: torch.Tensor) -> float:
+        loss = model(input_ids=tokens, labels=tokens).loss
+        self.backward(loss, model=model)
+        optimizer.step()
+        optimizer.zero_grad()
+        return self.all_reduce(loss.detach(), reduce_op="mean").item()
+
+    def _checkpoint_keys(self, path: Path) -> dict[str, list[str]]:
+        content = self.load(path)
+        return {"adapters": sorted(content["adapters"]), "optimizer_state": len(content["optimizer"]["state"])}
+
+    def _resumed(self, path: Path) -> dict[str, Any]:
+        """A second model with other adapters loads the checkpoint and trains the remaining steps."""
+        model = _lora.lora_model(adapter_seed=OTHER_SEED)
+        model, optimizer = self.setup(model, _lora.optimizer_for(model))
+        self.load(path, {"adapters": self.trainable_state(model), "optimizer": optimizer})
+        for step, (tokens,) in enumerate(self._batches()):
+            if step > 0:
+                self._step(model, optimizer, tokens)
+        return self.full_state_dict(model, trainable_only=True)
+
+
+def strategy_for(name: str) -> Any:
+    if name != "fsdp":
+        return name
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from lite_core.strategies import FSDPStrategy
+
+    return FSDPStrategy(auto_wrap_policy={LlamaDecoderLayer})  # sharded checkpoints
+
+
+if __name__ == "__main__":
+    strategy, devices, out_dir = sys.argv[1:4]
+    FineTune(accelerator="cpu", strategy=strategy_for(strategy), devices=int(devices)).run(out_dir)
