@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
 
+#: Not looked up yet (`None` is an answer: no data-parallel group to check against).
+_UNKNOWN = object()
+
 __all__ = ["CONTEXT_MESH_DIM_NAMES", "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ModelParallelStrategy"]
 
 
@@ -164,6 +167,7 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         self._context: ContextParallel | None = None
         self._device_mesh: DeviceMesh | None = None
+        self._replica_group: Any = _UNKNOWN
 
     # -- layout --------------------------------------------------------------------------------
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
@@ -219,6 +223,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def teardown(self, failed: bool = False) -> None:
         self._device_mesh = None  # its groups die with the process group
+        self._replica_group = _UNKNOWN
         self._context = None
         self._pipelines.clear()
         super().teardown(failed)
@@ -421,9 +426,12 @@ class ModelParallelStrategy(FSDPStrategy):
             return super().backward(tensor, module, *args, **kwargs)
 
     def _replicas(self) -> Any:
-        """The data-parallel group when it has several processes (their pipelines' scales must agree)."""
-        data = self.device_mesh["data_parallel"]
-        return data.get_group() if data.size() > 1 else None
+        """The data-parallel group when it has several processes (their pipelines' scales must agree);
+        found once (slicing the mesh costs hundreds of Python calls)."""
+        if self._replica_group is _UNKNOWN:
+            data = self.device_mesh["data_parallel"]
+            self._replica_group = data.get_group() if data.size() > 1 else None
+        return self._replica_group
 
     def no_backward_sync(self, module: nn.Module) -> Any:
         if id(module) in self._pipelines:
