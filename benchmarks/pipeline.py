@@ -12,8 +12,12 @@ the same model, stages, micro-batches and optimizer, so a busy machine slows bot
   loss_fn)`, `schedule.step(x, target=y, losses=losses)`, the loss broadcast from the last stage
   (as Lite does, so that every rank has it), `optimizer.step()`.
 
-Reported (rank 0): the ratio of the median step times (goal <= 1.02), the Python calls per step
-of each arm (`sys.setprofile`), and for GPipe, 1F1B and interleaved 1F1B the bubble measured:
+An evaluation pass is measured the same way: `model(x, target=y)` under `torch.no_grad()` through
+Lite (forward only, on a schedule and stages of its own) against `schedule.eval(x, target=y,
+losses=losses)` by hand on a second `PipelineStage` over the same layers, with the same broadcast.
+
+Reported (rank 0): the ratio of the median step times (goal <= 1.02) and of the evaluation
+passes, and the median of the per-round ratios (paired, steadier on a busy machine), the Python calls per step of each arm (`sys.setprofile`), and for GPipe, 1F1B and interleaved 1F1B the bubble measured:
 `1 - (time of this process's layers alone over the whole batch) / (pipelined step time)` (the
 slower process; it includes communication), next to the textbook `(p - 1) / (v * m + p - 1)` for
 p processes holding v stages each and m micro-batches.
@@ -53,7 +57,7 @@ def lite_arm(lite: LightningLite) -> Callable[[torch.Tensor, torch.Tensor], torc
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = lite.setup(model, optimizer, loss_fn=loss_fn)
-    lite_layers.append(model.module)  # this process's layers (its stages), for `bubbles`
+    lite_layers.append(nn.Sequential(*model.children()))  # this process's layers (its stages), plain, for `bubbles`
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
@@ -62,7 +66,16 @@ def lite_arm(lite: LightningLite) -> Callable[[torch.Tensor, torch.Tensor], torc
         optimizer.step()
         return loss
 
+    def evaluate(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(x, target=y)
+
+    arms[("lite", "evaluation")] = evaluate
     return step
+
+
+#: The evaluation passes of each arm, by (arm, "evaluation"), filled in by the arms.
+arms: dict[tuple[str, str], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
 
 
 def by_hand_arm(rank: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -84,6 +97,17 @@ def by_hand_arm(rank: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         optimizer.step()
         return loss
 
+    forward_only = Schedule1F1B(PipelineStage(part, rank, 2, torch.device("cpu")), MICROBATCHES, loss_fn=loss_fn)
+
+    def evaluate(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        with torch.no_grad():
+            forward_only.eval(x, target=y, losses=losses)
+        loss = torch.stack(losses).mean() if stage.is_last else torch.zeros(())
+        dist.broadcast(loss, group_src=1)
+        return loss
+
+    arms[("by_hand", "evaluation")] = evaluate
     return step
 
 
@@ -134,6 +158,27 @@ def bubbles(steps: int) -> dict[str, dict[str, float]]:
     return report
 
 
+def interleaved(runs: dict[str, Callable[..., torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
+                steps: int) -> dict[str, list[float]]:
+    """Each arm's times over `steps` rounds after 3 of warm-up, the arms alternating which goes first."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(steps + 3):
+        order = list(runs.items()) if repeat % 2 else list(runs.items())[::-1]  # neither arm always first
+        for name, run in order:
+            dist.barrier()
+            start = time.perf_counter()
+            run(x, y)
+            if repeat >= 3:  # warm-up: shape inference and the first p2p connections
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def paired(times: dict[str, list[float]]) -> float:
+    """The median of the per-round ratios Lite / by hand (each round runs both arms back to back,
+    so a machine that slows down for a while slows both sides of a ratio)."""
+    return statistics.median(lite / hand for lite, hand in zip(times["lite"], times["by_hand"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
@@ -144,23 +189,22 @@ def main() -> None:
                                      microbatches=MICROBATCHES, split_points=[str(DEPTH // 2)])
     lite = LightningLite(accelerator="cpu", strategy=strategy, devices=2)
     lite.launch()
-    arms = {"lite": lite_arm(lite), "by_hand": by_hand_arm(lite.global_rank)}
+    steps = {"lite": lite_arm(lite), "by_hand": by_hand_arm(lite.global_rank)}
+    evaluations = {name: arms[(name, "evaluation")] for name in steps}
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(BATCH, WIDTH, generator=generator), torch.randn(BATCH, WIDTH, generator=generator)
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for repeat in range(args.steps + 3):
-        order = list(arms.items()) if repeat % 2 else list(arms.items())[::-1]  # neither arm always first
-        for name, step in order:
-            dist.barrier()
-            start = time.perf_counter()
-            step(x, y)
-            if repeat >= 3:  # warm-up: shape inference and the first p2p connections
-                times[name].append(time.perf_counter() - start)
-    calls = {name: calls_per_step(step, x, y) for name, step in arms.items()}
+    times = interleaved(steps, x, y, args.steps)
+    eval_times = interleaved(evaluations, x, y, args.steps)
+    calls = {name: calls_per_step(step, x, y) for name, step in steps.items()}
     report = {
         "step_ms_median": {name: 1e3 * statistics.median(values) for name, values in times.items()},
         "lite_over_by_hand": statistics.median(times["lite"]) / statistics.median(times["by_hand"]),
+        "lite_over_by_hand_paired": paired(times),
+        "evaluation_ms_median": {name: 1e3 * statistics.median(values) for name, values in eval_times.items()},
+        "evaluation_lite_over_by_hand": statistics.median(eval_times["lite"]) / statistics.median(eval_times["by_hand"]),
+        "evaluation_lite_over_by_hand_paired": paired(eval_times),
         "python_calls_per_step": calls,
+        "python_calls_per_evaluation": {name: calls_per_step(step, x, y) for name, step in evaluations.items()},
         "bubble": bubbles(max(args.steps // 2, 5)),
     }
     if lite.is_global_zero:
