@@ -1,7 +1,8 @@
 """The LoRA fine-tuning that the fine-tuning jobs run through Lite and the tests replay with plain
-peft: a tiny Llama built from a config (no download; its rotary embedding keeps buffers, which
-DDP broadcasts in its forward), LoRA adapters from peft on the attention projections, AdamW over
-the trainable parameters only, fixed global batches.
+peft: a tiny Llama or GPT-2 built from a config (no download; Llama's rotary embedding keeps
+buffers, which DDP broadcasts in its forward; GPT-2 ties its head to its input embedding), LoRA
+adapters from peft on the attention projections, AdamW over the trainable parameters only, fixed
+global batches. `KIND` ("llama" or "gpt2") picks the model; the jobs set it from their arguments.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ GLOBAL_BATCH = 4
 SEQUENCE = 8
 VOCAB = 64
 LR = 1e-2
+KIND = "llama"
 
 
 def llama_config() -> Any:
@@ -27,18 +29,43 @@ def llama_config() -> Any:
                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)
 
 
+def gpt2_config() -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=16, resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+
+
+def config() -> Any:
+    return llama_config() if KIND == "llama" else gpt2_config()
+
+
+def model_class() -> Any:
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    return LlamaForCausalLM if KIND == "llama" else GPT2LMHeadModel
+
+
+def block_class() -> Any:
+    """The decoder block, `fsdp`'s unit of sharding."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return LlamaDecoderLayer if KIND == "llama" else GPT2Block
+
+
 def base_model() -> Any:
     """The pretrained model a user would download, here built from a config with a fixed seed."""
-    from transformers import LlamaForCausalLM
-
     torch.manual_seed(SEED)
-    return LlamaForCausalLM(llama_config())
+    return model_class()(config())
 
 
 def lora_config() -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    targets = ["q_proj", "v_proj"] if KIND == "llama" else ["c_attn"]
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM",
+                      fan_in_fan_out=KIND == "gpt2")  # GPT-2's Conv1D holds its weight transposed
 
 
 def lora_model(adapter_seed: int = SEED + 1) -> Any:

@@ -1,8 +1,8 @@
 """LoRA fine-tuning through Lite as a peft user writes it: what `tests/integration/test_fine_tuning.py` runs.
 
-    python lora_job.py STRATEGY DEVICES OUT_DIR
+    python lora_job.py STRATEGY DEVICES OUT_DIR [KIND]
 
-A tiny Llama with peft's LoRA adapters (`_lora.py`) trains `_lora.STEPS` steps on global batches
+A tiny Llama (or GPT-2, KIND=gpt2) with peft's LoRA adapters (`_lora.py`) trains `_lora.STEPS` steps on global batches
 that `setup_dataloaders(split_batches=True)` splits over the processes. After the first step the
 job saves an adapters-only checkpoint (`trainable_state(model)` and the optimizer) to
 OUT_DIR/checkpoint. At the end:
@@ -50,7 +50,7 @@ class FineTune(LightningLite):
         if self.is_global_zero:
             torch.save(record, out / "record.pt")
             model.save_pretrained(out / "adapter", state_dict=adapters)  # rank 0 alone, as peft users do
-            _lora.llama_config().save_pretrained(out / "merged")
+            _lora.config().save_pretrained(out / "merged")
         self.barrier()
         self.export_safetensors(model.merge_and_unload(), out / "merged")
 
@@ -83,13 +83,12 @@ class FineTune(LightningLite):
 def strategy_for(name: str) -> Any:
     if name != "fsdp":
         return name
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
     from lite_core.strategies import FSDPStrategy
 
-    return FSDPStrategy(auto_wrap_policy={LlamaDecoderLayer})  # sharded checkpoints
+    return FSDPStrategy(auto_wrap_policy={_lora.block_class()})  # sharded checkpoints
 
 
 if __name__ == "__main__":
     strategy, devices, out_dir = sys.argv[1:4]
+    _lora.KIND = sys.argv[4] if len(sys.argv) > 4 else "llama"
     FineTune(accelerator="cpu", strategy=strategy_for(strategy), devices=int(devices)).run(out_dir)
