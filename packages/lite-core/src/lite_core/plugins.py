@@ -22,8 +22,10 @@ What is here, by purpose:
   `on_rank_zero` (a rank-0 write whose failure every rank raises), `on_writing_ranks` (the
   same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
-  `read_whole_checkpoint` lets every strategy load that directory), and `is_url` (whether a
-  checkpoint path is an fsspec URL, which every node sees, rather than a local path).
+  `read_whole_checkpoint` lets every strategy load that directory), `is_url` (whether a
+  checkpoint path is an fsspec URL, which every node sees, rather than a local path), and
+  `check_weights_fit` (the one sentence for a checkpoint whose keys or shapes do not fit the model,
+  for an engine that loads weights its own way).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
         READER_FILE,
         CheckpointIO,
         TorchCheckpointIO,
+        check_weights_fit,
         is_url,
         on_rank_zero,
         on_writing_ranks,

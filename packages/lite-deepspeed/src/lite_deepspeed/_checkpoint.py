@@ -13,6 +13,7 @@ from lite_core.plugins import (
     CheckpointError,
     READER_FILE,
     MisuseError,
+    check_weights_fit,
     on_rank_zero,
     forward_module,
     is_set_up,
@@ -143,6 +144,10 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
         return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy)
     if weights_only:
         refuse_code(saved, path)
+    # DeepSpeed's own load names a weight of another shape in torch's raw lists. Shapes only: the
+    # saved shapes of ZeRO 1-3 cover the trained parameters, not buffers or frozen weights.
+    expected = _portable.whole_shapes(engine.module)
+    check_weights_fit(engine.module, expected, _portable.saved_shapes(saved), strict=False)
     optimizer_keys = _optimizer_keys(state, engine)
     load_path, client_state = engine.load_checkpoint(
         path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lite_core.plugins import CheckpointError
+from lite_core.plugins import CheckpointError, check_weights_fit
 
 #: Key of the client state that records which entries DeepSpeed itself saved (see `_checkpoint`).
 LAYOUT_KEY = "lite_deepspeed"
@@ -85,7 +85,8 @@ def _gather_zero(folder: Path, model_files: list[str]) -> tuple[dict[str, torch.
     inner = [shard[inner_key] for shard in shards]
     sizes = [t.numel() for t in shards[0][flat_key]]
     moments = {key: gather([[state["state"][i][key] for i in range(len(sizes))] for state in inner])
-               for key, value in inner[0]["state"][0].items() if torch.is_tensor(value) and value.numel() == sizes[0]}
+               for key, value in inner[0]["state"].get(0, {}).items()  # none before the first step
+               if torch.is_tensor(value) and value.numel() == sizes[0]}
     return model, _optimizer_by_name(inner[0], model_states[0].param_shapes, moments)
 
 
@@ -121,10 +122,12 @@ def _optimizer_by_name(inner: dict[str, Any], param_shapes: list[dict[str, Any]]
         for position in group["params"]:
             scalars = {k: v for k, v in inner["state"].get(position, {}).items() if k not in moments}
             for name in param_shapes[position]:
+                names.append(name)
+                if not scalars and not moments:  # saved before the optimizer's first step
+                    continue
                 # each parameter its own copy: torch's Adam increments `step` in place
                 state[name] = {**{k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()},
                                **{key: full[name] for key, full in moments.items()}}
-                names.append(name)
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": names})
     return {"state": state, "param_groups": groups}
 
@@ -139,13 +142,31 @@ def load_whole(engine: Any, model_state: dict[str, torch.Tensor], optimizer_stat
 
 
 def _check_names(engine: Any, model_state: dict[str, torch.Tensor], strict: bool) -> None:
-    expected = set(engine.module.state_dict())
-    missing, unexpected = sorted(expected - set(model_state)), sorted(set(model_state) - expected)
-    if strict and (missing or unexpected):
-        raise CheckpointError(
-            f"The checkpoint's model does not match this model (missing {missing}, unexpected {unexpected}):"
-            " load the checkpoint into the model it was saved from, or pass strict=False."
-        )
+    check_weights_fit(engine.module, whole_shapes(engine.module), shapes_of_state(model_state), strict)
+
+
+def whole_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """The whole shape of each entry of `module`'s state dict, under ZeRO-3 too (where a
+    parameter holds only its partition and `ds_shape` the whole)."""
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    return {name: tuple(getattr(tensors[name], "ds_shape", tensors[name].shape)) if name in tensors else tuple(value.shape)
+            for name, value in module.state_dict().items()}
+
+
+def shapes_of_state(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(value.shape) for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The whole shapes of the model's weights in the DeepSpeed save in `folder` (its parameters,
+    and its buffers at ZeRO stage 0), read from the first model-states file."""
+    from deepspeed.utils import zero_to_fp32
+
+    first = torch.load(zero_to_fp32.get_model_state_files(str(folder))[0], map_location="cpu",
+                       weights_only=False, mmap=True)
+    if first.get("param_shapes") is None:  # ZeRO stage 0: the module's state is whole
+        return shapes_of_state(first["module"])
+    return {name: tuple(shape) for group in first["param_shapes"] for name, shape in group.items()}
 
 
 def _load_weights(engine: Any, model_state: dict[str, torch.Tensor]) -> None:

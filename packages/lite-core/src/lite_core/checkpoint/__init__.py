@@ -33,7 +33,14 @@ from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
 from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
 from lite_core.checkpoint._store import is_url, latest
-from lite_core.checkpoint._state import PRECISION_KEY, READER_FILE, read_checkpoint, restore, to_state
+from lite_core.checkpoint._state import (
+    PRECISION_KEY,
+    READER_FILE,
+    check_weights_fit,
+    read_checkpoint,
+    restore,
+    to_state,
+)
 
 __all__ = [
     "EXTRA_FILE",
@@ -41,6 +48,7 @@ __all__ = [
     "READER_FILE",
     "CheckpointIO",
     "TorchCheckpointIO",
+    "check_weights_fit",
     "consolidate",
     "is_sharded",
     "is_url",

@@ -157,6 +157,17 @@ def check_module_shapes(module: nn.Module, expected: Mapping[str, Sequence[int]]
     ) from cause
 
 
+def check_weights_fit(module: nn.Module, expected: Mapping[str, Sequence[int]], saved: Mapping[str, Sequence[int]],
+                      strict: bool) -> None:
+    """Raise a `CheckpointError` where a checkpoint's weights (`saved`: their whole shapes by key)
+    do not fit `module` (`expected`: its own whole shapes by key): keys that differ, in a `strict`
+    load, and weights of another shape, in any load. For a backend whose engine would otherwise
+    fail with its own message, or copy a weight of the same size but another shape silently."""
+    if strict:
+        check_module_keys(module, expected, saved)
+    check_module_shapes(module, expected, saved)
+
+
 def _not_in(keys: list[str], others: list[str]) -> list[str]:
     known = set(others)
     return [key for key in keys if key not in known]
