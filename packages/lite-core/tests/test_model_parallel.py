@@ -156,7 +156,7 @@ def test_the_mesh_layout_names_every_dimension(kwargs, devices, sizes, names, cl
 @pytest.mark.parametrize(("pp", "dp", "tp"), [(1, 2, 3), (2, 3, "auto"), (2, "auto", 3), (3, "auto", "auto"),
                                               (2, 2, 2)])
 def test_one_sentence_refuses_every_layout_that_does_not_make_the_world_size(pp, dp, tp) -> None:
-    from lite_core.strategies._mesh import resolve
+    from lite_core.strategies.model_parallel._mesh import resolve
 
     with pytest.raises(ConfigurationError) as info:
         resolve(pp, dp, tp, devices=4, num_nodes=1)

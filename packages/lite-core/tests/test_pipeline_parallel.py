@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lite_core.errors import MisuseError
-from lite_core.strategies import _absent, _pipeline, _split
+from lite_core.strategies.model_parallel import _absent, _pipeline, _split
 
 
 def _one_sentence(message: str) -> bool:
@@ -145,7 +145,7 @@ def test_a_batch_that_microbatches_does_not_divide_is_refused_before_any_collect
 
 
 def test_a_steps_gradients_wait_apart_and_backward_adds_them_scaled() -> None:
-    from lite_core.strategies import _pipeline_backward
+    from lite_core.strategies.model_parallel import _pipeline_backward
 
     layer = nn.Linear(2, 1)
     layer.weight.grad = torch.ones_like(layer.weight)  # an earlier batch's, accumulated
@@ -167,7 +167,7 @@ def test_a_steps_gradients_wait_apart_and_backward_adds_them_scaled() -> None:
 
 
 def test_backward_of_anything_but_a_function_of_the_pipelines_loss_is_refused_in_one_sentence() -> None:
-    from lite_core.strategies import _pipeline_backward
+    from lite_core.strategies.model_parallel import _pipeline_backward
 
     loss, weight = torch.tensor(3.0, requires_grad=True), nn.Parameter(torch.ones(2))
     assert _pipeline_backward.scales(loss, [loss]) == [1.0]

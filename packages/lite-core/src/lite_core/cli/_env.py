@@ -114,7 +114,7 @@ def _model_parallel() -> dict[str, Any]:
     this torch offers."""
     import importlib.util
 
-    from lite_core.strategies import _pipeline
+    from lite_core.strategies.model_parallel import _pipeline
     from lite_core.strategies.model_parallel import MESH_DIM_NAMES, PIPELINE_MESH_DIM_NAMES
 
     available = importlib.util.find_spec("torch.distributed.pipelining") is not None

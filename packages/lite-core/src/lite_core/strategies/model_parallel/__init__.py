@@ -19,28 +19,26 @@ from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.model._meta import meta_copy
 from lite_core.precision.names import FP8_PRECISIONS
-from lite_core.strategies import (
+from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
+from lite_core.strategies.fsdp import FSDPStrategy
+from lite_core.strategies.model_parallel import (
     _absent,
-    _clip,
     _context,
-    _fsdp_init,
-    _fsdp_optimizers,
     _mesh,
     _pipeline,
     _pipeline_backward,
     _pipeline_load,
     _split,
 )
-from lite_core.strategies._context import ContextParallel
-from lite_core.strategies._mesh import (
+from lite_core.strategies.model_parallel._context import ContextParallel
+from lite_core.strategies.model_parallel._mesh import (
     CONTEXT_MESH_DIM_NAMES,
     DATA_CONTEXT_DIM_NAME,
     MESH_DIM_NAMES,
     PIPELINE_MESH_DIM_NAMES,
     MeshLayout,
 )
-from lite_core.strategies._pipeline import PipelineForward
-from lite_core.strategies.fsdp import FSDPStrategy
+from lite_core.strategies.model_parallel._pipeline import PipelineForward
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

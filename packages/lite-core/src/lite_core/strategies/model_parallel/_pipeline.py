@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.strategies._pipeline_backward import StepGradients, run_apart
+from lite_core.strategies.model_parallel._pipeline_backward import StepGradients, run_apart
 
 #: The schedules by name (`torch.distributed.pipelining.get_schedule_class`, case insensitive).
 SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 
 from lite_core.errors import MisuseError
-from lite_core.strategies._absent import Absent
+from lite_core.strategies.model_parallel._absent import Absent
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
