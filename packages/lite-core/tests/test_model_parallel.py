@@ -156,10 +156,10 @@ def test_the_mesh_layout_names_every_dimension(kwargs, devices, sizes, names, cl
 @pytest.mark.parametrize(("pp", "dp", "tp"), [(1, 2, 3), (2, 3, "auto"), (2, "auto", 3), (3, "auto", "auto"),
                                               (2, 2, 2)])
 def test_one_sentence_refuses_every_layout_that_does_not_make_the_world_size(pp, dp, tp) -> None:
-    from lite_core.strategies.model_parallel._mesh import resolve
+    from lite_core.strategies.model_parallel._mesh import requested
 
     with pytest.raises(ConfigurationError) as info:
-        resolve(pp, dp, tp, devices=4, num_nodes=1)
+        requested(None, {"pipeline": pp, "shard": dp, "context": 1, "tensor": tp}).resolve(devices=4, num_nodes=1)
     assert str(info.value) == (
         f"pipeline_parallel_size={pp} x data_parallel_size={dp!r} x context_parallel_size=1 x"
         f" tensor_parallel_size={tp!r} does not make the world size 4 (devices=4 x num_nodes=1): choose sizes whose product is the number of processes, or leave"

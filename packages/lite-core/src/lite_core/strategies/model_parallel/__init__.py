@@ -18,6 +18,13 @@ from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.model._meta import meta_copy
+from lite_core.parallel import (
+    CONTEXT_MESH_DIM_NAMES,
+    DATA_CONTEXT_DIM_NAME,
+    MESH_DIM_NAMES,
+    PIPELINE_MESH_DIM_NAMES,
+    MeshLayout,
+)
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.fsdp import FSDPStrategy
@@ -31,13 +38,6 @@ from lite_core.strategies.model_parallel import (
     _split,
 )
 from lite_core.strategies.model_parallel._context import ContextParallel
-from lite_core.strategies.model_parallel._mesh import (
-    CONTEXT_MESH_DIM_NAMES,
-    DATA_CONTEXT_DIM_NAME,
-    MESH_DIM_NAMES,
-    PIPELINE_MESH_DIM_NAMES,
-    MeshLayout,
-)
 from lite_core.strategies.model_parallel._pipeline import PipelineForward
 
 if TYPE_CHECKING:
@@ -106,6 +106,9 @@ class ModelParallelStrategy(FSDPStrategy):
         context_parallel_buffers: buffers of the model cut along the sequence like the batches,
             by name and sequence dimension (e.g. `{"rope.freqs": 0}`, a non-persistent buffer as
             long as the training sequence).
+        mesh: every size at once, as one `lite_core.parallel.MeshLayout` (e.g.
+            `MeshLayout(pipeline=2, shard=2, tensor=2)`) instead of the `*_parallel_size` keywords,
+            which build the same layout; passing both is refused.
 
     Example:
         >>> def parallelize(model, device_mesh):  # doctest: +SKIP
@@ -130,12 +133,16 @@ class ModelParallelStrategy(FSDPStrategy):
                  split_points: list[str | int] | None = None, stages_per_rank: int | None = None,
                  loss_fn: Callable[..., Any] | None = None, activation_checkpointing: Any = None,
                  activation_checkpointing_policy: Any = None, context_parallel_size: int = 1,
-                 context_parallel_buffers: Mapping[str, int] | None = None) -> None:
+                 context_parallel_buffers: Mapping[str, int] | None = None, mesh: MeshLayout | None = None) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full",
                          timeout=timeout, process_group_backend=process_group_backend,
                          activation_checkpointing=activation_checkpointing,
                          activation_checkpointing_policy=activation_checkpointing_policy)
-        self._pipeline = _pipeline.options(pipeline_parallel_size, pipeline_schedule, microbatches, split_points,
+        self._requested_layout = _mesh.requested(mesh, {
+            "pipeline": pipeline_parallel_size, "shard": data_parallel_size, "context": context_parallel_size,
+            "tensor": tensor_parallel_size})
+        self._layout = self._requested_layout  # resolved by connect
+        self._pipeline = _pipeline.options(self._layout.pipeline, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
             self.supported_precisions = type(self).supported_precisions | {"16-mixed"}
@@ -155,14 +162,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 " parallelize_fn(model, device_mesh) that returns the parallelised model."
             )
         self._parallelize_fn = parallelize_fn
-        self._requested_sizes = (_check_size("data_parallel_size", data_parallel_size),
-                                 _check_size("tensor_parallel_size", tensor_parallel_size))
-        self._context_size = int(_check_size("context_parallel_size", context_parallel_size, auto=False))
         self._context_buffers = _context.check_buffers(context_parallel_buffers)
-        if self._context_size > 1 and self._pipeline is not None:
-            raise ConfigurationError(
-                "context_parallel_size > 1 cannot be combined with pipeline_parallel_size > 1 yet: choose one of them."
-            )
         self._context: ContextParallel | None = None
         self._device_mesh: DeviceMesh | None = None
         self._replica_group: Any = _UNKNOWN
@@ -171,20 +171,20 @@ class ModelParallelStrategy(FSDPStrategy):
     def connect(self, accelerator: Accelerator, environment: ClusterEnvironment,
                 device_indexes: list[int], num_nodes: int) -> None:
         super().connect(accelerator, environment, device_indexes, num_nodes)
-        _ = self.mesh_layout  # refuses sizes that do not multiply to the world size, at construction
+        # Sizes that do not make the world size are refused here, at construction.
+        self._layout = self._requested_layout.resolve(len(self.device_indexes), self.num_nodes)
 
     @property
     def pipeline_parallel_size(self) -> int:
         """How many processes the model's stages are spread over (1: no pipeline)."""
-        return 1 if self._pipeline is None else self._pipeline.size
+        return self._layout.pipeline
 
     @property
     def mesh_layout(self) -> MeshLayout:
-        """The mesh's dimensions by name (pipeline x data (replicate x shard) x context x tensor),
-        `"auto"` resolved and checked against the world size (`MeshLayout.sizes()`)."""
-        dp, tp = self._requested_sizes
-        return _mesh.resolve(self.pipeline_parallel_size, dp, tp, len(self.device_indexes), self.num_nodes,
-                             context=self._context_size)
+        """The mesh's sizes by name (pipeline x data (replicate x shard) x context x tensor): the
+        `MeshLayout` given as `mesh=` or built from the size keywords, `"auto"` resolved against the
+        world size once the strategy is connected."""
+        return self._layout
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -203,19 +203,13 @@ class ModelParallelStrategy(FSDPStrategy):
                     "device_mesh was asked for before the processes were launched: use it inside run(), or"
                     " after launch()."
                 )
-            from torch.distributed.device_mesh import init_device_mesh
-
-            layout = self.mesh_layout
-            mesh = init_device_mesh(self.root_device.type, layout.shape, mesh_dim_names=layout.dim_names)
-            if layout.context > 1:
-                mesh["data_parallel", "context_parallel"]._flatten(DATA_CONTEXT_DIM_NAME)
-            self._device_mesh = mesh
+            self._device_mesh = self._layout.build_mesh(self.root_device.type)
         return self._device_mesh
 
     @property
     def context_parallel(self) -> ContextParallel | None:
         """The context-parallel group's work (cutting sequences, the ring); `None` without it."""
-        if self._context is None and self._context_size > 1:
+        if self._context is None and self._layout.context_enabled:
             self._context = ContextParallel(self.device_mesh["context_parallel"], self._context_buffers)
         return self._context
 
@@ -450,20 +444,13 @@ class ModelParallelStrategy(FSDPStrategy):
                                     across=self.device_mesh["pipeline_parallel"].get_group())
 
     def __repr__(self) -> str:
-        dp, tp = self._requested_sizes
+        dp, tp = self._requested_layout.shard, self._requested_layout.tensor
         pipeline = "" if self._pipeline is None else (
             f"pipeline_parallel_size={self._pipeline.size}, pipeline_schedule={self._pipeline.schedule_name!r},"
             f" microbatches={self._pipeline.microbatches}, ")
-        context = "" if self._context_size == 1 else f"context_parallel_size={self._context_size}, "
+        context = "" if self._layout.context == 1 else f"context_parallel_size={self._layout.context}, "
         return (f"{type(self).__name__}({pipeline}data_parallel_size={dp!r}, {context}tensor_parallel_size={tp!r},"
                 f" state_dict_type={self.state_dict_type!r}, timeout={self.timeout})")
-
-
-def _check_size(name: str, size: int | str, auto: bool = True) -> int | str:
-    if (auto and size == "auto") or (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
-        return size
-    choice = "a positive integer or 'auto'" if auto else "a positive integer"
-    raise ConfigurationError(f"{name}={size!r} is not valid: pass {choice}.")
 
 
 def _check_even_tensor_parallel_shards(module: nn.Module) -> None:

@@ -367,9 +367,8 @@ class PipelineOptions:
 
 def options(size: int, schedule_name: str, microbatches: int | None, split_points: Any,
             stages_per_rank: int | None, loss_fn: Any) -> PipelineOptions | None:
-    """The pipeline's options, checked; `None` without a pipeline (`size == 1`)."""
-    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
-        raise ConfigurationError(f"pipeline_parallel_size={size!r} is not valid: pass a positive integer (1: no pipeline).")
+    """The pipeline's options, checked; `None` without a pipeline (`size == 1`, a size that
+    `MeshLayout` has checked)."""
     if size == 1:
         return None
     schedule = schedule_class(schedule_name)
