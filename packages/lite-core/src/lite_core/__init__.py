@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from lite_core.monitor import ThroughputMonitor, measure_flops
     from lite_core.precision.fp8 import Float8Precision
     from lite_core.progress import progress_bar
+    from lite_core.precision.quantized import QuantizedPrecision
 
-__all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "TensorBoardLogger", "ThroughputMonitor",
-           "TrackioLogger", "WandbLogger", "__version__", "measure_flops", "progress_bar", "seed_everything"]
+__all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "QuantizedPrecision",
+           "TensorBoardLogger", "ThroughputMonitor", "TrackioLogger", "WandbLogger", "__version__", "measure_flops",
+           "progress_bar", "seed_everything"]
 
 _LAZY = {
     "LightningLite": "lite_core.lite",
@@ -33,6 +35,7 @@ _LAZY = {
     "ThroughputMonitor": "lite_core.monitor",
     "measure_flops": "lite_core.monitor",
     "Float8Precision": "lite_core.precision.fp8",
+    "QuantizedPrecision": "lite_core.precision.quantized",
 }
 
 

@@ -218,7 +218,7 @@ def _check_supported(strategy: Strategy, accel: Accelerator, name: str, emulated
     on_device = PRECISIONS if emulated else accel.supported_precisions
     supported = strategy.supported_precisions & on_device
     if name not in supported:
-        hint = unsupported_hint(name) if name in strategy.supported_precisions else ""
+        hint = unsupported_hint(name, by_strategy=name not in strategy.supported_precisions)
         raise ConfigurationError(
             f"precision={name!r} is not supported by strategy={strategy.name!r} on accelerator={accel.name!r}:"
             f" choose one of {sorted(supported)}{hint}."

@@ -10,9 +10,12 @@ from lite_core.errors import ConfigurationError
 
 #: FP8 through torchao (`Float8Precision`): only accelerators that declare them run these.
 FP8_PRECISIONS: frozenset[str] = frozenset({"fp8-tensorwise", "fp8-rowwise"})
+#: Quantized frozen base weights through bitsandbytes (`QuantizedPrecision`, QLoRA): only strategies
+#: that keep whole weights on each process run these.
+QUANTIZED_PRECISIONS: frozenset[str] = frozenset({"nf4", "nf4-dq", "fp4", "fp4-dq", "int8"})
 PRECISIONS: frozenset[str] = frozenset(
     {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
-) | FP8_PRECISIONS
+) | FP8_PRECISIONS | QUANTIZED_PRECISIONS
 
 #: LightningLite 1.5's values: still accepted, with a `FutureWarning` naming the new value.
 _LEGACY = {64: "64-true", 32: "32-true", 16: "16-mixed", "64": "64-true", "32": "32-true",
@@ -49,8 +52,13 @@ def _guess(precision: Any) -> str | None:
     return spellings[key] if key is not None else None
 
 
-def unsupported_hint(name: str) -> str:
-    """What to add to the sentence refusing precision `name` on an accelerator without it."""
+def unsupported_hint(name: str, by_strategy: bool = False) -> str:
+    """What to add to the sentence refusing precision `name` on an accelerator without it (or, with
+    `by_strategy`, under a strategy without it)."""
+    if by_strategy:
+        return (f"; {name!r} keeps whole quantized weights on each process, which a strategy that shards"
+                " parameters cannot split: choose strategy='ddp' or 'single_device'"
+                if name in QUANTIZED_PRECISIONS else "")
     if name in FP8_PRECISIONS:
         recipe = name.removeprefix("fp8-")
         return (f", or emulate FP8 (slow; for tests and debugging) with"

@@ -1,0 +1,115 @@
+"""The quantized precision (bitsandbytes, QLoRA) on one process: the layers it replaces, its names
+and refusals. Training against bitsandbytes by hand, under `single_device` and `ddp`, with
+checkpoints, is in tests/integration/test_qlora.py."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from lite_core import LightningLite, QuantizedPrecision
+from lite_core.errors import ConfigurationError, MissingDependencyError
+
+bnb = pytest.importorskip("bitsandbytes", reason="needs lite-core[bnb] (bitsandbytes), which the test environment"
+                                                 " installs")
+
+
+class Adapter(nn.Module):
+    """A LoRA-like layer: a frozen base Linear beside trainable `lora_A`/`lora_B` (peft's names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base_layer = nn.Linear(32, 32)
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(32, 4, bias=False)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(4, 32, bias=False)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.attn = Adapter()
+        self.trained = nn.Linear(32, 32)  # the user trains it: not quantized
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trained(self.attn(torch.relu(self.up(x)))))
+
+
+def frozen_net() -> Net:
+    torch.manual_seed(0)
+    net = Net()
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad = "lora_" in name or name.startswith("trained")
+    return net
+
+
+def quantized_names(model: nn.Module, kind: type) -> set[str]:
+    return {name for name, module in model.named_modules() if isinstance(module, kind)}
+
+
+@pytest.mark.parametrize(("mode", "kind"), [("nf4", "Linear4bit"), ("nf4-dq", "Linear4bit"), ("fp4", "Linear4bit"),
+                                            ("fp4-dq", "Linear4bit"), ("int8", "Linear8bitLt")])
+def test_the_frozen_base_is_quantized_and_the_head_adapters_and_trained_layers_are_not(mode: str, kind: str) -> None:
+    lite = LightningLite(accelerator="cpu", precision=mode)
+    assert isinstance(lite.strategy.precision, QuantizedPrecision) and lite.strategy.precision.name == mode
+    model = lite.setup(frozen_net())
+    assert quantized_names(model, getattr(bnb.nn, kind)) == {"up", "attn.base_layer"}
+    for name in ("attn.lora_A.default", "attn.lora_B.default", "trained", "head"):
+        assert type(model.get_submodule(name)) is nn.Linear, name
+    trainable = sorted(name for name, p in model.named_parameters() if p.requires_grad)
+    assert trainable == sorted(name for name, p in frozen_net().named_parameters() if p.requires_grad)
+
+
+def test_a_4bit_layer_computes_in_the_chosen_dtype_on_the_quantized_weight() -> None:
+    model = LightningLite(accelerator="cpu", precision=QuantizedPrecision("nf4", compute_dtype=torch.bfloat16)).setup(
+        frozen_net())
+    layer = model.get_submodule("up")
+    assert layer.compute_dtype == torch.bfloat16 and layer.weight.dtype == torch.uint8
+    x = torch.randn(3, 16)
+    weight = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).to(torch.bfloat16)
+    expected = nn.functional.linear(x.to(torch.bfloat16), weight, layer.bias.to(torch.bfloat16)).float()
+    assert torch.equal(layer(x), expected) and layer(x).dtype == torch.float32  # the input's dtype back
+    default = LightningLite(accelerator="cpu", precision="nf4").setup(frozen_net()).get_submodule("up")
+    assert default.compute_dtype == torch.float32  # the weight's dtype
+
+
+def test_the_user_filter_chooses_the_layers() -> None:
+    chosen = QuantizedPrecision("nf4", module_filter_fn=lambda module, name: name in ("head", "trained"))
+    model = LightningLite(accelerator="cpu", precision=chosen).setup(frozen_net())
+    assert quantized_names(model, bnb.nn.Linear4bit) == {"head", "trained"}
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_a_strategy_that_shards_parameters_refuses_it_in_one_sentence(strategy: str) -> None:
+    message = (rf"^precision='nf4-dq' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
+               r" \[[^]]*\]; 'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards"
+               r" parameters cannot split: choose strategy='ddp' or 'single_device'\.$")
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-dq")
+    with pytest.raises(ConfigurationError, match=message):  # the object is checked by its name too
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=QuantizedPrecision("nf4-dq"))
+
+
+def test_a_wrong_mode_is_refused_and_a_misspelt_name_guessed() -> None:
+    with pytest.raises(ConfigurationError, match=r"^QuantizedPrecision\(mode='nf5'\) is not a mode: pass one of"
+                                                 r" \['fp4', 'fp4-dq', 'int8', 'nf4', 'nf4-dq'\]\.$"):
+        QuantizedPrecision("nf5")
+    with pytest.raises(ConfigurationError, match=r"^precision='nf-4' is not supported: did you mean 'nf4'\?"):
+        LightningLite(accelerator="cpu", precision="nf-4")
+
+
+def test_without_bitsandbytes_the_install_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # as if it were not installed
+    message = (r"^Quantized precision needs the bitsandbytes package, which is not installed: run"
+               r" `pip install ('bitsandbytes>=0\.50'|'\./packages/lite-core\[bnb\]')`\.$")
+    with pytest.raises(MissingDependencyError, match=message):
+        QuantizedPrecision("nf4")
+    with pytest.raises(MissingDependencyError, match=message):
+        LightningLite(accelerator="cpu", precision="nf4")
