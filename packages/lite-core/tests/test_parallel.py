@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from torch import nn
 
+import lite_core
 from lite_core import LightningLite
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.parallel import MeshLayout
@@ -92,9 +93,10 @@ def test_a_size_still_auto_cannot_answer_and_says_where_to_ask() -> None:
                                " (strategy.mesh_layout, or layout.resolve(devices, num_nodes)) instead.")
 
 
-def test_the_layout_is_frozen() -> None:
+def test_the_layout_is_frozen_and_public_from_the_package_root() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         MeshLayout().tensor = 2  # type: ignore[misc]
+    assert lite_core.MeshLayout is MeshLayout and "MeshLayout" in lite_core.__all__
 
 
 @pytest.mark.parametrize(("keywords", "layout", "devices"), [

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from lite_core.lite import LightningLite
     from lite_core.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger, TrackioLogger, WandbLogger
     from lite_core.monitor import ThroughputMonitor, measure_flops
+    from lite_core.parallel import MeshLayout
     from lite_core.precision.fp8 import Float8Precision
     from lite_core.progress import progress_bar
     from lite_core.precision.quantized import QuantizedPrecision
 
-__all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "QuantizedPrecision",
-           "TensorBoardLogger", "ThroughputMonitor", "TrackioLogger", "WandbLogger", "__version__", "measure_flops",
-           "progress_bar", "seed_everything"]
+__all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "MeshLayout",
+           "QuantizedPrecision", "TensorBoardLogger", "ThroughputMonitor", "TrackioLogger", "WandbLogger", "__version__",
+           "measure_flops", "progress_bar", "seed_everything"]
 
 _LAZY = {
     "LightningLite": "lite_core.lite",
@@ -35,6 +36,7 @@ _LAZY = {
     "ThroughputMonitor": "lite_core.monitor",
     "measure_flops": "lite_core.monitor",
     "Float8Precision": "lite_core.precision.fp8",
+    "MeshLayout": "lite_core.parallel",
     "QuantizedPrecision": "lite_core.precision.quantized",
 }
 
