@@ -12,7 +12,8 @@ at a time): creating them waits mostly on downloads and the disk. The environmen
 mostly wait rather than compute (`test-packaging`: wheel builds and pip installs into a fresh
 venv; `test-cuda`: mostly skips on a CPU machine; `test-ray` and `test-torchft`: clusters,
 lighthouses and heartbeats) run one after another in a second lane beside the others, their
-output kept in logs that are printed when each ends. Two tables follow the run:
+output kept in logs that are printed when each ends; `test-deepspeed` ends that lane, so that the
+two lanes take about as long. Two tables follow the run:
 one row per environment (exit code, seconds) and the whole run's time, then the matrix
 (`tests/matrix`): per cell and environment, passed, skipped (with the reason, as a numbered
 note), xfail or FAILED. Each environment's pytest writes a JUnit XML report into a temporary
@@ -49,8 +50,10 @@ def test_environments() -> list[str]:
 
 #: Environments whose tests wait (on `hatch build`, pip, a Ray cluster's start, a lighthouse's
 #: heartbeats, an MLflow server's start) more than they compute: they run one after another in a lane beside the others,
-#: rather than after them (about 3 minutes of the fresh-clone run).
-BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-trackers", "test-cuda")
+#: rather than after them (about 3 minutes of the fresh-clone run). `test-deepspeed` computes, and
+#: ends the lane to even the two out: after `test-torchft` took two workers, the lane took about
+#: 1000 s of a fresh-clone run and the serial environments 1500 s, 257 of them DeepSpeed's.
+BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-trackers", "test-cuda", "test-deepspeed")
 
 
 def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float, float]:
