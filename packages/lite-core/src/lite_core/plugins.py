@@ -23,9 +23,10 @@ What is here, by purpose:
   same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
   `read_whole_checkpoint` lets every strategy load that directory), `is_url` (whether a
-  checkpoint path is an fsspec URL, which every node sees, rather than a local path), and
+  checkpoint path is an fsspec URL, which every node sees, rather than a local path),
   `check_weights_fit` (the one sentence for a checkpoint whose keys or shapes do not fit the model,
-  for an engine that loads weights its own way).
+  for an engine that loads weights its own way), and `enum_getattr` (the `getattr` a restricted
+  unpickler allows so that members of the enums it allows, and nothing else, load).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
         CheckpointIO,
         TorchCheckpointIO,
         check_weights_fit,
+        enum_getattr,
         is_url,
         on_rank_zero,
         on_writing_ranks,

@@ -12,14 +12,13 @@ out, as lite-core refuses any other checkpoint.
 
 from __future__ import annotations
 
-import enum
 import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lite_core.plugins import CheckpointError
+from lite_core.plugins import CheckpointError, enum_getattr
 
 
 def refuse_code(folder: Path, path: str) -> None:
@@ -42,12 +41,6 @@ def _allowed() -> list[Any]:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    enums = (ZeroStageEnum,)
-
-    def enum_member(owner: Any, name: str) -> enum.Enum:
-        if owner not in enums or not isinstance(name, str) or name not in owner.__members__:
-            raise pickle.UnpicklingError(f"getattr({owner!r}, {name!r}) is not a member of DeepSpeed's enums")
-        return owner.__members__[name]
-
+    enum_member = enum_getattr([ZeroStageEnum])
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address,
             (enum_member, "__builtin__.getattr"), (enum_member, "builtins.getattr")]

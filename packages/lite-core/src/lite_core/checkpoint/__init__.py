@@ -31,6 +31,7 @@ from __future__ import annotations
 from lite_core.checkpoint._background import stage_to_host
 from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
 from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
+from lite_core.checkpoint._safe_metadata import enum_getattr
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
 from lite_core.checkpoint._store import is_url, latest
 from lite_core.checkpoint._state import (
@@ -50,6 +51,7 @@ __all__ = [
     "TorchCheckpointIO",
     "check_weights_fit",
     "consolidate",
+    "enum_getattr",
     "is_sharded",
     "is_url",
     "latest",

@@ -18,6 +18,7 @@ import functools
 import inspect
 import pathlib
 import pickle
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 import torch
@@ -94,8 +95,7 @@ def _allowed() -> dict[tuple[str, str], Any]:
         allowed[("pathlib", path_class.__name__)] = path_class  # where the checkpoint was saved
         allowed[(path_class.__module__, path_class.__name__)] = path_class
     allowed[("torch.serialization", "_get_layout")] = _layout
-    # An Enum member pickles as getattr(TheEnum, "NAME"): only members of the allowed enums.
-    allowed[("builtins", "getattr")] = _enum_member
+    allowed[("builtins", "getattr")] = enum_getattr(_enums(classes), _RefusedGlobal)  # members of these enums only
     return allowed
 
 
@@ -114,9 +114,20 @@ def _layout(name: str) -> torch.layout:
     return layouts[name]
 
 
-def _enum_member(owner: Any, name: str) -> enum.Enum:
-    enums = {cls for cls in _allowed().values() if inspect.isclass(cls) and issubclass(cls, enum.Enum)}
-    if owner not in enums or not isinstance(name, str) or name not in owner.__members__:
-        raise _RefusedGlobal(f"getattr({owner!r}, {name!r})")
-    return owner.__members__[name]
+def enum_getattr(enums: Iterable[type[enum.Enum]],
+                 error: Callable[[str], Exception] = pickle.UnpicklingError) -> Callable[[Any, str], enum.Enum]:
+    """A stand-in for `getattr` in a restricted unpickler's allowed globals: an `Enum` member
+    pickles as `getattr(TheEnum, "NAME")`, so an unpickler that allows enums must allow `getattr`,
+    and this one returns members of `enums` and nothing else (raising `error` with what was asked)."""
+    allowed = frozenset(enums)
 
+    def member(owner: Any, name: str) -> enum.Enum:
+        if owner not in allowed or not isinstance(name, str) or name not in owner.__members__:
+            raise error(f"getattr({owner!r}, {name!r})")
+        return owner.__members__[name]
+
+    return member
+
+
+def _enums(classes: Iterable[Any]) -> list[type[enum.Enum]]:
+    return [cls for cls in classes if inspect.isclass(cls) and issubclass(cls, enum.Enum)]
