@@ -1,5 +1,6 @@
 """The vocabulary of model parallelism that a user's `parallelize_fn` speaks: `MeshLayout`, the
-sizes of `ModelParallelStrategy`'s device mesh, checked in one place, and the mesh built from them.
+sizes of `ModelParallelStrategy`'s device mesh, checked in one place, and the mesh built from them;
+`ExpertParallel`, the style that shards a Mixture-of-Experts layer's stacked experts.
 
 This module owns the sizes and the names of the mesh's dimensions; the strategy owns the processes.
 """
@@ -10,13 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar, Literal, Union
 
+from lite_core._experts import ExpertParallel
 from lite_core.errors import ConfigurationError, MisuseError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES",
-           "MeshLayout"]
+           "ExpertParallel", "MeshLayout"]
 
 #: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
 #: Fabric's `ModelParallelStrategy` works unchanged.

@@ -1,0 +1,175 @@
+"""Expert parallelism as a torch `ParallelStyle`: the stacked expert weights of a Mixture-of-Experts
+layer are sharded along the expert dimension over one mesh dimension, and the tokens travel to the
+process that holds their expert and back, through torch's autograd all-to-all.
+
+Public as `lite_core.parallel.ExpertParallel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from lite_core.errors import ConfigurationError, MisuseError
+
+__all__ = ["ExpertParallel"]
+
+
+class ExpertParallel(ParallelStyle):
+    """Shards a module of stacked experts over one mesh dimension and sends each token to the
+    process that holds its expert: `parallelize_module(model.moe.experts, mesh["data_parallel"],
+    ExpertParallel())`, as `ColwiseParallel` is applied to a linear layer.
+
+    The experts module's contract, the same with and without this style:
+
+    - every parameter is stacked, at least 2-D with the number of experts `E` first (e.g.
+      `w1 [E, hidden, ffn]`, `w2 [E, ffn, hidden]`), and `E` divides evenly over the mesh dimension;
+    - `forward(tokens, num_tokens_per_expert)` receives `tokens` `[T, hidden]` sorted by expert (all
+      of expert 0's tokens, then expert 1's, ...) and `num_tokens_per_expert` `[E]` (integers
+      summing to `T`), and returns `[T, out]` in the same order; inside, a loop over the experts or
+      `torch._grouped_mm`, as the module likes.
+
+    After the style, each of `n` processes holds experts `r*E/n ... (r+1)*E/n - 1` as `DTensor`s
+    placed `Shard(0)`; the module's forward still receives plain tensors: its weights are this
+    process's experts, `tokens` are those sent to them by every process of the dimension (sorted by
+    local expert) and `num_tokens_per_expert` has `E/n` entries. The results go back to the process
+    that sent each token, in its order, so the code around the experts (router, gather, weighted
+    sum) is unchanged.
+
+    Gradients: each process of the dimension is assumed to hold its own data and its loss to be a
+    mean over it, the loss of one process over the whole batch being the mean of theirs; the style
+    divides the experts' gradients by the dimension's size (see `_scaled_local`). Other weights are
+    averaged over the data-parallel processes as usual (e.g. `fully_shard` with the experts'
+    parameters in `ignored_params`).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if device_mesh.ndim != 1:
+            raise ConfigurationError(
+                f"ExpertParallel got a {device_mesh.ndim}-D mesh: pass the one dimension the experts are sharded"
+                " over, e.g. parallelize_module(experts, device_mesh['data_parallel'], ExpertParallel())."
+            )
+        _check_stacked(module, device_mesh.size())
+        for name, param in list(module.named_parameters(recurse=False)):
+            sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
+            module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        dispatch = _Dispatch(device_mesh)
+        module.register_forward_pre_hook(dispatch.send)
+        module.register_forward_hook(dispatch.receive, always_call=True)
+        return module
+
+
+def _check_stacked(module: nn.Module, size: int) -> None:
+    """Refuse an experts module whose parameters are not stacked `[num_experts, ...]` (at least 2-D,
+    one first size) or whose number of experts the mesh dimension does not divide, in one sentence."""
+    params = dict(module.named_parameters(recurse=False))
+    counts = {name: (param.shape[0] if param.dim() else 0) for name, param in params.items()}
+    stacked = all(param.dim() >= 2 for param in params.values())
+    if not params or not stacked or len(set(counts.values())) != 1:
+        found = ", ".join(f"{name} {list(param.shape)}" for name, param in params.items()) or "no parameters"
+        raise ConfigurationError(
+            f"ExpertParallel needs a module whose own parameters are stacked experts [num_experts, ...] of one"
+            f" num_experts, but {type(module).__name__} holds {found}: apply it to the module that holds the"
+            " stacked expert weights."
+        )
+    experts = next(iter(counts.values()))
+    if experts % size:
+        raise ConfigurationError(
+            f"The mesh dimension of size {size} does not divide the {experts} experts of {type(module).__name__}:"
+            " shard them over a dimension whose size divides the number of experts."
+        )
+
+
+@dataclass
+class _Route:
+    """One forward call's way back: the token counts sent to and received from each process, and
+    the order that groups the received tokens by local expert."""
+
+    sent: list[int]
+    received: list[int]
+    order: torch.Tensor
+    locals: dict[str, torch.Tensor]
+
+
+class _Dispatch:
+    """The forward hooks of one experts module: `send` before its forward, `receive` after it."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self._mesh = mesh
+        self._routes: list[_Route] = []
+
+    def send(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, counts = _tokens_and_counts(module, args)
+        size = self._mesh.size()
+        group = self._mesh.get_group()
+        # counts[r, e]: tokens for the e-th expert of process r; this process gets row `rank` of everyone's.
+        outgoing = counts.reshape(size, -1).to(torch.int64)
+        incoming = torch.empty_like(outgoing)
+        torch.distributed.all_to_all_single(incoming, outgoing, group=group)
+        sent, received = outgoing.sum(1).tolist(), incoming.sum(1).tolist()
+        arrived = all_to_all_single_autograd(tokens, received, sent, group)
+        order = _by_local_expert(incoming)
+        self._routes.append(_Route(sent, received, order, _present_local_weights(module, size)))
+        return arrived[order], incoming.sum(0).to(counts.dtype)
+
+    def receive(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        if not self._routes:
+            return output  # `send` refused the call; its error follows
+        route = self._routes.pop()
+        for name in route.locals:
+            module.__dict__.pop(name, None)
+        if not isinstance(output, torch.Tensor):
+            return output  # the forward failed (always_call); its error follows
+        back = torch.empty_like(route.order)
+        back[route.order] = torch.arange(len(route.order), device=route.order.device)
+        # Results go back to the process that sent each token, in the order it sent them.
+        return all_to_all_single_autograd(output[back], route.sent, route.received, self._mesh.get_group())
+
+
+def _tokens_and_counts(module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(args) != 2 or not all(isinstance(arg, torch.Tensor) for arg in args):
+        raise MisuseError(
+            f"{type(module).__name__} under ExpertParallel got {len(args)} positional argument(s), not the two tensors"
+            " of experts(tokens, num_tokens_per_expert): pass the tokens sorted by expert and their count per expert."
+        )
+    return args[0], args[1]
+
+
+def _by_local_expert(incoming: torch.Tensor) -> torch.Tensor:
+    """The order that sorts tokens received as (process, local expert) chunks by (local expert, process)."""
+    sources, experts = incoming.shape
+    chunk = torch.arange(sources * experts, device=incoming.device)
+    key = (chunk % experts) * sources + chunk // experts
+    return torch.argsort(torch.repeat_interleave(key, incoming.flatten()), stable=True)
+
+
+def _present_local_weights(module: nn.Module, size: int) -> dict[str, torch.Tensor]:
+    """Show the module's forward this process's experts as plain tensors (an instance attribute
+    hides the parameter until `receive` removes it); their gradients flow back into the `DTensor`s."""
+    locals_ = {name: _scaled_local(param, size) for name, param in module.named_parameters(recurse=False)
+               if isinstance(param, DTensor)}
+    module.__dict__.update(locals_)
+    return locals_
+
+
+def _scaled_local(param: DTensor, size: int) -> torch.Tensor:
+    """`param`'s local shard, whose gradient is divided by `size`.
+
+    Why: with `size` processes each averaging the loss over its own tokens, one process over the
+    whole batch minimises L = (L_0 + ... + L_{n-1}) / n. An expert here receives tokens from every
+    process, and the all-to-all's backward brings each process's gradient of its own L_r back, so
+    the expert's gradient is sum_r dL_r/dw = n * dL/dw: dividing by n makes it dL/dw. Weights that
+    are not experts see only their own process's tokens, dL_r/dw, and data parallelism averages them
+    over the n processes: (1/n) sum_r dL_r/dw = dL/dw, the same scale.
+    """
+    local = param.to_local()
+    if local.requires_grad:
+        local.register_hook(lambda grad: grad / size)
+    return local

@@ -1,0 +1,72 @@
+"""Expert parallelism (`lite_core.parallel.ExpertParallel`) on 2 real processes over gloo
+(`tests/scripts/expert_parallel_job.py`): a tiny hand-written MoE with its experts sharded over the
+data-parallel dimension (EP 2), each process on its own half of the global batch, ends where one
+plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "expert_parallel_job.py"
+_spec = importlib.util.spec_from_file_location("expert_parallel_job", _SCRIPT)
+job_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(job_module)
+
+
+@pytest.fixture(scope="module")
+def job(run_script, output_of, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("expert-parallel")
+    # Several processes on a small machine import torch slowly: the store waits longer than usual.
+    proc = run_script(_SCRIPT, out_dir, timeout=240, env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    assert proc.returncode == 0, output_of(proc)
+    return torch.load(out_dir / "results.pt", weights_only=True)
+
+
+def test_ep2_trains_to_the_weights_of_one_plain_process(job, assert_weights_match):
+    expected = job_module.plain_pytorch(job["initial"])
+    assert_weights_match(job["final"], expected["final"], job["initial"])
+    assert job["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+
+
+def test_ep2_gradients_are_those_of_one_plain_process(job):
+    # Expert gradients are summed over the tokens of both processes and non-expert ones averaged:
+    # both must come out as one process's gradient over the whole batch (AdamW would hide a factor).
+    expected = job_module.plain_pytorch(job["initial"])["gradients"]
+    assert job["gradients"].keys() == expected.keys()
+    for name, gradient in expected.items():
+        torch.testing.assert_close(job["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
+
+
+def test_every_process_routed_tokens_to_the_other_processes_experts(job):
+    # Otherwise EP 2 would never have sent a token anywhere and the comparison would prove little.
+    model = job_module.make_model()
+    model.load_state_dict(job["initial"])
+    x, _ = job_module.make_data()
+    half = job_module.GLOBAL_BATCH // job_module.WORLD
+    with torch.no_grad():
+        chosen = model.router(model.embed(x[:job_module.GLOBAL_BATCH])).topk(job_module.TOP_K, dim=-1).indices
+    local = job_module.EXPERTS // job_module.WORLD
+    for rank in range(job_module.WORLD):
+        owners = set((chosen[rank * half:(rank + 1) * half] // local).flatten().tolist())
+        assert owners == {0, 1}, rank
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("uneven", "The mesh dimension of size 2 does not divide the 3 experts of _ThreeExperts: shard them over a"
+               " dimension whose size divides the number of experts."),
+    ("not_stacked", "ExpertParallel needs a module whose own parameters are stacked experts [num_experts, ...] of"
+                    " one num_experts, but Linear holds weight [8, 8], bias [8]: apply it to the module that holds"
+                    " the stacked expert weights."),
+    ("two_dims", "ExpertParallel got a 2-D mesh: pass the one dimension the experts are sharded over, e.g."
+                 " parallelize_module(experts, device_mesh['data_parallel'], ExpertParallel())."),
+    ("call", "Experts under ExpertParallel got 1 positional argument(s), not the two tensors of"
+             " experts(tokens, num_tokens_per_expert): pass the tokens sorted by expert and their count per expert."),
+])
+def test_what_expert_parallel_cannot_shard_or_call_is_refused_in_one_sentence(job, case, message):
+    assert job["refusals"][case] == message
