@@ -51,6 +51,12 @@ def _seed_from_environment() -> int:
         ) from None
 
 
+def seed_for_samplers() -> int:
+    """The seed `seed_everything` set in this process (or its launcher), 0 where none ran: what the
+    samplers that `setup_dataloaders` puts in shuffle with, alike on every rank."""
+    return _seed_from_environment() if _SEED_VARIABLE in os.environ else 0
+
+
 def worker_seeding_enabled() -> bool:
     """Whether `seed_everything(workers=True)` ran in this process (or its launcher)."""
     return os.environ.get(_WORKERS_VARIABLE) == "1"

@@ -5,7 +5,6 @@ it to move batches to the device).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
@@ -14,6 +13,7 @@ from lite_core.data import _sharding as _data
 from lite_core.data._evaluation import EvaluationPasses, check_sharding
 from lite_core.data._lite_loader import LiteDataLoader
 from lite_core.errors import MisuseError
+from lite_core.seed import seed_for_samplers
 from lite_core.training._models import Claims, require_environment
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def setup_dataloader(strategy: Strategy, claims: Claims, evaluations: Evaluation
     claims.claim(dataloader, "dataloader")
     shard = strategy.distributed_sampler_kwargs()
     evaluation = None
-    seed = int(os.environ.get("LITE_GLOBAL_SEED", 0))
+    seed = seed_for_samplers()
     if replace_sampler and shard is not None:
         evaluation = evaluations.shard(dataloader, shard, seed, sharding)
         if sharding == "evaluation":
