@@ -2,12 +2,14 @@
 Mixture-of-Experts (router, top-2 softmax routing, stacked experts run by a per-expert loop, no
 capacity factor so no token is dropped), its 4 experts sharded over `ModelParallelStrategy`'s
 data-parallel dimension (EP 2), each process training on its own half of every global batch with
-an ordinary AdamW loop.
+an ordinary AdamW loop. Twice: the experts sharded over the data-parallel dimension
+itself, and over the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`.
 
     python expert_parallel_job.py OUT_DIR
 
-Rank 0 writes `OUT_DIR/results.pt`: the initial weights, the first step's full gradients, the
-final full weights, the global batch's losses and the messages of what `ExpertParallel` refuses, for comparison with one plain PyTorch process (`plain_pytorch`).
+Rank 0 writes `OUT_DIR/results.pt`: per way, the mesh's names, the initial weights, the first
+step's full gradients, the final full weights and the global batch's losses, for comparison with one
+plain PyTorch process (`plain_pytorch`); and the messages of what `ExpertParallel` refuses.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from lite_core import LightningLite
 from lite_core.errors import LiteError
-from lite_core.parallel import ExpertParallel
+from lite_core.parallel import ExpertParallel, MeshLayout
 from lite_core.strategies import ModelParallelStrategy
 
 torch.set_num_threads(1)
@@ -75,6 +77,12 @@ def parallelize(model: MoE, device_mesh) -> nn.Module:
     dp = device_mesh["data_parallel"]
     parallelize_module(model.experts, dp, ExpertParallel())
     return fully_shard(model, mesh=dp, ignored_params=set(model.experts.parameters()))
+
+
+def parallelize_on_the_expert_dimension(model: MoE, device_mesh) -> nn.Module:
+    """The same with `MeshLayout(expert=...)`: the experts over its `"expert_parallel"` dimension."""
+    parallelize_module(model.experts, device_mesh["expert_parallel"], ExpertParallel())
+    return fully_shard(model, mesh=device_mesh["data_parallel"], ignored_params=set(model.experts.parameters()))
 
 
 def make_model() -> MoE:
@@ -136,7 +144,8 @@ def train(lite: LightningLite) -> dict:
         gradients = gradients or full_gradients(model)
         optimizer.step()
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
-    return {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients}
+    return {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients,
+            "dim_names": list(lite.strategy.device_mesh.mesh_dim_names)}
 
 
 class _ThreeExperts(Experts):
@@ -164,11 +173,18 @@ def refusals(lite: LightningLite) -> dict[str, str]:
     return messages
 
 
-def main(out: Path) -> None:
-    strategy = ModelParallelStrategy(parallelize, data_parallel_size=WORLD, tensor_parallel_size=1)
+def launched(strategy: ModelParallelStrategy) -> LightningLite:
     lite = LightningLite(accelerator="cpu", strategy=strategy, devices=WORLD)
     lite.launch()
-    results = {**train(lite), "refusals": refusals(lite)}
+    return lite
+
+
+def main(out: Path) -> None:
+    lite = launched(ModelParallelStrategy(parallelize, data_parallel_size=WORLD, tensor_parallel_size=1))
+    results = {"data_parallel": train(lite), "refusals": refusals(lite)}
+    lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
+                                          mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
+    results["expert_parallel"] = train(lite)
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
 

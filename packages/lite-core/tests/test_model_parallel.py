@@ -137,17 +137,18 @@ def test_a_precision_the_pipeline_schedule_cannot_hold_is_refused(clean_env) -> 
 
 
 @pytest.mark.parametrize(("kwargs", "devices", "sizes", "names"), [
-    ({}, 4, {"pipeline": 1, "replicate": 1, "shard": 1, "context": 1, "tensor": 4},
+    ({}, 4, {"pipeline": 1, "replicate": 1, "shard": 1, "context": 1, "tensor": 4, "expert": 1},
      ("data_parallel", "tensor_parallel")),
-    ({"data_parallel_size": 2}, 4, {"pipeline": 1, "replicate": 1, "shard": 2, "context": 1, "tensor": 2},
+    ({"data_parallel_size": 2}, 4, {"pipeline": 1, "replicate": 1, "shard": 2, "context": 1, "tensor": 2, "expert": 1},
      ("data_parallel", "tensor_parallel")),
     ({"pipeline_parallel_size": 2, "tensor_parallel_size": 2}, 8,
-     {"pipeline": 2, "replicate": 1, "shard": 2, "context": 1, "tensor": 2},
+     {"pipeline": 2, "replicate": 1, "shard": 2, "context": 1, "tensor": 2, "expert": 1},
      ("pipeline_parallel", "data_parallel", "tensor_parallel")),
 ])
 def test_the_mesh_layout_names_every_dimension(kwargs, devices, sizes, names, clean_env) -> None:
     layout = _strategy_of(ModelParallelStrategy(_identity, **kwargs), devices=devices).mesh_layout
-    assert layout.sizes() == sizes and list(layout.sizes()) == ["pipeline", "replicate", "shard", "context", "tensor"]
+    assert layout.sizes() == sizes and list(layout.sizes()) == [
+        "pipeline", "replicate", "shard", "context", "tensor", "expert"]
     assert layout.dim_names == names and layout.world_size == devices
     assert layout.shape == tuple(sizes[n] for n in ("pipeline",) * (len(names) == 3) + ("shard", "tensor"))
     assert layout.data == layout.replicate * layout.shard
@@ -169,7 +170,7 @@ def test_one_sentence_refuses_every_layout_that_does_not_make_the_world_size(pp,
 def test_context_parallelism_is_a_mesh_dimension_between_data_and_tensor(clean_env) -> None:
     layout = _strategy_of(ModelParallelStrategy(_identity, context_parallel_size=2, tensor_parallel_size=2),
                           devices=8).mesh_layout
-    assert layout.sizes() == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 2}
+    assert layout.sizes() == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 2, "expert": 1}
     assert layout.dim_names == ("data_parallel", "context_parallel", "tensor_parallel")
     assert layout.shape == (2, 2, 2)
     both_auto = _strategy_of(ModelParallelStrategy(_identity, context_parallel_size=2), devices=4).mesh_layout

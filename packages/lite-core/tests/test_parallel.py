@@ -150,3 +150,42 @@ def test_a_layout_that_does_not_make_the_world_size_is_refused_at_construction(c
 def test_the_repr_shows_the_sizes_asked_for(clean_env) -> None:
     strategy = LightningLite(accelerator="cpu", strategy=ModelParallelStrategy(_identity), devices=4)._strategy
     assert "data_parallel_size='auto'" in repr(strategy) and "tensor_parallel_size='auto'" in repr(strategy)
+
+
+@pytest.mark.parametrize(("sizes", "message"), [
+    ({"expert": 0}, "expert=0 is not valid: pass a positive integer."),
+    ({"shard": 4, "expert": 3}, "expert=3 does not divide the 4 data-parallel processes it borrows from: choose an"
+                                " expert that divides shard."),
+    ({"tensor": 2, "expert": 2}, "expert=2 cannot borrow from the context or tensor dimension yet: pass context=1"
+                                 " and tensor=1, and spread the experts over data-parallel processes."),
+    ({"context": 2, "expert": 2}, "expert=2 cannot borrow from the context or tensor dimension yet: pass context=1"
+                                  " and tensor=1, and spread the experts over data-parallel processes."),
+])
+def test_an_expert_size_that_cannot_be_borrowed_is_refused_in_one_sentence(sizes, message) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        MeshLayout(**sizes)
+    assert str(info.value) == message and _one_sentence(message)
+
+
+def test_an_expert_size_that_does_not_divide_the_resolved_data_size_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="^expert=4 does not divide the 2 data-parallel processes"):
+        MeshLayout(pipeline=2, expert=4).resolve(devices=4)
+
+
+@pytest.mark.parametrize(("sizes", "devices", "names", "shape"), [
+    ({"expert": 2}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (2, 2, 1)),
+    ({"expert": 4}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (1, 4, 1)),
+    ({"pipeline": 2, "expert": 2}, 8,
+     ("pipeline_parallel", "expert_data_parallel", "expert_parallel", "tensor_parallel"), (2, 2, 2, 1)),
+])
+def test_experts_borrow_the_inner_data_parallel_processes_and_add_none(sizes, devices, names, shape) -> None:
+    layout = MeshLayout(**sizes).resolve(devices)  # both automatic: the tensor dimension is 1
+    assert (layout.dim_names, layout.shape) == (names, shape)
+    assert layout.world_size == devices and layout.expert_enabled and layout.sizes()["expert"] == sizes["expert"]
+    assert not MeshLayout(shard=2, tensor=1).expert_enabled
+
+
+def test_the_world_size_message_leaves_the_borrowed_expert_size_out() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        MeshLayout(shard=3, tensor=1, expert=3).resolve(devices=4)
+    assert str(info.value).startswith("pipeline=1 x shard=3 x context=1 x tensor=1 does not make the world size 4")

@@ -51,7 +51,7 @@ def _groups(job) -> torch.Tensor:
 
 
 def test_the_mesh_names_the_context_dimension(job) -> None:
-    assert job["layout"] == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 1}
+    assert job["layout"] == {"pipeline": 1, "replicate": 1, "shard": 2, "context": 2, "tensor": 1, "expert": 1}
     assert job["dim_names"] == ("data_parallel", "context_parallel", "tensor_parallel")
 
 

@@ -1,7 +1,8 @@
 """Expert parallelism (`lite_core.parallel.ExpertParallel`) on 2 real processes over gloo
 (`tests/scripts/expert_parallel_job.py`): a tiny hand-written MoE with its experts sharded over the
 data-parallel dimension (EP 2), each process on its own half of the global batch, ends where one
-plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6)."""
+plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6); so does the same job with the
+experts on the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`."""
 
 from __future__ import annotations
 
@@ -28,13 +29,20 @@ def job(run_script, output_of, tmp_path_factory):
     return torch.load(out_dir / "results.pt", weights_only=True)
 
 
-def test_ep2_trains_to_the_weights_of_one_plain_process(job, assert_weights_match):
+_WAYS = ["data_parallel", "expert_parallel"]
+
+
+@pytest.mark.parametrize("way", _WAYS)
+def test_ep2_trains_to_the_weights_of_one_plain_process(job, way, assert_weights_match):
+    job = job[way]
     expected = job_module.plain_pytorch(job["initial"])
     assert_weights_match(job["final"], expected["final"], job["initial"])
     assert job["losses"] == pytest.approx(expected["losses"], abs=1e-6)
 
 
-def test_ep2_gradients_are_those_of_one_plain_process(job):
+@pytest.mark.parametrize("way", _WAYS)
+def test_ep2_gradients_are_those_of_one_plain_process(job, way):
+    job = job[way]
     # Expert gradients are summed over the tokens of both processes and non-expert ones averaged:
     # both must come out as one process's gradient over the whole batch (AdamW would hide a factor).
     expected = job_module.plain_pytorch(job["initial"])["gradients"]
@@ -43,10 +51,15 @@ def test_ep2_gradients_are_those_of_one_plain_process(job):
         torch.testing.assert_close(job["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
 
 
+def test_an_expert_layout_hands_parallelize_fn_a_named_expert_dimension(job):
+    assert job["data_parallel"]["dim_names"] == ["data_parallel", "tensor_parallel"]
+    assert job["expert_parallel"]["dim_names"] == ["expert_data_parallel", "expert_parallel", "tensor_parallel"]
+
+
 def test_every_process_routed_tokens_to_the_other_processes_experts(job):
     # Otherwise EP 2 would never have sent a token anywhere and the comparison would prove little.
     model = job_module.make_model()
-    model.load_state_dict(job["initial"])
+    model.load_state_dict(job["data_parallel"]["initial"])
     x, _ = job_module.make_data()
     half = job_module.GLOBAL_BATCH // job_module.WORLD
     with torch.no_grad():

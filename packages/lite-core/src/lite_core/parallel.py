@@ -17,8 +17,8 @@ from lite_core.errors import ConfigurationError, MisuseError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES",
-           "ExpertParallel", "MeshLayout"]
+__all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "EXPERT_DATA_DIM_NAME", "EXPERT_DIM_NAME",
+           "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout"]
 
 #: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
 #: Fabric's `ModelParallelStrategy` works unchanged.
@@ -30,6 +30,12 @@ CONTEXT_MESH_DIM_NAMES = ("data_parallel", "context_parallel", "tensor_parallel"
 #: The flattened `data_parallel x context_parallel` dimension, over which gradients are averaged
 #: (the mesh `fully_shard` takes under context parallelism).
 DATA_CONTEXT_DIM_NAME = "data_context_parallel"
+#: With `expert > 1`: the dimension a Mixture-of-Experts layer's experts are sharded over
+#: (`ExpertParallel`), the inner `expert` processes of the data-parallel dimension.
+EXPERT_DIM_NAME = "expert_parallel"
+#: With `expert > 1`: the outer part of the data-parallel dimension, over which each expert shard
+#: is replicated (`data_parallel` is the two flattened).
+EXPERT_DATA_DIM_NAME = "expert_data_parallel"
 
 #: A size: a positive integer, or (for `shard` and `tensor`) `"auto"`, resolved at launch.
 Size = Union[int, Literal["auto"]]
@@ -42,8 +48,8 @@ class MeshLayout:
     shard) x context x tensor, each a positive integer, checked when the layout is made.
 
     `shard` and `tensor` may be `"auto"` until the processes are launched: both automatic, the
-    tensor dimension spans a node's devices (without a pipeline or context parallelism; otherwise
-    it is 1) and the data dimension takes the rest; one automatic size takes what the others leave.
+    tensor dimension spans a node's devices (without a pipeline, context or expert parallelism;
+    otherwise it is 1) and the data dimension takes the rest; one automatic size takes what the others leave.
     `ModelParallelStrategy(mesh=layout)` resolves them against the world size (its `mesh_layout`
     is the resolved layout). A size of 1 costs nothing: that dimension is left out of the mesh.
 
@@ -53,6 +59,11 @@ class MeshLayout:
         shard: how many data-parallel processes the model is sharded over, each with its own data.
         context: how many processes split each sequence (1: none); not with a pipeline.
         tensor: how many processes split each layer.
+        expert: how many processes a Mixture-of-Experts layer's experts are spread over (expert
+            parallelism, `lite_core.parallel.ExpertParallel`); it borrows the inner processes of
+            the data-parallel dimension, so it must divide `shard` and adds nothing to the world size.
+            The mesh then has `"expert_data_parallel"` and `"expert_parallel"` in place of
+            `"data_parallel"`, which stays reachable as their flattening.
 
     Example:
         >>> MeshLayout(pipeline=2, shard=2, tensor=2).resolve(devices=8, num_nodes=1).dim_names
@@ -61,13 +72,14 @@ class MeshLayout:
 
     #: How each size is named in messages (a strategy's keywords name them otherwise).
     _LABELS: ClassVar[Mapping[str, str]] = {"pipeline": "pipeline", "replicate": "replicate", "shard": "shard",
-                                            "context": "context", "tensor": "tensor"}
+                                            "context": "context", "tensor": "tensor", "expert": "expert"}
 
     pipeline: int = 1
     replicate: int = 1
     shard: Size = "auto"
     context: int = 1
     tensor: Size = "auto"
+    expert: int = 1
 
     def __post_init__(self) -> None:
         for name in self._LABELS:
@@ -82,6 +94,7 @@ class MeshLayout:
                 f"{self._LABELS['context']} > 1 cannot be combined with {self._LABELS['pipeline']} > 1 yet:"
                 " choose one of them."
             )
+        self._check_expert()
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -100,7 +113,7 @@ class MeshLayout:
         return self.pipeline * self.data * self.context * self._number("tensor")
 
     def sizes(self) -> dict[str, Size]:
-        """Every dimension's size by name, outermost first."""
+        """Every dimension's size by name, outermost first (`expert`, borrowed, last)."""
         return {name: getattr(self, name) for name in self._LABELS}
 
     # -- what is enabled -------------------------------------------------------------------------
@@ -134,6 +147,11 @@ class MeshLayout:
         """Whether each layer is split over several processes."""
         return self._number("tensor") > 1
 
+    @property
+    def expert_enabled(self) -> bool:
+        """Whether experts are spread over several data-parallel processes."""
+        return self.expert > 1
+
     # -- the mesh --------------------------------------------------------------------------------
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -142,7 +160,11 @@ class MeshLayout:
         or with `"context_parallel"` between them under context parallelism."""
         if self.context_enabled:
             return CONTEXT_MESH_DIM_NAMES
-        return PIPELINE_MESH_DIM_NAMES if self.pipeline_enabled else MESH_DIM_NAMES
+        names = PIPELINE_MESH_DIM_NAMES if self.pipeline_enabled else MESH_DIM_NAMES
+        if self.expert_enabled:
+            names = tuple(part for name in names for part in (
+                (EXPERT_DATA_DIM_NAME, EXPERT_DIM_NAME) if name == "data_parallel" else (name,)))
+        return names
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -150,7 +172,8 @@ class MeshLayout:
         tensor = self._number("tensor")
         if self.context_enabled:
             return (self.data, self.context, tensor)
-        return (self.pipeline, self.data, tensor) if self.pipeline_enabled else (self.data, tensor)
+        data = (self.data // self.expert, self.expert) if self.expert_enabled else (self.data,)
+        return (self.pipeline, *data, tensor) if self.pipeline_enabled else (*data, tensor)
 
     def resolve(self, devices: int, num_nodes: int = 1) -> MeshLayout:
         """This layout with `"auto"` resolved for `devices` processes on each of `num_nodes` nodes;
@@ -160,26 +183,43 @@ class MeshLayout:
         rest = world // fixed if world % fixed == 0 else 0
         shard, tensor = self.shard, self.tensor
         if shard == "auto" and tensor == "auto":
-            shard, tensor = (num_nodes, devices) if fixed == 1 else (rest, 1)
+            shard, tensor = (num_nodes, devices) if fixed == 1 and not self.expert_enabled else (rest, 1)
         elif shard == "auto":
             shard = rest // tensor if rest and rest % tensor == 0 else 0
         elif tensor == "auto":
             tensor = rest // shard if rest and rest % shard == 0 else 0
         if not shard or not tensor or fixed * shard * tensor != world:
             raise ConfigurationError(self._not_the_world_size(devices, num_nodes))
-        return MeshLayout(self.pipeline, self.replicate, shard, self.context, tensor)
+        return MeshLayout(self.pipeline, self.replicate, shard, self.context, tensor, self.expert)
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
         """The `DeviceMesh` of this (resolved) layout over the launched processes, its dimensions
-        named by `dim_names`; under context parallelism with the flattened `"data_context_parallel"`."""
+        named by `dim_names`; under context parallelism with the flattened `"data_context_parallel"`,
+        with `expert > 1` with `"data_parallel"` flattened from its two parts."""
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
         if self.context_enabled:
             mesh["data_parallel", "context_parallel"]._flatten(DATA_CONTEXT_DIM_NAME)
+        if self.expert_enabled:
+            mesh[EXPERT_DATA_DIM_NAME, EXPERT_DIM_NAME]._flatten("data_parallel")
         return mesh
 
     # -- private ---------------------------------------------------------------------------------
+    def _check_expert(self) -> None:
+        labels = self._LABELS
+        if self.expert > 1 and (self.context > 1 or self.tensor not in (1, "auto")):
+            raise ConfigurationError(
+                f"{labels['expert']}={self.expert} cannot borrow from the context or tensor dimension yet: pass"
+                f" {labels['context']}=1 and {labels['tensor']}=1, and spread the experts over data-parallel processes."
+            )
+        shard = self.shard
+        if self.expert > 1 and shard != "auto" and (self.replicate * shard) % self.expert:
+            raise ConfigurationError(
+                f"{labels['expert']}={self.expert} does not divide the {self.replicate * shard} data-parallel"
+                f" processes it borrows from: choose an {labels['expert']} that divides {labels['shard']}."
+            )
+
     def _number(self, name: str) -> int:
         value = getattr(self, name)
         if value == "auto":
@@ -191,8 +231,9 @@ class MeshLayout:
 
     def _not_the_world_size(self, devices: int, num_nodes: int) -> str:
         labels = self._LABELS
+        # The expert dimension borrows its processes: it is no factor of the world size.
         product = " x ".join(f"{labels[f.name]}={getattr(self, f.name)!r}" for f in fields(self)
-                             if f.name != "replicate" or self.replicate != 1)
+                             if f.name != "expert" and (f.name != "replicate" or self.replicate != 1))
         return (f"{product} does not make the world size {devices * num_nodes} (devices={devices} x"
                 f" num_nodes={num_nodes}): choose sizes whose product is the number of processes, or leave"
                 f" {labels['shard']} or {labels['tensor']} 'auto'.")

@@ -19,7 +19,8 @@ class _KeywordLayout(MeshLayout):
     """A `MeshLayout` built from the strategy's keywords: its messages name them."""
 
     _LABELS: ClassVar[dict[str, str]] = {"replicate": "replicate",
-                                         **{name: keyword for name, (keyword, _) in KEYWORDS.items()}}
+                                         **{name: keyword for name, (keyword, _) in KEYWORDS.items()},
+                                         "expert": "expert"}
 
 
 def requested(mesh: Any, sizes: dict[str, Any]) -> MeshLayout:
