@@ -148,6 +148,37 @@ def train(lite: LightningLite) -> dict:
             "dim_names": list(lite.strategy.device_mesh.mesh_dim_names)}
 
 
+class GroupedExperts(nn.Module):
+    """The same contract computed by `torch._grouped_mm` (bfloat16 on CPU)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(EXPERTS, width, width, dtype=torch.bfloat16) / width**0.5)
+        self.w2 = nn.Parameter(torch.randn(EXPERTS, width, width, dtype=torch.bfloat16) / width**0.5)
+
+    def forward(self, tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        offsets = torch.cumsum(num_tokens_per_expert, 0).to(torch.int32)
+        return torch._grouped_mm(torch.tanh(torch._grouped_mm(tokens, self.w1, offs=offsets)), self.w2, offs=offsets)
+
+
+def grouped(lite: LightningLite) -> dict[str, torch.Tensor]:
+    """`GroupedExperts` under EP 2 against the whole module on this process: output and token gradients."""
+    torch.manual_seed(1)
+    whole, sharded = GroupedExperts(), GroupedExperts()
+    sharded.load_state_dict(whole.state_dict())
+    parallelize_module(sharded, lite.strategy.device_mesh["data_parallel"], ExpertParallel())
+    generator = torch.Generator().manual_seed(10 + dist.get_rank())
+    counts = torch.randint(0, 6, (EXPERTS,), generator=generator)
+    tokens = torch.randn(int(counts.sum()), 16, generator=generator, dtype=torch.bfloat16)
+    results = {}
+    for name, module in (("whole", whole), ("sharded", sharded)):
+        x = tokens.clone().requires_grad_()
+        out = module(x, counts)
+        out.float().pow(2).sum().backward()
+        results[name], results[f"{name}_grad"] = out.detach().float(), x.grad.float()
+    return results
+
+
 class _ThreeExperts(Experts):
     def __init__(self) -> None:
         super().__init__()
@@ -181,7 +212,7 @@ def launched(strategy: ModelParallelStrategy) -> LightningLite:
 
 def main(out: Path) -> None:
     lite = launched(ModelParallelStrategy(parallelize, data_parallel_size=WORLD, tensor_parallel_size=1))
-    results = {"data_parallel": train(lite), "refusals": refusals(lite)}
+    results = {"data_parallel": train(lite), "refusals": refusals(lite), "grouped": grouped(lite)}
     lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
                                           mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
     results["expert_parallel"] = train(lite)

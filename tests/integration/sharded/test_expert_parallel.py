@@ -83,3 +83,11 @@ def test_every_process_routed_tokens_to_the_other_processes_experts(job):
 ])
 def test_what_expert_parallel_cannot_shard_or_call_is_refused_in_one_sentence(job, case, message):
     assert job["refusals"][case] == message
+
+
+def test_experts_computed_by_grouped_mm_give_under_ep2_what_they_give_whole(job):
+    # bfloat16 (torch._grouped_mm on CPU): the same products on the same rows, wherever they run.
+    result = job["grouped"]
+    assert result["whole"].shape[0] > 0
+    torch.testing.assert_close(result["sharded"], result["whole"])
+    torch.testing.assert_close(result["sharded_grad"], result["whole_grad"])
