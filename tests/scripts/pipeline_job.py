@@ -327,7 +327,9 @@ def evaluation(lite: LightningLite, model: nn.Module, x: torch.Tensor, y: torch.
     the output, then under `model.eval()` alone the loss; whether the gradients (those of the
     epoch's last step) and the random state came out unchanged."""
     xv, yv = rank_slice(lite, x, 0, VALIDATION), rank_slice(lite, y, 0, VALIDATION)
-    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    # Each rank's own shard: torch.equal on a DTensor (FSDP2's gradients) is a collective of its
+    # mesh, which all() stopping early on one rank would leave the others waiting in.
+    grads = [None if p.grad is None else _local(p.grad).clone() for p in model.parameters()]
     rng = torch.get_rng_state()
     model.eval()
     with torch.no_grad():
@@ -335,11 +337,15 @@ def evaluation(lite: LightningLite, model: nn.Module, x: torch.Tensor, y: torch.
         output = model(xv)
     eval_mode_loss = model(xv, target=yv)
     model.train()
-    kept = all((a is None and p.grad is None) or (a is not None and p.grad is not None and torch.equal(a, p.grad))
+    kept = all((a is None and p.grad is None) or (a is not None and p.grad is not None and torch.equal(a, _local(p.grad)))
                for a, p in zip(grads, model.parameters()))
     return {"loss": lite.all_gather(loss.detach()).cpu(), "eval_mode_loss": lite.all_gather(eval_mode_loss.detach()).cpu(),
             "output": lite.all_gather(output.detach()).cpu(), "target": lite.all_gather(yv).cpu(),
             "unchanged": kept and torch.equal(rng, torch.get_rng_state())}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def epochs(lite: LightningLite, evaluate: bool) -> dict:
@@ -401,6 +407,11 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))
+        # One micro-batch each: a data-parallel rank's half of the short batch (2 rows) would leave
+        # BatchNorm one row per micro-batch, which it refuses in training.
+        results["epochs_pp2xdp2"] = evaluation_between_epochs(
+            lambda: pipeline(world, dp=2, schedule="GPipe", microbatches=1))
+        results["epochs_pp2xtp2"] = evaluation_between_epochs(lambda: pipeline(world, dp=1, tp=2, microbatches=2))
     else:
         results["pp2xdp2xtp2_1F1B"] = train(pipeline(world, dp=2, tp=2, microbatches=2))
     if dist.get_rank() == 0:

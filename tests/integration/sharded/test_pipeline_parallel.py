@@ -219,7 +219,18 @@ def test_an_evaluation_each_epoch_changes_nothing_in_training(job2, layout):
     # Three epochs of batches of 8, 8, 4 (microbatches=2) with and without an evaluation of a batch
     # of 4 between them, of a model with BatchNorm (running statistics: training state that a
     # forward pass in training mode changes); ddp is the control.
-    with_evaluation, without = job2[layout]["with"], job2[layout]["without"]
+    _evaluation_changed_nothing(job2[layout], layout)
+
+
+@pytest.mark.parametrize("layout", ["epochs_pp2xdp2", "epochs_pp2xtp2"])
+def test_an_evaluation_each_epoch_changes_nothing_under_a_pipeline_with_data_or_tensor_parallel(job4, layout):
+    # As above on 4 processes: FSDP2 over the data-parallel ranks (each its half of every batch),
+    # or tensor parallel inside the blocks; every rank gathers its replica's whole output.
+    _evaluation_changed_nothing(job4[layout], layout)
+
+
+def _evaluation_changed_nothing(run: dict, layout: str) -> None:
+    with_evaluation, without = run["with"], run["without"]
     assert with_evaluation["final"].keys() == without["final"].keys()
     assert any("running_mean" in name for name in without["final"])
     for name, value in without["final"].items():
