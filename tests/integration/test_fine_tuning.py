@@ -51,8 +51,10 @@ def plains() -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def plain(plains: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
-    _lora.KIND = kind  # the models this test builds, too
+def plain(plains: dict[str, dict[str, Any]], kind: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    # The models this test builds, too; put back afterwards, for the other modules that build
+    # `_lora`'s models in this process (they expect its default, a Llama).
+    monkeypatch.setattr(_lora, "KIND", kind)
     if kind not in plains:
         plains[kind] = _plain()
     return plains[kind]

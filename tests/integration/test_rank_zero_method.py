@@ -27,8 +27,10 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_rank_zero_save_pretrained_with_a_state_dict_returns_and_plain_peft_reads_it(
-        run_script: Any, output_of: Any, tmp_path: Path, strategy: str) -> None:
+        run_script: Any, output_of: Any, tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from peft import PeftModel
+
+    monkeypatch.setattr(_lora, "KIND", "llama")  # the script's model, whatever another module set before
 
     proc = run_script("rank_zero_method.py", strategy, tmp_path, timeout=200)
     assert proc.returncode == 0, output_of(proc)
