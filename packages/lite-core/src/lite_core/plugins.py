@@ -25,7 +25,7 @@ What is here, by purpose:
   `read_whole_checkpoint` lets every strategy load that directory), `is_url` (whether a
   checkpoint path is an fsspec URL, which every node sees, rather than a local path),
   `check_weights_fit` (the one sentence for a checkpoint whose keys or shapes do not fit the model,
-  for an engine that loads weights its own way), and `enum_getattr` (the `getattr` a restricted
+  for an engine that loads weights its own way, with `shapes_of` for a state dict's shapes), and `enum_getattr` (the `getattr` a restricted
   unpickler allows so that members of the enums it allows, and nothing else, load).
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         on_writing_ranks,
         read_checkpoint,
         restore,
+        shapes_of,
         stage_to_host,
         to_state,
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lite_core.plugins import CheckpointError, check_weights_fit
+from lite_core.plugins import CheckpointError, check_weights_fit, shapes_of
 
 #: Key of the client state that records which entries DeepSpeed itself saved (see `_checkpoint`).
 LAYOUT_KEY = "lite_deepspeed"
@@ -142,7 +142,7 @@ def load_whole(engine: Any, model_state: dict[str, torch.Tensor], optimizer_stat
 
 
 def _check_names(engine: Any, model_state: dict[str, torch.Tensor], strict: bool) -> None:
-    check_weights_fit(engine.module, whole_shapes(engine.module), shapes_of_state(model_state), strict)
+    check_weights_fit(engine.module, whole_shapes(engine.module), shapes_of(model_state), strict)
 
 
 def whole_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -153,10 +153,6 @@ def whole_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
             for name, value in module.state_dict().items()}
 
 
-def shapes_of_state(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    return {key: tuple(value.shape) for key, value in state.items() if isinstance(value, torch.Tensor)}
-
-
 def saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """The whole shapes of the model's weights in the DeepSpeed save in `folder` (its parameters,
     and its buffers at ZeRO stage 0), read from the first model-states file."""
@@ -165,7 +161,7 @@ def saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     first = torch.load(zero_to_fp32.get_model_state_files(str(folder))[0], map_location="cpu",
                        weights_only=False, mmap=True)
     if first.get("param_shapes") is None:  # ZeRO stage 0: the module's state is whole
-        return shapes_of_state(first["module"])
+        return shapes_of(first["module"])
     return {name: tuple(shape) for group in first["param_shapes"] for name, shape in group.items()}
 
 

@@ -40,6 +40,7 @@ from lite_core.checkpoint._state import (
     check_weights_fit,
     read_checkpoint,
     restore,
+    shapes_of,
     to_state,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "read_checkpoint",
     "read_sharded",
     "restore",
+    "shapes_of",
     "stage_to_host",
     "to_state",
 ]
