@@ -33,6 +33,7 @@ STEPS = 3
 LR = 0.1
 MAX_NORM = 0.3
 WIDTH = 8
+MICROBATCHES = 4  # the pipeline's default in this job
 
 
 class Block(nn.Module):
@@ -179,7 +180,7 @@ def the_loop(lite: LightningLite, model: nn.Module, optimizer, scheduler, clip: 
 
 
 def pipeline(world: int, pp: int = 2, dp: int | str = "auto", tp: int = 1, schedule: str = "1F1B",
-             microbatches: int = 4, split_points=("blocks.2",), precision: str = "32-true",
+             microbatches: int = MICROBATCHES, split_points=("blocks.2",), precision: str = "32-true",
              **kwargs) -> LightningLite:
     strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp,
                                      pipeline_parallel_size=pp, pipeline_schedule=schedule,

@@ -4,7 +4,7 @@ the layers a stage does not hold; for comparison with one plain PyTorch process.
 
     python pipeline_loop_job.py OUT_DIR WORLD_SIZE
 
-On 2 processes PP2 (1F1B, 2 micro-batches); on 4, PP2 x DP2 (FSDP2). Rank 0 writes
+On 2 processes PP2 (1F1B, 2 micro-batches); on 4, PP2 x DP2 (FSDP2) and PP2 x TP2. Rank 0 writes
 `OUT_DIR/results.pt`. The model, data and optimizer are `pipeline_job`'s.
 """
 
@@ -147,6 +147,7 @@ def main(out: Path, world: int) -> None:
         results["flops"] = flops(world)
     else:
         results["accumulation_pp2xdp2"] = accumulation(job.pipeline(world, dp=2, microbatches=2))
+        results["accumulation_pp2xtp2"] = accumulation(job.pipeline(world, dp=1, tp=2, microbatches=2))
         lite = job.pipeline(world, dp=2, microbatches=2)
         results["scale_per_replica"] = [None] * world
         dist.all_gather_object(results["scale_per_replica"], scale_per_replica(lite))

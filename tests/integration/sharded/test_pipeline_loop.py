@@ -83,6 +83,10 @@ def test_accumulation_under_pipeline_and_data_parallel_equals_one_plain_process(
     assert_accumulates_as_one_process(job4["accumulation_pp2xdp2"])
 
 
+def test_accumulation_under_pipeline_and_tensor_parallel_equals_one_plain_process(job4):
+    assert_accumulates_as_one_process(job4["accumulation_pp2xtp2"])
+
+
 def test_a_loss_scale_that_differs_between_data_parallel_ranks_is_refused_on_each(job4):
     for message in job4["scale_per_replica"]:
         assert "factors that differ between data-parallel ranks (1.0 to 2.0)" in message
