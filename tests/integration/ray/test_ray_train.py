@@ -34,10 +34,17 @@ from elastic_job import reference_weights  # noqa: E402
 sys.path.remove(str(SCRIPTS))
 
 
+# torchft reads these over the timeouts `ddp_ft` passes its Manager. The job finds its dead worker
+# through the lighthouse's heartbeats, never through a timeout, so these only guard against a hang:
+# under `test`'s two busy workers a 60 s quorum call once expired while the replacement was set up.
+FT_HANG_GUARDS = {"TORCHFT_TIMEOUT_SEC": "120", "TORCHFT_QUORUM_TIMEOUT_SEC": "300",
+                  "TORCHFT_CONNECT_TIMEOUT_SEC": "120"}
+
+
 @pytest.fixture(scope="module")
 def local_cluster():
     env_vars = {"PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
-                "LITE_COLLECTIVE_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+                "LITE_COLLECTIVE_TIMEOUT": "60", "OMP_NUM_THREADS": "1", **FT_HANG_GUARDS}
     # Ray starts its workers at niceness 15: beside the suite's other environments, which run at 0
     # on the same 2 cores, they got almost no CPU and a 1-minute fit ran past its 300 s timeout.
     with pytest.MonkeyPatch.context() as patch:
@@ -79,7 +86,8 @@ def test_two_ray_workers_train_as_one_process_and_rays_restart_resumes_from_the_
 def fit_ddp_ft(out_dir: Path, die: bool = False) -> None:
     from ray.train.v2.torch.torchft_config import TorchftConfig
 
-    lighthouse = {"min_replicas": 1, "join_timeout_ms": 1000, "heartbeat_timeout_ms": 1000}
+    # A heartbeat 5 s late (not 1 s) drops a group: a starved but live worker stays in the quorum.
+    lighthouse = {"min_replicas": 1, "join_timeout_ms": 1000, "heartbeat_timeout_ms": 5000}
     trainer = TorchTrainer(ray_ft_job.train, train_loop_config={"out_dir": str(out_dir), "die": die},
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                            torch_config=TorchftConfig(lighthouse_kwargs=lighthouse, backend="gloo"),
