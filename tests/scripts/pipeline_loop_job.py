@@ -126,6 +126,35 @@ def flops(world: int) -> dict:
     return {"counts": gathered.cpu(), "devices": monitor.devices}
 
 
+class ScaledGPT(GPT):
+    """The GPT with `embed(tokens) * 2` unguarded: stage 1, which does not hold the embedding,
+    cannot hand its input on for it."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) * 2.0
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def contract_breach(world: int) -> list[str]:
+    """Each rank's error from a training call of `ScaledGPT`, which breaks the remaining contract on
+    stage 1 only: without the check on every stage before the schedule, stage 0 waited for stage
+    1's gradients until the collective timeout."""
+    lite = job.pipeline(world, microbatches=2, split_points=None)
+    model = ScaledGPT()
+    model, optimizer = lite.setup(model, job.make_optimizer(model)[0], loss_fn=gpt_loss)
+    tokens, targets = gpt_data()
+    try:
+        model(lite.to_device(tokens[:job.GLOBAL_BATCH]), target=lite.to_device(targets[:job.GLOBAL_BATCH]))
+        message = "no error"
+    except Exception as err:  # noqa: BLE001 - the message is the result
+        message = f"{type(err).__name__}: {err}"
+    messages: list = [None] * world
+    dist.all_gather_object(messages, message)
+    return messages
+
+
 def scale_per_replica(lite: LightningLite) -> str:
     """`backward(loss * f)` with a factor that differs between data-parallel ranks: refused on each."""
     model = lite.setup(job.make_model("net"), loss_fn=job.loss_fn)
@@ -145,6 +174,7 @@ def main(out: Path, world: int) -> None:
         results["accumulation_pp2"] = accumulation(job.pipeline(world, microbatches=2))
         results["unguarded_pp2"] = unguarded(job.pipeline(world, microbatches=2, split_points=None))
         results["flops"] = flops(world)
+        results["contract"] = contract_breach(world)
     else:
         results["accumulation_pp2xdp2"] = accumulation(job.pipeline(world, dp=2, microbatches=2))
         results["accumulation_pp2xtp2"] = accumulation(job.pipeline(world, dp=1, tp=2, microbatches=2))

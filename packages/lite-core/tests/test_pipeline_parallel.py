@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lite_core.errors import MisuseError
-from lite_core.strategies.model_parallel import _absent, _pipeline, _split
+from lite_core.strategies.model_parallel import _absent, _pipeline, _rehearsal, _split
 
 
 def _one_sentence(message: str) -> bool:
@@ -237,6 +237,41 @@ def test_a_forward_that_a_missing_layer_cannot_be_skipped_in_is_refused_in_one_s
         second(first(x).detach()) if stage == 1 else first(x)
     assert str(info.value).startswith(message) and "guard that code with `if self." in str(info.value)
     assert _one_sentence(str(info.value))
+
+
+def _rehearsal_of(model: nn.Module) -> _rehearsal.Rehearsal:
+    stages, expanded = _split.assign_stages(model, ["blocks.2"], 2)
+    return _rehearsal.Rehearsal(model, stages, expanded, microbatches=2)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (Unguarded(scale=2.0), "Pipeline stage 1 does not hold 'embed', and your forward changes its output before"),
+    (Unguarded(positions=True), "Pipeline stage 1 does not hold 'pos', and your forward calls it on something"),
+    (Unguarded(after=2.0), "Pipeline stage 0 does not hold 'norm', and your forward changes what it passes to"),
+])
+def test_the_rehearsal_refuses_what_any_stage_would_refuse_without_any_stage_running(model, message) -> None:
+    # Every process rehearses every stage, so the stage that breaks the contract is refused on all
+    # of them alike, before the schedule: alone, it left the other stages waiting for its data.
+    with pytest.raises(MisuseError) as info:
+        _rehearsal_of(model).check((torch.randn(6, 4),), {}, training=True)
+    assert str(info.value).startswith(message)
+
+
+class DataDependent(Unguarded):
+    """A forward the meta device cannot run (it reads a value)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * (2.0 if x.sum().item() > 0 else 1.0)
+
+
+def test_the_rehearsal_passes_a_kept_contract_and_what_the_meta_device_cannot_run() -> None:
+    for model in (Unguarded(), DataDependent()):
+        _rehearsal_of(model).check((torch.randn(6, 4),), {}, training=True)
+    weights = Unguarded().state_dict()  # the model itself is not touched
+    model = Unguarded()
+    model.load_state_dict(weights)
+    _rehearsal_of(model).check((torch.randn(6, 4),), {}, training=False)
+    assert all(not t.is_meta for t in model.state_dict().values()) and model.training
 
 
 def test_the_models_own_forward_after_the_cut_names_the_set_up_model() -> None:

@@ -116,6 +116,14 @@ def test_a_gpt_whose_forward_has_no_guards_trains_and_evaluates_as_one_plain_pro
     torch.testing.assert_close(run["eval_loss"], loop_job.gpt_loss(logits, targets[2 * batch:3 * batch]), atol=ATOL, rtol=0)
 
 
+def test_a_forward_that_breaks_the_contract_is_refused_on_every_stage_before_the_schedule(job2):
+    # Only stage 1 breaks it (embed(tokens) * 2 where it does not hold embed); stage 0 would wait
+    # for its gradients until the job's 60 s collective timeout and fail the job.
+    expected = ("MisuseError: Pipeline stage 1 does not hold 'embed', and your forward changes its output before"
+                " 'blocks.2'")
+    assert [message[:len(expected)] for message in job2["contract"]] == [expected, expected], job2["contract"]
+
+
 def test_measure_flops_counts_the_whole_model_before_and_after_setup_and_the_monitor_once(job2):
     from lite_core import measure_flops
 

@@ -35,6 +35,7 @@ from lite_core.strategies.model_parallel import (
     _pipeline,
     _pipeline_backward,
     _pipeline_load,
+    _rehearsal,
     _split,
 )
 from lite_core.strategies.model_parallel._context import ContextParallel
@@ -295,6 +296,7 @@ class ModelParallelStrategy(FSDPStrategy):
         parts = [_split.part(module, stage_units, index, expanded) for index in indexes]
         self._keys_before_split[id(module)] = list(module.state_dict())
         whole = meta_copy(module)  # for measure_flops: the whole model, without memory
+        rehearsal = _rehearsal.Rehearsal(module, stage_units, expanded, options.microbatches)
         _split.trim(module, {unit for index in indexes for unit in stage_units[index]}, expanded)
         parts = [self._parallelize_part(part) for part in parts]
         for part, index in zip(parts, indexes):  # after parallelize_fn: its hooks (input casts) run first
@@ -303,7 +305,7 @@ class ModelParallelStrategy(FSDPStrategy):
         last_rank = (num_stages - 1) % options.size
         copies = [pair for part in parts for pair in _split.copies_of(part, module)]
         self._pipelines[id(module)] = PipelineForward(layout, options.schedule, options.microbatches, last_rank,
-                                                      options.loss_fn, module, copies, whole)
+                                                      options.loss_fn, module, copies, whole, rehearsal)
         self._sharded_modules.append(module)
         return module
 

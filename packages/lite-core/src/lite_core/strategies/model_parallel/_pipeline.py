@@ -27,6 +27,7 @@ from torch import nn
 
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.strategies.model_parallel._pipeline_backward import StepGradients, run_apart
+from lite_core.strategies.model_parallel._rehearsal import Rehearsal
 
 #: The schedules by name (`torch.distributed.pipelining.get_schedule_class`, case insensitive).
 SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -79,12 +80,16 @@ class PipelineForward:
         module: the user's model, holding this process's layers (its `training` flag decides).
         copies: (a part's copy of a module, the model's module) pairs whose flags follow the model's.
         whole_model: the whole model before the cut, on the meta device (`measure_flops` counts it).
+        rehearsal: every stage on the meta device, to check a new kind of call's forward on every
+            process before the schedule runs it (`_rehearsal`).
     """
 
     def __init__(self, layout: StageLayout, schedule: type, microbatches: int, last_rank: int,
                  loss_fn: Callable[..., torch.Tensor] | None, module: nn.Module,
-                 copies: list[tuple[nn.Module, nn.Module]], whole_model: nn.Module | None = None) -> None:
+                 copies: list[tuple[nn.Module, nn.Module]], whole_model: nn.Module | None = None,
+                 rehearsal: Rehearsal | None = None) -> None:
         self._layout = layout
+        self._rehearsal = rehearsal
         self.whole_model = whole_model
         self.module = module
         self.copies = copies
@@ -126,7 +131,7 @@ class PipelineForward:
                 "Under pipeline parallelism model(x, target=y) needs the loss function: pass"
                 " setup(model, optimizer, loss_fn=loss_fn), or ModelParallelStrategy(..., loss_fn=loss_fn)."
             )
-        plan = self._plan((training, with_loss, shapes))
+        plan = self._plan((training, with_loss, shapes), args, kwargs)
         # The batch goes to the first stage and the target to the last, as torch's schedules take
         # them (torch 2.11 refuses input args on any other stage; 2.13 ignores them).
         if not self.holds_first_stage:
@@ -208,14 +213,17 @@ class PipelineForward:
             return self._broadcast_loss(losses)
         return self._broadcast_output(output)
 
-    def _plan(self, key: tuple[Any, ...]) -> _Plan:
+    def _plan(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
         """The plan for calls like this one, built on its first use (after checking that every
-        stage of the pipeline builds the same one)."""
+        stage of the pipeline builds the same one, and rehearsing the call's forward on every
+        stage)."""
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
         self._agree(key)
+        if self._rehearsal is not None:
+            self._rehearsal.check(args, kwargs, self.module.training)
         training, with_loss, _ = key
         stages = self._layout.build()
         stage = stages if runs_several_stages(self._schedule_class) else stages[0]
