@@ -167,3 +167,34 @@ def test_consecutive_background_saves_each_hold_their_own_state(tmp_path: Path) 
     assert not torch.equal(expected[0], expected[1])
     for name, weight in zip(("a.pt", "b.pt"), expected):
         assert torch.equal(torch.load(tmp_path / name)["model"]["weight"], weight), name
+
+
+class PointerIO(TorchCheckpointIO):
+    """Records the storage each write's weight was staged into."""
+
+    def __init__(self) -> None:
+        self.pointers: list[int] = []
+
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        self.pointers.append(checkpoint["model"]["weight"].data_ptr())
+        super().save(checkpoint, path)
+
+
+def test_a_background_save_stages_into_the_previous_saves_buffers_of_its_own_lite_only(tmp_path: Path) -> None:
+    # The staging belongs to the save that staged (a module-level list filled by one call and
+    # emptied by another was the call-order coupling): buffers go back to the LightningLite whose
+    # save finished, and a copy made outside a background save is kept by nobody.
+    from lite_core.checkpoint import stage_to_host
+
+    first, second = PointerIO(), PointerIO()
+    lites = [LightningLite(accelerator="cpu", plugins=io) for io in (first, second)]
+    models = [lite.setup(nn.Linear(3, 2)) for lite in lites]
+    for index in range(2):
+        for lite, model in zip(lites, models):
+            lite.save({"model": model}, tmp_path / f"{id(lite)}-{index}.pt", blocking=False)
+            lite.wait_for_checkpoint()
+        stage_to_host({"weight": models[0].weight})  # outside a save: neither lite's buffers
+    assert first.pointers[0] == first.pointers[1] and second.pointers[0] == second.pointers[1]
+    assert first.pointers[0] != second.pointers[0]
+    for lite, model in zip(lites, models):
+        assert torch.equal(torch.load(tmp_path / f"{id(lite)}-1.pt")["model"]["weight"], model.weight)

@@ -13,6 +13,7 @@ import atexit
 import copy
 import sys
 import threading
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -41,36 +42,35 @@ def stage_to_host(state: Any) -> Any:
     return copy.deepcopy(state, memo)
 
 
-#: Host buffers of background saves whose writes were waited for, by (shape, dtype): the next
-#: save copies into them instead of allocating (and page-faulting in) fresh memory, so the host
-#: memory of one staged copy of the state stays with the process between background saves.
-_SPARE: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-#: Buffers `stage_to_host` handed out since the last `take_staged()`.
-_STAGED: list[torch.Tensor] = []
+class _Staging:
+    """The host buffers one background save stages into: taken from its `BackgroundSaves`' spare
+    buffers (those of the previous save, whose write was waited for) where a (shape, dtype) matches,
+    so that the host memory of one staged copy of the state stays with the process between
+    background saves instead of being allocated (and page-faulted in) anew; given back when this
+    save's write is done."""
+
+    def __init__(self, spare: dict[tuple[Any, ...], list[torch.Tensor]]) -> None:
+        self.spare = spare
+        self.buffers: list[torch.Tensor] = []
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        reusable = self.spare.get((tuple(tensor.shape), tensor.dtype))
+        buffer = reusable.pop().copy_(tensor.detach()) if reusable else tensor.detach().to("cpu", copy=True)
+        self.buffers.append(buffer)
+        return buffer
+
+
+#: The staging of the background save whose `stage_checkpoint` runs now (`BackgroundSaves.start`
+#: sets it around that call only); `None` elsewhere, where `stage_to_host` copies afresh.
+_STAGING: ContextVar[_Staging | None] = ContextVar("lite_checkpoint_staging", default=None)
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided
-    if not (plain and tensor.is_contiguous()):
+    staging = _STAGING.get()
+    if staging is None or not (plain and tensor.is_contiguous()):
         return tensor.detach().to("cpu", copy=True)  # subclasses, sparse and strided views: a fresh copy
-    spare = _SPARE.get((tuple(tensor.shape), tensor.dtype))
-    buffer = spare.pop().copy_(tensor.detach()) if spare else tensor.detach().to("cpu", copy=True)
-    _STAGED.append(buffer)
-    return buffer
-
-
-def take_staged() -> list[torch.Tensor]:
-    """The reusable buffers `stage_to_host` filled since the last call (the save that holds them gives
-    them back with `release` once its write is done)."""
-    staged = list(_STAGED)
-    _STAGED.clear()
-    return staged
-
-
-def release(buffers: list[torch.Tensor]) -> None:
-    """Give a finished save's buffers to the next `stage_to_host`."""
-    for buffer in buffers:
-        _SPARE.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
+    return staging.copy(tensor)
 
 
 def checkpoint_process_group() -> Any:
@@ -95,12 +95,12 @@ def nothing() -> None:
 
 
 class _Pending:
-    """One save in flight: its writer thread and what the write raised."""
+    """One save in flight: its writer thread, the host buffers it staged, and what the write raised."""
 
-    def __init__(self, path: str, write: Write) -> None:
+    def __init__(self, path: str, write: Write, buffers: list[torch.Tensor]) -> None:
         self.path = path
         self.error: Exception | None = None
-        self.buffers = take_staged()
+        self.buffers = buffers
         self._write = write
         # Not a daemon: the interpreter waits for it at exit, so the file is finished.
         self.thread = threading.Thread(target=self._run, name=f"lite-checkpoint-writer:{path}")
@@ -122,6 +122,8 @@ class BackgroundSaves:
     def __init__(self) -> None:
         self._pending: _Pending | None = None
         self._exit_hook = False
+        #: The host buffers of the last save whose write was waited for, by (shape, dtype).
+        self._spare: dict[tuple[Any, ...], list[torch.Tensor]] = {}
 
     def __reduce__(self) -> tuple[type[BackgroundSaves], tuple[()]]:
         return BackgroundSaves, ()  # a spawned process starts with no save in flight
@@ -131,10 +133,18 @@ class BackgroundSaves:
         """Whether a save was started and not yet waited for."""
         return self._pending is not None
 
-    def start(self, path: str, write: Write) -> None:
-        """Run `write` in a writer thread; call `wait` first if a save is in flight."""
+    def start(self, path: str, stage: Callable[[], Write]) -> None:
+        """Stage the save (`stage`: the strategy's `stage_checkpoint`, whose `stage_to_host` copies
+        into this object's spare buffers) and run the write it returns in a writer thread; call
+        `wait` first if a save is in flight."""
         assert self._pending is None, "wait for the save in flight first"
-        self._pending = _Pending(path, write)
+        staging = _Staging(self._spare)
+        token = _STAGING.set(staging)
+        try:
+            write = stage()
+        finally:
+            _STAGING.reset(token)
+        self._pending = _Pending(path, write, staging.buffers)
         self._pending.thread.start()
         if not self._exit_hook:
             atexit.register(self._finish_at_exit)
@@ -147,8 +157,13 @@ class BackgroundSaves:
         if pending is None:
             return
         pending.thread.join()
-        release(pending.buffers)
+        self._release(pending.buffers)
         on_writing_ranks(strategy, pending.path, pending.reraise, writes=True)
+
+    def _release(self, buffers: list[torch.Tensor]) -> None:
+        """Keep a finished save's buffers for the next save to stage into."""
+        for buffer in buffers:
+            self._spare.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
 
     def abandon(self) -> None:
         """After this rank failed: wait for the local write only (no collective, as other ranks
@@ -160,7 +175,7 @@ class BackgroundSaves:
         if pending is None:
             return
         pending.thread.join()
-        release(pending.buffers)
+        self._release(pending.buffers)
         if pending.error is not None:
             print(f"lite: the background save of '{pending.path}' failed with {pending.error!r}; the previous"
                   " checkpoint at that path is kept.", file=sys.stderr)

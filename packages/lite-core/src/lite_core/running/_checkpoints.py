@@ -50,7 +50,7 @@ class Checkpoints:
                           f" strategy={self._strategy.name!r}: {reason}.")
             self._strategy.save_checkpoint(path, content)
             return
-        self._background.start(path, self._strategy.stage_checkpoint(path, content))
+        self._background.start(path, lambda: self._strategy.stage_checkpoint(path, content))
 
     def _checked(self, filepath: str | os.PathLike[str]) -> str:
         """`filepath` as a str (`file://` URLs as local paths), refused before any write or read if it
