@@ -90,7 +90,7 @@ def test_the_user_filter_chooses_the_layers() -> None:
 def test_a_strategy_that_shards_parameters_refuses_it_in_one_sentence(strategy: str) -> None:
     message = (rf"^precision='nf4-dq' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
                r" \[[^]]*\]; 'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards"
-               r" parameters cannot split: choose strategy='ddp' or 'single_device'\.$")
+               r" or copies parameters cannot carry: choose strategy='ddp' or 'single_device'\.$")
     with pytest.raises(ConfigurationError, match=message):
         LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-dq")
     with pytest.raises(ConfigurationError, match=message):  # the object is checked by its name too

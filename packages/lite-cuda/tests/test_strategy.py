@@ -98,3 +98,11 @@ def test_a_misspelt_ddp_is_not_taken_for_dp() -> None:
     # With lite-cuda installed "dp" is a valid name too; "dpp" is one wrong letter from "ddp".
     with pytest.raises(UnknownNameError, match="did you mean 'ddp'\\?"):
         LightningLite(strategy="dpp")
+
+
+@pytest.mark.parametrize("precision", ["nf4", "int8"])
+def test_dp_refuses_quantized_weights_before_anything_runs(fake_gpus: Any, precision: str) -> None:
+    # DataParallel's replicate copies the weights as plain tensors, without bitsandbytes' state.
+    fake_gpus(2)
+    with pytest.raises(ConfigurationError, match=rf"precision='{precision}'.*strategy='dp'|strategy='dp'.*'{precision}'"):
+        LightningLite(accelerator="cuda", strategy="dp", devices=2, precision=precision)

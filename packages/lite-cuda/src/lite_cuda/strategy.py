@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from torch.nn import DataParallel
 
-from lite_core.plugins import Strategy
+from lite_core.plugins import PRECISIONS, QUANTIZED_PRECISIONS, Strategy
 
 
 class DataParallelStrategy(Strategy):
@@ -19,6 +19,9 @@ class DataParallelStrategy(Strategy):
 
     name = "dp"
     supported_accelerators = frozenset({"cuda"})
+    # DataParallel copies every weight to each GPU at each forward (`replicate`), as plain tensors:
+    # bitsandbytes' quantized weights lose their quantization state on the way.
+    supported_precisions = PRECISIONS - QUANTIZED_PRECISIONS
     drives_devices_from_one_process = True
 
     def setup_module(self, module: nn.Module) -> nn.Module:

@@ -57,7 +57,7 @@ def unsupported_hint(name: str, by_strategy: bool = False) -> str:
     `by_strategy`, under a strategy without it)."""
     if by_strategy:
         return (f"; {name!r} keeps whole quantized weights on each process, which a strategy that shards"
-                " parameters cannot split: choose strategy='ddp' or 'single_device'"
+                " or copies parameters cannot carry: choose strategy='ddp' or 'single_device'"
                 if name in QUANTIZED_PRECISIONS else "")
     if name in FP8_PRECISIONS:
         recipe = name.removeprefix("fp8-")
