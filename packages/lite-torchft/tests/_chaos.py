@@ -18,7 +18,8 @@ exactly:
 
 Afterwards (`check`): every epoch trained each sample exactly once (the job's ledger: steps that
 were trained again after a rollback to the last checkpoint count once, and must have taken the
-same batch), the groups' weights are equal and equal to one plain process's to 1e-5, the last
+same batch), the tracker holds one run with every step once and the value the ledger says
+(`_check_tracker`), the groups' weights are equal and equal to one plain process's to 1e-5, the last
 checkpoint is the last step's and loads with `weights_only`, no temporary upload is left in the
 bucket, and no process of the job is left running.
 """
@@ -26,6 +27,7 @@ bucket, and no process of the job is left running.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -99,6 +101,7 @@ class ChaosJob:
         (self.out / "gate").touch()
         for group in groups:
             env = self._env(LITE_COLLECTIVE_TIMEOUT="20", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2",
+                            TRACKIO_DIR=str(self.out / "trackio"), LITE_JOB_ID=f"chaos-{self.out.name}",
                             TORCHFT_LIGHTHOUSE=self.lighthouse, MASTER_ADDR="127.0.0.1",
                             MASTER_PORT=str(self._free_port()),
                             **self.server.env)
@@ -257,6 +260,7 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
 def check(out: Path, bucket: str, pids: set[int], report: Report) -> None:
     """The promises a cloud user's job keeps under faults (see the module's docstring)."""
     _check_every_sample_once(out, report)
+    _check_tracker(out)
     _check_weights(out)
     _check_bucket(bucket)
     alive = [pid for pid in pids if _running(pid)]
@@ -282,6 +286,29 @@ def _check_every_sample_once(out: Path, report: Report) -> None:
     steps_recorded = {(group, step) for group in (0, 1) for _, step, _, _ in ledger(out, group)}
     report.steps_trained_again = sum(
         len([1 for _, step, _, _ in ledger(out, group)]) for group in (0, 1)) - len(steps_recorded)
+
+
+def _check_tracker(out: Path) -> None:
+    """One tracker run holding every step once, each with a value the ledger says the step trained
+    on (the sum of the logging group's share of the batch): a step logged after the last checkpoint of a killed job, or
+    by a group that died, is neither lost nor logged twice."""
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; runs = S.get_runs('chaos');"
+            " print(json.dumps([runs, [S.get_logs('chaos', run) for run in runs]], default=str))")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRACKIO_DIR=str(out / "trackio")),
+                          capture_output=True, text=True, timeout=PATIENCE, check=True)
+    runs, logs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(runs) == 1, f"the job logged to {len(runs)} tracker runs: {runs}"
+    logged = [(int(row["step"]), row["batch"]) for row in logs[0] if "batch" in row]
+    steps = [step for step, _ in logged]
+    assert sorted(steps) == list(range(1, STEPS + 1)), (
+        f"the tracker holds steps {steps}: missing {sorted(set(range(1, STEPS + 1)) - set(steps))},"
+        f" twice {sorted({s for s in steps if steps.count(s) > 1})}")
+    trained: dict[int, set[float]] = defaultdict(set)  # per step, the sum of each group's share of the batch
+    for group in (0, 1):
+        for _, step, _, rows in ledger(out, group):
+            trained[step].add(float(sum(rows)))
+    wrong = {step: (value, sorted(trained[step])) for step, value in logged if value not in trained[step]}
+    assert not wrong, f"steps logged with a value no group trained (logged, trained): {wrong}"
 
 
 def _check_weights(out: Path) -> None:

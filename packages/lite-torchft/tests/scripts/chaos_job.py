@@ -9,7 +9,9 @@ batch), the set-up loader in the saved state, resumed at the top from `latest(BU
 `BUCKET/step-N` after every committed step (every other one in the background), stopped on
 SIGTERM with a last foreground save. The job keeps its own ledger: right after each committed
 step, before saving, a line `epoch step pid rows...` (the sample ids this process trained on)
-goes to `OUT/ledger-<group>`, flushed and synced. Between steps the group waits while
+goes to `OUT/ledger-<group>`, flushed and synced. It also logs the sum of its step's sample ids as
+`batch` at the committed step to a `TrackioLogger` (project `chaos`, its store in TRACKIO_DIR,
+one run for the job through LITE_JOB_ID) that is part of the saved state, as docs/logging.md shows. Between steps the group waits while
 `OUT/hold-<group>` names a step it has reached (the harness lands its faults there), and at the
 start while `OUT/gate` exists; while `OUT/slow-<group>` exists it sleeps 10 times longer between
 steps (a slow rank). A finished group writes `OUT/weights-<group>.pt` and
@@ -71,7 +73,7 @@ def _record(out: Path, group: str, epoch: int, step: int, index: torch.Tensor) -
 
 
 def lite(out: Path, bucket: str) -> None:
-    from lite_core import LightningLite
+    from lite_core import LightningLite, TrackioLogger
     from lite_core.checkpoint import latest
     from lite_torchft import DDPFTStrategy
 
@@ -84,7 +86,7 @@ def lite(out: Path, bucket: str) -> None:
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
             loader = self.setup_dataloaders(data(), split_batches=True)
-            state = {"model": net, "optimizer": optimizer, "loader": loader, "epoch": 0, "step": 0}
+            state = {"model": net, "optimizer": optimizer, "loader": loader, "tracker": tracker, "epoch": 0, "step": 0}
             resumed = latest(bucket)
             if resumed is not None:
                 self.load(resumed, state)
@@ -101,6 +103,7 @@ def lite(out: Path, bucket: str) -> None:
                         continue  # the step did not commit: its batch comes again
                     state["step"], state["epoch"] = self.strategy.step, epoch
                     _record(out, group, epoch, state["step"], index)
+                    self.log("batch", float(index.sum()), step=state["step"])  # from the group that logs
                     if self.all_reduce(torch.tensor(float(stop["requested"])), reduce_op="max") > 0:
                         self.save(state, f"{bucket}/step-{state['step']}")
                         return
@@ -114,7 +117,13 @@ def lite(out: Path, bucket: str) -> None:
             torch.save(weights, out / f"weights-{group}.pt")
             (out / f"done-{group}").touch()
 
-    Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5)).run()
+    import trackio.run
+
+    # trackio's client writes its rows every half second; W&B offline's every 15 s. At an hour only the
+    # logger's write at `save` makes a logged step durable before a kill, which is what this job checks.
+    trackio.run.BATCH_SEND_INTERVAL = 3600.0
+    tracker = TrackioLogger(project="chaos")
+    Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=[tracker]).run()
 
 
 if __name__ == "__main__":
