@@ -2,7 +2,8 @@
 (`tests/scripts/expert_parallel_job.py`): a tiny hand-written MoE with its experts sharded over the
 data-parallel dimension (EP 2), each process on its own half of the global batch, ends where one
 plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6); so does the same job with the
-experts on the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`."""
+experts on the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`, and a tiny Hugging
+Face Qwen3-MoE whose experts module (transformers' own) is called as transformers calls it."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_every_process_routed_tokens_to_the_other_processes_experts(job):
     ("two_dims", "ExpertParallel got a 2-D mesh: pass the one dimension the experts are sharded over, e.g."
                  " parallelize_module(experts, device_mesh['data_parallel'], ExpertParallel())."),
     ("call", "Experts under ExpertParallel got 1 positional argument(s), not the two tensors of"
-             " experts(tokens, num_tokens_per_expert): pass the tokens sorted by expert and their count per expert."),
+             " experts(tokens, num_tokens_per_expert) nor the three of Hugging Face's experts(hidden_states,"
+             " top_k_index, top_k_weights): pass the tokens sorted by expert and their count per expert."),
 ])
 def test_what_expert_parallel_cannot_shard_or_call_is_refused_in_one_sentence(job, case, message):
     assert job["refusals"][case] == message
@@ -91,3 +93,13 @@ def test_experts_computed_by_grouped_mm_give_under_ep2_what_they_give_whole(job)
     assert result["whole"].shape[0] > 0
     torch.testing.assert_close(result["sharded"], result["whole"])
     torch.testing.assert_close(result["sharded_grad"], result["whole_grad"])
+
+
+def test_a_hugging_face_qwen3_moe_under_ep2_trains_as_one_plain_process(job, assert_weights_match):
+    # transformers' Qwen3MoeExperts is called experts(hidden_states, top_k_index, top_k_weights) and
+    # loops over its stacked experts itself: ExpertParallel takes that call as it is.
+    run = job["qwen3_moe"]
+    assert run["local_experts"] == job_module.EXPERTS // job_module.WORLD  # each process holds half the experts
+    expected = job_module.plain_qwen3_moe(run["initial"])
+    assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    assert_weights_match(run["final"], expected["final"], run["initial"])

@@ -34,7 +34,14 @@ class ExpertParallel(ParallelStyle):
     - `forward(tokens, num_tokens_per_expert)` receives `tokens` `[T, hidden]` sorted by expert (all
       of expert 0's tokens, then expert 1's, ...) and `num_tokens_per_expert` `[E]` (integers
       summing to `T`), and returns `[T, out]` in the same order; inside, a loop over the experts or
-      `torch._grouped_mm`, as the module likes.
+      `torch._grouped_mm`, as the module likes;
+    - or, as Hugging Face transformers 5.x's experts modules (Qwen3-MoE's, Mixtral's, ...) are
+      called, `forward(hidden_states, top_k_index, top_k_weights)` with `hidden_states` `[T, hidden]`
+      and the router's choices and weights `[T, k]`, returning the weighted sum `[T, hidden]`: the
+      style sorts the (token, slot) pairs by expert, sends them, calls the module on this process's
+      experts with each received token's local expert and a weight of 1 (its `num_experts`
+      attribute, if any, says `E/n` meanwhile), and weighs and sums the results per token on the
+      way back, so those models need no change.
 
     After the style, each of `n` processes holds experts `r*E/n ... (r+1)*E/n - 1` as `DTensor`s
     placed `Shard(0)`; the module's forward still receives plain tensors: its weights are this
@@ -96,6 +103,20 @@ class _Route:
     received: list[int]
     order: torch.Tensor
     locals: dict[str, torch.Tensor]
+    routed: _Routed | None = None
+
+
+@dataclass
+class _Routed:
+    """A Hugging Face call `experts(hidden_states, top_k_index, top_k_weights)`, made into the sorted
+    form: `pairs` sorts the (token, slot) pairs by expert; the results are weighted and summed per
+    token on the way back, as the module itself would."""
+
+    pairs: torch.Tensor
+    tokens: torch.Tensor
+    weights: torch.Tensor
+    shape: torch.Size
+    num_experts: Any
 
 
 class _Dispatch:
@@ -105,8 +126,12 @@ class _Dispatch:
         self._mesh = mesh
         self._routes: list[_Route] = []
 
-    def send(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, counts = _tokens_and_counts(module, args)
+    def send(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        routed = None
+        if _routed_call(args):
+            tokens, counts, routed = _sorted_by_expert(module, *args)
+        else:
+            tokens, counts = _tokens_and_counts(module, args)
         size = self._mesh.size()
         group = self._mesh.get_group()
         # counts[r, e]: tokens for the e-th expert of process r; this process gets row `rank` of everyone's.
@@ -116,8 +141,17 @@ class _Dispatch:
         sent, received = outgoing.sum(1).tolist(), incoming.sum(1).tolist()
         arrived = all_to_all_single_autograd(tokens, received, sent, group)
         order = _by_local_expert(incoming)
-        self._routes.append(_Route(sent, received, order, _present_local_weights(module, size)))
-        return arrived[order], incoming.sum(0).to(counts.dtype)
+        self._routes.append(_Route(sent, received, order, _present_local_weights(module, size), routed))
+        local_counts = incoming.sum(0).to(counts.dtype)
+        if routed is None:
+            return arrived[order], local_counts
+        # The module's own routed forward, over this process's experts: each arrived token with its
+        # local expert and a weight of 1 (the weights are applied on the way back).
+        experts = torch.repeat_interleave(torch.arange(len(local_counts), device=tokens.device), local_counts)
+        if routed.num_experts is not None:
+            module.num_experts = len(local_counts)
+        ones = torch.ones(len(experts), 1, dtype=routed.weights.dtype, device=tokens.device)
+        return arrived[order], experts.unsqueeze(1), ones
 
     def receive(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         if not self._routes:
@@ -125,21 +159,50 @@ class _Dispatch:
         route = self._routes.pop()
         for name in route.locals:
             module.__dict__.pop(name, None)
+        if route.routed is not None and route.routed.num_experts is not None:
+            module.num_experts = route.routed.num_experts
         if not isinstance(output, torch.Tensor):
             return output  # the forward failed (always_call); its error follows
         back = torch.empty_like(route.order)
         back[route.order] = torch.arange(len(route.order), device=route.order.device)
         # Results go back to the process that sent each token, in the order it sent them.
-        return all_to_all_single_autograd(output[back], route.sent, route.received, self._mesh.get_group())
+        results = all_to_all_single_autograd(output[back], route.sent, route.received, self._mesh.get_group())
+        return results if route.routed is None else _combined(module, results, route.routed)
 
 
 def _tokens_and_counts(module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     if len(args) != 2 or not all(isinstance(arg, torch.Tensor) for arg in args):
         raise MisuseError(
             f"{type(module).__name__} under ExpertParallel got {len(args)} positional argument(s), not the two tensors"
-            " of experts(tokens, num_tokens_per_expert): pass the tokens sorted by expert and their count per expert."
+            " of experts(tokens, num_tokens_per_expert) nor the three of Hugging Face's experts(hidden_states,"
+            " top_k_index, top_k_weights): pass the tokens sorted by expert and their count per expert."
         )
     return args[0], args[1]
+
+
+def _routed_call(args: tuple[Any, ...]) -> bool:
+    """Whether the call is Hugging Face's `experts(hidden_states, top_k_index, top_k_weights)`."""
+    return (len(args) == 3 and all(isinstance(arg, torch.Tensor) for arg in args) and args[1].dim() == 2
+            and not args[1].is_floating_point() and args[2].shape == args[1].shape)
+
+
+def _sorted_by_expert(module: nn.Module, hidden: torch.Tensor, index: torch.Tensor,
+                      weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Routed]:
+    """A routed call's (token, slot) pairs sorted by expert: their tokens, the count per expert,
+    and what `_combined` needs to weigh and sum the results per token."""
+    experts = next(iter(module.parameters(recurse=False))).shape[0]  # the whole count (a DTensor's shape)
+    flat = index.reshape(-1)
+    pairs = torch.argsort(flat, stable=True)
+    tokens = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(index.shape[1])
+    routed = _Routed(pairs, tokens, weights, hidden.shape, getattr(module, "num_experts", None))
+    return hidden[tokens[pairs]], torch.bincount(flat, minlength=experts), routed
+
+
+def _combined(module: nn.Module, results: torch.Tensor, routed: _Routed) -> torch.Tensor:
+    """Each token's results weighted by its router weights and summed, as the module's own loop does."""
+    per_pair = torch.empty_like(results).index_copy(0, routed.pairs, results)
+    weighted = per_pair * routed.weights.reshape(-1, 1)
+    return torch.zeros(routed.shape, dtype=results.dtype, device=results.device).index_add(0, routed.tokens, weighted)
 
 
 def _by_local_expert(incoming: torch.Tensor) -> torch.Tensor:
