@@ -103,6 +103,21 @@ def test_two_fsdp_replicas_clip_by_the_global_norm_keep_groups_and_scheduler_and
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(_TIMEOUT + 30)
+def test_an_fsdp_checkpoint_loaded_into_weights_of_other_shapes_is_refused_as_a_mismatch(
+        run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
+    # [32, 8] saved, [8, 32] loading: the same number of elements, so every replica's flat padded
+    # shard has the same shape, and torch-xla's load_state_dict copied it without a word.
+    result = _result(run_script, output_of, "mismatch.py", "xla_fsdp", tmp_path / "mismatch.json", _XLA_ENV,
+                     tmp_path / "checkpoint")
+    assert result["error"] == (
+        "CheckpointError: The checkpoint's weights do not fit this Sequential: 1 weight has another shape in the"
+        " checkpoint ('0.weight': (32, 8) saved, (8, 32) here): load it into a model built like the one it was"
+        " saved from (strict=False passes over missing and unexpected keys, not weights of another shape).")
+    assert result["loaded_same"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(_TIMEOUT + 30)
 @pytest.mark.parametrize("how", ["raise", "exit", "kill"])
 def test_a_failing_replica_ends_the_job_at_once(how: str, start_script: Callable[..., Any],
                                                 processes_in_session: Callable[[int], list[int]],

@@ -29,6 +29,26 @@ def sharded_entry(module: nn.Module) -> dict[str, Any] | None:
     return {"state_dict": inner.state_dict(), "shard_metadata": inner.get_shard_metadata(), MARK: True}
 
 
+def whole_shapes(metadata: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each weight's whole shape under the name `consolidate_checkpoint` gives it, read from
+    torch-xla's shard metadata (`get_shard_metadata()`): the shards themselves are flat and padded,
+    so two models whose weights have the same sizes in other shapes have shards alike."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for prefix, params in metadata.get("shard_info", {}).items():
+        for info in params.values():
+            name = f"{prefix}.{info['_orig_name']}" if prefix else info["_orig_name"]
+            shapes[name] = tuple(info["_orig_size"])
+    for flat, (names, flat_shapes, _) in metadata.get("flatten_info", {}).items():
+        shapes.pop(flat, None)  # `flatten_parameters=True`: the weights it joined, each with its shape
+        prefix = flat.rpartition(".")[0]
+        shapes.update({f"{prefix}.{name}" if prefix else name: tuple(shape) for name, shape in zip(names, flat_shapes)})
+    return {_user_name(name): shape for name, shape in shapes.items()}
+
+
+def _user_name(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", "")
+
+
 def consolidate_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Join the shards that `save` wrote under `xla_fsdp` into one checkpoint.
 

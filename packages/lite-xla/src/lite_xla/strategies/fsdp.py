@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import MisuseError, forward_module, on_writing_ranks, restore, to_state
+from lite_core.plugins import MisuseError, check_weights_fit, forward_module, on_writing_ranks, restore, to_state
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 
@@ -136,6 +136,8 @@ class XLAFSDPStrategy(XLAStrategy):
         modules = {k for k, v in content.items() if isinstance(v, dict) and v.get(sharded.MARK)}
         for key in modules & state.keys():
             target = forward_module(state[key])
+            check_weights_fit(state[key], sharded.whole_shapes(target.get_shard_metadata()),
+                              sharded.whole_shapes(content[key]["shard_metadata"]), strict)
             target.load_state_dict(content[key]["state_dict"], strict=strict)
         rest = {k: v for k, v in state.items() if k not in modules}
         restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)
