@@ -1,5 +1,5 @@
 """LoRA fine-tuning with peft through Lite, a tiny Llama (buffers) and a tiny GPT-2 (a tied head),
-under `single_device`, `ddp` and `fsdp` (2 processes), against plain peft in one process on the
+under `single_device`, `ddp`, `fsdp` and `model_parallel` (FSDP2, the Llama; 2 processes), against plain peft in one process on the
 same global batches (`tests/scripts/lora_job.py`):
 
 - the losses equal plain peft's (fp32, within 1e-6: two processes average their gradients where
@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 JOBS = [(strategy, devices, kind) for kind in ("llama", "gpt2")
         for strategy, devices in [("single_device", 1), ("ddp", 2), ("fsdp", 2)]]
+# FSDP2 over each decoder block through the user's parallelize_fn: what fsdp checks, one model.
+JOBS.append(("model_parallel", 2, "llama"))
 #: Two processes average their gradients where one process takes the mean over the whole batch:
 #: the same numbers summed in another order.
 DISTRIBUTED = 1e-6

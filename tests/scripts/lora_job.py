@@ -81,11 +81,26 @@ class FineTune(LightningLite):
 
 
 def strategy_for(name: str) -> Any:
+    if name == "model_parallel":
+        from lite_core.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(_shard_blocks, data_parallel_size=2, tensor_parallel_size=1)
     if name != "fsdp":
         return name
     from lite_core.strategies import FSDPStrategy
 
     return FSDPStrategy(auto_wrap_policy={_lora.block_class()})  # sharded checkpoints
+
+
+def _shard_blocks(model: Any, device_mesh: Any) -> Any:
+    """The user's `parallelize_fn` under `model_parallel`: FSDP2 over each decoder block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = device_mesh["data_parallel"]
+    for module in model.modules():
+        if isinstance(module, _lora.block_class()):
+            fully_shard(module, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 if __name__ == "__main__":
