@@ -80,6 +80,30 @@ def test_a_4bit_layer_computes_in_the_chosen_dtype_on_the_quantized_weight() -> 
     assert default.compute_dtype == torch.float32  # the weight's dtype
 
 
+@pytest.mark.parametrize("mode", ["nf4", "fp4-dq"])
+def test_full_precision_weights_loaded_into_a_set_up_model_are_quantized_as_they_arrive(mode: str) -> None:
+    # The base's own checkpoint (full precision, [out, in]) loads into the set-up 4-bit model: each
+    # weight is quantized as the one set up from those weights would be, bit for bit.
+    torch.manual_seed(5)
+    other = Net()  # other weights than frozen_net()'s
+    lite = LightningLite(accelerator="cpu", precision=mode)
+    model = lite.setup(frozen_net())
+    model.load_state_dict(other.state_dict())
+    reference = lite.setup(_frozen(other))
+    for name in ("up", "attn.base_layer"):
+        loaded, expected = model.get_submodule(name).weight, reference.get_submodule(name).weight
+        assert loaded.dtype == torch.uint8 and torch.equal(loaded.data, expected.data), name
+        assert torch.equal(loaded.quant_state.absmax, expected.quant_state.absmax), name
+    x = torch.randn(3, 16)
+    assert torch.equal(model(x), reference(x))
+
+
+def _frozen(net: Net) -> Net:
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad = "lora_" in name or name.startswith("trained")
+    return net
+
+
 def test_the_user_filter_chooses_the_layers() -> None:
     chosen = QuantizedPrecision("nf4", module_filter_fn=lambda module, name: name in ("head", "trained"))
     model = LightningLite(accelerator="cpu", precision=chosen).setup(frozen_net())

@@ -38,15 +38,32 @@ def _keep_bias(quantized: nn.Module, layer: nn.Linear) -> None:
 
 
 def _load_quantized_4bit(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """Take a saved 4-bit weight with its quantization statistics (`weight.absmax`, ...), which
-    `Linear4bit` writes in its state dict but does not read back, into the layer's own weight."""
+    """Take a saved weight into the layer's own 4-bit weight: a 4-bit one with its quantization
+    statistics (`weight.absmax`, ...), which `Linear4bit` writes in its state dict but does not
+    read back; or a full-precision `[out, in]` one (the base's own checkpoint), quantized as it
+    arrives, so that only one layer's full-precision weight is in memory at a time."""
     key = prefix + "weight"
     statistics = {name[len(key) + 1:]: state_dict.pop(name) for name in list(state_dict)
                   if name.startswith(key + ".")}
-    if not statistics or key not in state_dict:
+    if key not in state_dict:
         return
     weight = module.weight
-    loaded = bnb.nn.Params4bit.from_prequantized(state_dict[key], statistics, requires_grad=False,
-                                                 device=weight.device, module=module)
-    weight.data, weight.quant_state = loaded.data, loaded.quant_state  # the default load copies the same data
+    if statistics:
+        loaded = bnb.nn.Params4bit.from_prequantized(state_dict[key], statistics, requires_grad=False,
+                                                     device=weight.device, module=module)
+    elif _full_precision(state_dict[key], module):
+        loaded = bnb.nn.Params4bit(state_dict[key].detach(), requires_grad=False, quant_type=weight.quant_type,
+                                   compress_statistics=weight.compress_statistics, blocksize=weight.blocksize,
+                                   quant_storage=weight.quant_storage, module=module)
+        loaded = loaded.to(weight.device)  # bitsandbytes quantizes as it moves the weight
+    else:
+        return
+    weight.data, weight.quant_state = loaded.data, loaded.quant_state
+    state_dict[key] = loaded.data  # the default load copies the same data
+
+
+def _full_precision(tensor: Any, module: nn.Module) -> bool:
+    """Whether `tensor` is a layer's plain weight: floating point, `[out_features, in_features]`."""
+    return (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+            and tuple(tensor.shape) == (module.out_features, module.in_features))
 
