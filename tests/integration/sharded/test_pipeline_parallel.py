@@ -23,7 +23,7 @@ _spec = importlib.util.spec_from_file_location("pipeline_job", _SCRIPT)
 job_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(job_module)  # the job's model, data, loss and loop
 
-ATOL = 1e-5
+ATOL = 1e-6
 
 
 def _run(run_script, output_of, out_dir: Path, world: int, *extra: object, timeout: float = 240,
