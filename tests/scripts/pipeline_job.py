@@ -408,6 +408,9 @@ def main(out: Path, world: int, checkpoint: Path | None) -> None:
         results["pp2xdp2_Interleaved1F1B"] = train(pipeline(world, dp=2, schedule="Interleaved1F1B",
                                                             split_points=("blocks.1", "blocks.2", "blocks.3")))
         results["pp2xtp2_GPipe"] = train(pipeline(world, dp=1, tp=2, schedule="GPipe"))
+        # The transformer's shape (embed, blocks, norm, head), cut without split points, under both.
+        results["pp2xdp2_transformer"] = train(pipeline(world, dp=2, split_points=None), kind="transformer")
+        results["pp2xtp2_transformer"] = train(pipeline(world, dp=1, tp=2, split_points=None), kind="transformer")
         # One micro-batch each: a data-parallel rank's half of the short batch (2 rows) would leave
         # BatchNorm one row per micro-batch, which it refuses in training.
         results["epochs_pp2xdp2"] = evaluation_between_epochs(

@@ -147,6 +147,11 @@ def test_pipeline_with_fsdp2_or_tensor_parallel_matches_one_plain_process(job4, 
     assert "head.weight" not in run["local_keys"] and "blocks.0.up.weight" in run["local_keys"]
 
 
+@pytest.mark.parametrize("layout", ["pp2xdp2_transformer", "pp2xtp2_transformer"])
+def test_a_transformer_under_a_pipeline_with_fsdp2_or_tensor_parallel_matches_one_plain_process(job4, layout):
+    assert_matches_one_process(job4[layout], kind="transformer")
+
+
 def test_pipeline_with_fsdp2_and_tensor_parallel_on_8_processes(job8):
     assert_matches_one_process(job8["pp2xdp2xtp2_1F1B"])
 

@@ -144,4 +144,7 @@ def watch(part: nn.Module, stage: int, first_held: str) -> None:
     part.register_forward_pre_hook(calls.begin, with_kwargs=True)
     part.register_forward_hook(calls.end, with_kwargs=True)
     if any(module.before for module in absent):
-        part.get_submodule(first_held).register_forward_pre_hook(calls.first_held_called, with_kwargs=True)
+        # First among the layer's pre-hooks: FSDP2's own (fully_shard on the layer) hands the layer
+        # a new tensor object for its input, to hook its post-backward, which is not the user's doing.
+        part.get_submodule(first_held).register_forward_pre_hook(calls.first_held_called, with_kwargs=True,
+                                                                 prepend=True)
