@@ -257,8 +257,9 @@ def plain_qwen3_moe(initial: dict[str, torch.Tensor]) -> dict:
     return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
 
 
-def qwen3_moe(lite: LightningLite) -> dict:
-    """The user's loop over a Hugging Face Qwen3-MoE, this process on its half of every batch."""
+def qwen3_moe(lite: LightningLite, out: Path) -> dict:
+    """The user's loop over a Hugging Face Qwen3-MoE, this process on its half of every batch; then
+    its checkpoint (`OUT/qwen_ep2`) and its Hugging Face export (`OUT/qwen_hf`, with the config)."""
     model = make_qwen3_moe()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = qwen_optimizer(model)
@@ -273,7 +274,12 @@ def qwen3_moe(lite: LightningLite) -> dict:
         optimizer.step()
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
     local = model.model.layers[0].mlp.experts.gate_up_proj.to_local().shape
-    return {"initial": initial, "final": full_weights(model), "losses": losses, "local_experts": local[0]}
+    lite.save({"model": model, "optimizer": optimizer}, out / "qwen_ep2")
+    lite.export_safetensors(model, out / "qwen_hf")
+    if lite.is_global_zero:
+        model.config.save_pretrained(out / "qwen_hf")
+    return {"initial": initial, "final": full_weights(model), "losses": losses, "local_experts": local[0],
+            "checkpoint": str(out / "qwen_ep2"), "export": str(out / "qwen_hf")}
 
 
 def launched(strategy: ModelParallelStrategy) -> LightningLite:
@@ -289,7 +295,7 @@ def main(out: Path) -> None:
                                           mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
     results["expert_parallel"] = train(lite)
     lite = launched(ModelParallelStrategy(parallelize_qwen3_moe, data_parallel_size=WORLD, tensor_parallel_size=1))
-    results["qwen3_moe"] = qwen3_moe(lite)
+    results["qwen3_moe"] = qwen3_moe(lite, out)
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
 

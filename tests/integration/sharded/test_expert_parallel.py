@@ -103,3 +103,25 @@ def test_a_hugging_face_qwen3_moe_under_ep2_trains_as_one_plain_process(job, ass
     expected = job_module.plain_qwen3_moe(run["initial"])
     assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
     assert_weights_match(run["final"], expected["final"], run["initial"])
+
+
+def test_an_ep2_checkpoint_loads_whole_on_one_process_and_its_export_in_transformers(job):
+    # The experts were DTensors sharded over the processes; the checkpoint holds them whole under
+    # the model's own keys, and the export in Hugging Face's layout (stacked experts) loads in
+    # transformers' own from_pretrained.
+    from transformers import Qwen3MoeForCausalLM
+
+    from lite_core import LightningLite
+
+    run = job["qwen3_moe"]
+    lite = LightningLite(accelerator="cpu", devices=1)
+    model = lite.setup(job_module.make_qwen3_moe())
+    lite.load(run["checkpoint"], {"model": model})
+    loaded = model.state_dict()
+    assert loaded.keys() == run["final"].keys()
+    for name, value in run["final"].items():
+        assert torch.equal(loaded[name], value), name
+    exported = Qwen3MoeForCausalLM.from_pretrained(run["export"])
+    tokens = job_module.qwen_tokens()[:2]
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=tokens).logits, model(input_ids=tokens).logits, atol=0, rtol=0)
