@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from lite_core import LightningLite
 from lite_core.errors import LiteError
-from lite_core.parallel import ExpertParallel, MeshLayout
+from lite_core.parallel import ExpertParallel, MeshLayout, expert_load
 from lite_core.strategies import ModelParallelStrategy
 
 torch.set_num_threads(1)
@@ -103,9 +103,12 @@ def plain_pytorch(initial: dict[str, torch.Tensor]) -> dict:
     model.load_state_dict(initial)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     x, y = make_data()
-    losses, gradients = [], {}
+    losses, gradients, loads = [], {}, []
     for step in range(STEPS):
         batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        with torch.no_grad():  # the router's choices over the whole batch: the load one process sees
+            chosen = torch.softmax(model.router(model.embed(x[batch])), dim=-1).topk(TOP_K, dim=-1).indices
+        loads.append(torch.bincount(chosen.flatten(), minlength=EXPERTS))
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x[batch]), y[batch])
         loss.backward()
@@ -113,7 +116,7 @@ def plain_pytorch(initial: dict[str, torch.Tensor]) -> dict:
         optimizer.step()
         losses.append(loss.item())
     return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
-            "gradients": gradients}
+            "gradients": gradients, "loads": torch.stack(loads)}
 
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -136,7 +139,7 @@ def train(lite: LightningLite) -> dict:
     x, y = make_data()
     half = GLOBAL_BATCH // WORLD
     rank = lite.strategy.device_mesh["data_parallel"].get_local_rank()
-    losses, gradients = [], {}
+    losses, gradients, loads = [], {}, []
     for step in range(STEPS):
         start = step * GLOBAL_BATCH + rank * half
         optimizer.zero_grad()
@@ -145,8 +148,9 @@ def train(lite: LightningLite) -> dict:
         gradients = gradients or full_gradients(model)
         optimizer.step()
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
+        loads.append(expert_load(model.experts))  # this step's tokens per expert, over both processes
     return {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients,
-            "dim_names": list(lite.strategy.device_mesh.mesh_dim_names)}
+            "dim_names": list(lite.strategy.device_mesh.mesh_dim_names), "loads": torch.stack(loads)}
 
 
 class GroupedExperts(nn.Module):
@@ -195,6 +199,7 @@ def refusals(lite: LightningLite) -> dict[str, str]:
         "not_stacked": lambda: parallelize_module(nn.Linear(HIDDEN, HIDDEN), dp, ExpertParallel()),
         "two_dims": lambda: parallelize_module(Experts(), lite.strategy.device_mesh, ExpertParallel()),
         "call": lambda: parallelize_module(Experts(), dp, ExpertParallel())(torch.zeros(2, HIDDEN)),
+        "load_of_plain": lambda: expert_load(Experts()),
     }
     messages = {}
     for name, case in cases.items():

@@ -52,6 +52,15 @@ def test_ep2_gradients_are_those_of_one_plain_process(job, way):
         torch.testing.assert_close(job["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("way", _WAYS)
+def test_expert_load_counts_each_experts_tokens_over_every_process_as_one_process_sees_them(job, way):
+    run = job[way]
+    expected = job_module.plain_pytorch(run["initial"])["loads"]
+    assert run["loads"].shape == (job_module.STEPS, job_module.EXPERTS)
+    assert torch.equal(run["loads"], expected), (run["loads"], expected)
+    assert int(run["loads"][0].sum()) == job_module.GLOBAL_BATCH * job_module.TOP_K
+
+
 def test_an_expert_layout_hands_parallelize_fn_a_named_expert_dimension(job):
     assert job["data_parallel"]["dim_names"] == ["data_parallel", "tensor_parallel"]
     assert job["expert_parallel"]["dim_names"] == ["expert_data_parallel", "expert_parallel", "tensor_parallel"]
@@ -82,6 +91,8 @@ def test_every_process_routed_tokens_to_the_other_processes_experts(job):
     ("call", "Experts under ExpertParallel got 1 positional argument(s), not the two tensors of"
              " experts(tokens, num_tokens_per_expert) nor the three of Hugging Face's experts(hidden_states,"
              " top_k_index, top_k_weights): pass the tokens sorted by expert and their count per expert."),
+    ("load_of_plain", "expert_load() takes an experts module under ExpertParallel, but Experts is not one: pass the"
+                      " module you applied parallelize_module(..., ExpertParallel()) to."),
 ])
 def test_what_expert_parallel_cannot_shard_or_call_is_refused_in_one_sentence(job, case, message):
     assert job["refusals"][case] == message

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from lite_core.errors import ConfigurationError, MisuseError
 
-__all__ = ["ExpertParallel"]
+__all__ = ["ExpertParallel", "expert_load"]
 
 
 class ExpertParallel(ParallelStyle):
@@ -64,10 +64,13 @@ class ExpertParallel(ParallelStyle):
                 " over, e.g. parallelize_module(experts, device_mesh['data_parallel'], ExpertParallel())."
             )
         _check_stacked(module, device_mesh.size())
+        experts = next(iter(module.parameters(recurse=False))).shape[0]
         for name, param in list(module.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        dispatch = _Dispatch(device_mesh)
+        device = next(iter(module.parameters(recurse=False))).to_local().device
+        dispatch = _Dispatch(device_mesh, experts // device_mesh.size(), device)
+        setattr(module, _DISPATCH, dispatch)
         module.register_forward_pre_hook(dispatch.send)
         module.register_forward_hook(dispatch.receive, always_call=True)
         return module
@@ -119,12 +122,46 @@ class _Routed:
     num_experts: Any
 
 
+def expert_load(module: nn.Module) -> torch.Tensor:
+    """The tokens each expert of `module` received, over every process of its mesh dimension,
+    since the previous call (or since `ExpertParallel` was applied): `[num_experts]` integers, the
+    same on every process. A collective of that dimension: call it on each of its processes.
+
+    Each forward call counts (a forward that activation checkpointing runs again counts twice).
+    Log it, or its imbalance (`load.max() / load.float().mean()`), to see how the router spreads
+    the tokens.
+
+    Raises:
+        MisuseError: `module` is not an experts module under `ExpertParallel`.
+    """
+    dispatch = module.__dict__.get(_DISPATCH)
+    if dispatch is None:
+        raise MisuseError(
+            f"expert_load() takes an experts module under ExpertParallel, but {type(module).__name__} is not one:"
+            " pass the module you applied parallelize_module(..., ExpertParallel()) to."
+        )
+    return dispatch.take_load()
+
+
+#: The attribute under which an experts module keeps its `_Dispatch`.
+_DISPATCH = "_lite_expert_dispatch"
+
+
 class _Dispatch:
     """The forward hooks of one experts module: `send` before its forward, `receive` after it."""
 
-    def __init__(self, mesh: DeviceMesh) -> None:
+    def __init__(self, mesh: DeviceMesh, local_experts: int, device: torch.device) -> None:
         self._mesh = mesh
         self._routes: list[_Route] = []
+        #: Tokens this process's experts received from every process since `take_load`.
+        self._load = torch.zeros(local_experts, dtype=torch.int64, device=device)
+
+    def take_load(self) -> torch.Tensor:
+        """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""
+        local, self._load = self._load, torch.zeros_like(self._load)
+        gathered = [torch.empty_like(local) for _ in range(self._mesh.size())]
+        torch.distributed.all_gather(gathered, local, group=self._mesh.get_group())
+        return torch.cat(gathered)
 
     def send(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         routed = None
@@ -141,6 +178,7 @@ class _Dispatch:
         sent, received = outgoing.sum(1).tolist(), incoming.sum(1).tolist()
         arrived = all_to_all_single_autograd(tokens, received, sent, group)
         order = _by_local_expert(incoming)
+        self._load += incoming.sum(0).to(self._load.device)
         self._routes.append(_Route(sent, received, order, _present_local_weights(module, size), routed))
         local_counts = incoming.sum(0).to(counts.dtype)
         if routed is None:

@@ -1,6 +1,7 @@
 """The vocabulary of model parallelism that a user's `parallelize_fn` speaks: `MeshLayout`, the
 sizes of `ModelParallelStrategy`'s device mesh, checked in one place, and the mesh built from them;
-`ExpertParallel`, the style that shards a Mixture-of-Experts layer's stacked experts.
+`ExpertParallel`, the style that shards a Mixture-of-Experts layer's stacked experts, and
+`expert_load`, the tokens its experts received.
 
 This module owns the sizes and the names of the mesh's dimensions; the strategy owns the processes.
 """
@@ -11,14 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar, Literal, Union
 
-from lite_core._experts import ExpertParallel
+from lite_core._experts import ExpertParallel, expert_load
 from lite_core.errors import ConfigurationError, MisuseError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "EXPERT_DATA_DIM_NAME", "EXPERT_DIM_NAME",
-           "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout"]
+           "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout", "expert_load"]
 
 #: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
 #: Fabric's `ModelParallelStrategy` works unchanged.
