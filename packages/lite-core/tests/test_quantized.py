@@ -42,12 +42,16 @@ class Net(nn.Module):
         return self.head(self.trained(self.attn(torch.relu(self.up(x)))))
 
 
-def frozen_net() -> Net:
-    torch.manual_seed(0)
-    net = Net()
+def _frozen(net: Net) -> Net:
+    """`net` with its base frozen: only the adapters and `trained` train."""
     for name, parameter in net.named_parameters():
         parameter.requires_grad = "lora_" in name or name.startswith("trained")
     return net
+
+
+def frozen_net() -> Net:
+    torch.manual_seed(0)
+    return _frozen(Net())
 
 
 def quantized_names(model: nn.Module, kind: type) -> set[str]:
@@ -96,12 +100,6 @@ def test_full_precision_weights_loaded_into_a_set_up_model_are_quantized_as_they
         assert torch.equal(loaded.quant_state.absmax, expected.quant_state.absmax), name
     x = torch.randn(3, 16)
     assert torch.equal(model(x), reference(x))
-
-
-def _frozen(net: Net) -> Net:
-    for name, parameter in net.named_parameters():
-        parameter.requires_grad = "lora_" in name or name.startswith("trained")
-    return net
 
 
 def test_the_user_filter_chooses_the_layers() -> None:

@@ -64,12 +64,11 @@ class ExpertParallel(ParallelStyle):
                 " over, e.g. parallelize_module(experts, device_mesh['data_parallel'], ExpertParallel())."
             )
         _check_stacked(module, device_mesh.size())
-        experts = next(iter(module.parameters(recurse=False))).shape[0]
         for name, param in list(module.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        device = next(iter(module.parameters(recurse=False))).to_local().device
-        dispatch = _Dispatch(device_mesh, experts // device_mesh.size(), device)
+        first = next(iter(module.parameters(recurse=False)))  # a DTensor: its shape is the whole one
+        dispatch = _Dispatch(device_mesh, first.shape[0], first.to_local().device)
         setattr(module, _DISPATCH, dispatch)
         module.register_forward_pre_hook(dispatch.send)
         module.register_forward_hook(dispatch.receive, always_call=True)
@@ -150,11 +149,12 @@ _DISPATCH = "_lite_expert_dispatch"
 class _Dispatch:
     """The forward hooks of one experts module: `send` before its forward, `receive` after it."""
 
-    def __init__(self, mesh: DeviceMesh, local_experts: int, device: torch.device) -> None:
+    def __init__(self, mesh: DeviceMesh, experts: int, device: torch.device) -> None:
         self._mesh = mesh
+        self._experts = experts  # the whole module's
         self._routes: list[_Route] = []
         #: Tokens this process's experts received from every process since `take_load`.
-        self._load = torch.zeros(local_experts, dtype=torch.int64, device=device)
+        self._load = torch.zeros(experts // mesh.size(), dtype=torch.int64, device=device)
 
     def take_load(self) -> torch.Tensor:
         """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""
@@ -166,7 +166,7 @@ class _Dispatch:
     def send(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         routed = None
         if _routed_call(args):
-            tokens, counts, routed = _sorted_by_expert(module, *args)
+            tokens, counts, routed = _sorted_by_expert(module, self._experts, *args)
         else:
             tokens, counts = _tokens_and_counts(module, args)
         size = self._mesh.size()
@@ -178,9 +178,10 @@ class _Dispatch:
         sent, received = outgoing.sum(1).tolist(), incoming.sum(1).tolist()
         arrived = all_to_all_single_autograd(tokens, received, sent, group)
         order = _by_local_expert(incoming)
-        self._load += incoming.sum(0).to(self._load.device)
+        per_local_expert = incoming.sum(0)
+        self._load += per_local_expert.to(self._load.device)
         self._routes.append(_Route(sent, received, order, _present_local_weights(module, size), routed))
-        local_counts = incoming.sum(0).to(counts.dtype)
+        local_counts = per_local_expert.to(counts.dtype)
         if routed is None:
             return arrived[order], local_counts
         # The module's own routed forward, over this process's experts: each arrived token with its
@@ -205,7 +206,7 @@ class _Dispatch:
         back[route.order] = torch.arange(len(route.order), device=route.order.device)
         # Results go back to the process that sent each token, in the order it sent them.
         results = all_to_all_single_autograd(output[back], route.sent, route.received, self._mesh.get_group())
-        return results if route.routed is None else _combined(module, results, route.routed)
+        return results if route.routed is None else _combined(results, route.routed)
 
 
 def _tokens_and_counts(module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,11 +225,10 @@ def _routed_call(args: tuple[Any, ...]) -> bool:
             and not args[1].is_floating_point() and args[2].shape == args[1].shape)
 
 
-def _sorted_by_expert(module: nn.Module, hidden: torch.Tensor, index: torch.Tensor,
+def _sorted_by_expert(module: nn.Module, experts: int, hidden: torch.Tensor, index: torch.Tensor,
                       weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Routed]:
-    """A routed call's (token, slot) pairs sorted by expert: their tokens, the count per expert,
-    and what `_combined` needs to weigh and sum the results per token."""
-    experts = next(iter(module.parameters(recurse=False))).shape[0]  # the whole count (a DTensor's shape)
+    """A routed call's (token, slot) pairs sorted by expert: their tokens, the count for each of the
+    module's `experts`, and what `_combined` needs to weigh and sum the results per token."""
     flat = index.reshape(-1)
     pairs = torch.argsort(flat, stable=True)
     tokens = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(index.shape[1])
@@ -236,7 +236,7 @@ def _sorted_by_expert(module: nn.Module, hidden: torch.Tensor, index: torch.Tens
     return hidden[tokens[pairs]], torch.bincount(flat, minlength=experts), routed
 
 
-def _combined(module: nn.Module, results: torch.Tensor, routed: _Routed) -> torch.Tensor:
+def _combined(results: torch.Tensor, routed: _Routed) -> torch.Tensor:
     """Each token's results weighted by its router weights and summed, as the module's own loop does."""
     per_pair = torch.empty_like(results).index_copy(0, routed.pairs, results)
     weighted = per_pair * routed.weights.reshape(-1, 1)

@@ -42,11 +42,17 @@ def whole_shapes(metadata: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes.pop(flat, None)  # `flatten_parameters=True`: the weights it joined, each with its shape
         prefix = flat.rpartition(".")[0]
         shapes.update({f"{prefix}.{name}" if prefix else name: tuple(shape) for name, shape in zip(names, flat_shapes)})
-    return {_user_name(name): shape for name, shape in shapes.items()}
+    return {user_name(name): shape for name, shape in shapes.items()}
 
 
-def _user_name(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", "")
+#: The parts of a name on torch-xla's FSDP wrapper that are the wrapper's, not the module's.
+_WRAPPER_PARTS = frozenset({"_fsdp_shard", "_fsdp_wrapped_module", "_fpw_module"})
+
+
+def user_name(name: str) -> str:
+    """`_fsdp_wrapped_module._fpw_module.0._fsdp_shard_FSDP_SHARD_SEPARATOR_..._weight` -> `0.weight`."""
+    parts = name.replace("_FSDP_SHARD_SEPARATOR_", ".").split(".")
+    return ".".join(part for part in parts if part not in _WRAPPER_PARTS)
 
 
 def consolidate_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

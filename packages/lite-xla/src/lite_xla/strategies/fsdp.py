@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.plugins import MisuseError, check_weights_fit, forward_module, on_writing_ranks, restore, to_state
+from lite_xla._sharded_checkpoint import user_name
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
 
@@ -61,7 +62,7 @@ class XLAFSDPStrategy(XLAStrategy):
         FSDP takes the module's own parameters out of it and registers a flat shard of each on its
         wrapper, so an optimizer made from `model.parameters()` after `setup_module()` holds them."""
         for name, shard in forward_module.named_parameters(remove_duplicate=remove_duplicate):
-            name = _user_name(name)
+            name = user_name(name)
             if recurse or "." not in name:
                 yield (f"{prefix}.{name}" if prefix else name), shard
 
@@ -144,15 +145,6 @@ class XLAFSDPStrategy(XLAStrategy):
         state.update(rest)
         return content
 
-
-#: The parts of a shard's name on torch-xla's FSDP wrapper that are the wrapper's, not the module's.
-_WRAPPER_PARTS = frozenset({"_fsdp_shard", "_fsdp_wrapped_module", "_fpw_module"})
-
-
-def _user_name(name: str) -> str:
-    """`_fsdp_wrapped_module._fpw_module.0._fsdp_shard_FSDP_SHARD_SEPARATOR_..._weight` -> `0.weight`."""
-    parts = name.replace("_FSDP_SHARD_SEPARATOR_", ".").split(".")
-    return ".".join(part for part in parts if part not in _WRAPPER_PARTS)
 
 
 def _point_at_shards(optimizer: Optimizer, sharded: nn.Module, on_device: Any) -> None:
