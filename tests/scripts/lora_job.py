@@ -2,6 +2,9 @@
 
     python lora_job.py STRATEGY DEVICES OUT_DIR [KIND]
 
+STRATEGY is a strategy's name (`deepspeed_stage_2` and `deepspeed_stage_3` run from
+packages/lite-deepspeed/tests/test_zero_fine_tuning.py, which merges under ZeRO-2 only).
+
 A tiny Llama (or GPT-2, KIND=gpt2) with peft's LoRA adapters (`_lora.py`) trains `_lora.STEPS` steps on global batches
 that `setup_dataloaders(split_batches=True)` splits over the processes. After the first step the
 job saves an adapters-only checkpoint (`trainable_state(model)` and the optimizer) to
@@ -13,7 +16,8 @@ OUT_DIR/checkpoint. At the end:
   checkpoint and trained the remaining steps;
 - rank 0 alone calls peft's `model.save_pretrained(OUT_DIR/adapter, state_dict=adapters)`;
 - every rank merges the adapters into the base (`model.merge_and_unload()`) and exports the merged
-  base with `export_safetensors` to OUT_DIR/merged, beside which rank 0 writes the config.
+  base with `export_safetensors` to OUT_DIR/merged, beside which rank 0 writes the config (not
+  under ZeRO-3).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ OTHER_SEED = 99
 
 
 class FineTune(LightningLite):
-    def run(self, out_dir: str) -> None:
+    def run(self, out_dir: str, merge: bool = True) -> None:
         out = Path(out_dir)
         model = _lora.lora_model()
         model, optimizer = self.setup(model, _lora.optimizer_for(model))
@@ -52,7 +56,8 @@ class FineTune(LightningLite):
             model.save_pretrained(out / "adapter", state_dict=adapters)  # rank 0 alone, as peft users do
             _lora.config().save_pretrained(out / "merged")
         self.barrier()
-        self.export_safetensors(model.merge_and_unload(), out / "merged")
+        if merge:  # not under ZeRO-3, whose partitions peft cannot merge into (docs/fine-tuning.md)
+            self.export_safetensors(model.merge_and_unload(), out / "merged")
 
     def _batches(self) -> Any:
         loader = DataLoader(_lora.data(), batch_size=_lora.GLOBAL_BATCH)
@@ -106,4 +111,5 @@ def _shard_blocks(model: Any, device_mesh: Any) -> Any:
 if __name__ == "__main__":
     strategy, devices, out_dir = sys.argv[1:4]
     _lora.KIND = sys.argv[4] if len(sys.argv) > 4 else "llama"
-    FineTune(accelerator="cpu", strategy=strategy_for(strategy), devices=int(devices)).run(out_dir)
+    FineTune(accelerator="cpu", strategy=strategy_for(strategy), devices=int(devices)).run(
+        out_dir, merge=strategy != "deepspeed_stage_3")

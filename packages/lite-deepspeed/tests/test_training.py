@@ -222,6 +222,8 @@ def test_convert_command_line(job, tmp_path):
     ("no_model", "2 models are set up and strategy='deepspeed_stage_2' runs backward through the model"),
     ("clip_val", "DeepSpeed clips gradients by norm only"),
     ("two_optimizers", "DeepSpeed steps one optimizer per model"),
+    # its state lives in the engine's partitions: a one-file save held rank 0's partition alone
+    ("optimizer_alone", "save()'s content holds the DeepSpeed optimizer 'optimizer' without its model"),
 ])
 def test_misuse_is_one_sentence_error(job, case, expected):
     message = job["misuse"][case]

@@ -13,13 +13,14 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from lite_core.checkpoint import TrainableState
 from lite_core.connector import _defaults
 from lite_core.connector._arguments import as_list, checked_loggers, legacy_devices
 from lite_core.connector._connect import connect
 from lite_core.data._evaluation import EvaluationPasses
 from lite_core.data._loaders import Loaders
 from lite_core.running._callbacks import Callbacks, Loggers
-from lite_core.running._checkpoints import Checkpoints, TrainableState
+from lite_core.running._checkpoints import Checkpoints
 from lite_core.running._collectives import Collectives
 from lite_core.running._execution import Running, wrap_run
 from lite_core.seed import seed_everything

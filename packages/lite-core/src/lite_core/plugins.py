@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         READER_FILE,
         CheckpointIO,
         TorchCheckpointIO,
+        TrainableState,
         check_weights_fit,
         enum_getattr,
         is_url,
@@ -104,7 +105,7 @@ if TYPE_CHECKING:
     )
     from lite_core.model.compile import CompileOptions
     from lite_core.model.optimizer import unwrap_optimizer
-    from lite_core.model.parts import forward_module, is_set_up, original_module
+    from lite_core.model.parts import forward_module, is_set_up, original_module, trainable_names
     from lite_core.move import move_to_device
     from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS, QUANTIZED_PRECISIONS
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision

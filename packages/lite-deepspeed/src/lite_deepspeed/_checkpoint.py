@@ -13,6 +13,7 @@ from lite_core.plugins import (
     CheckpointError,
     READER_FILE,
     MisuseError,
+    TrainableState,
     check_weights_fit,
     on_rank_zero,
     forward_module,
@@ -60,17 +61,30 @@ RESERVED_KEYS = frozenset({
 
 
 def find_engine(content: dict[str, Any]) -> tuple[str, Any] | None:
-    """The one `(key, engine)` of a DeepSpeed model set up by Lite in `content`, if any."""
+    """The one `(key, engine)` of a DeepSpeed model set up by Lite in `content`, if any: the model
+    itself, or its trainable parameters (`trainable_state(model)`, an adapters-only checkpoint)."""
     from deepspeed import DeepSpeedEngine
 
-    found = [(key, forward_module(value)) for key, value in content.items()
-             if is_set_up(value) and isinstance(forward_module(value), DeepSpeedEngine)]
+    models = {key: value.module if isinstance(value, TrainableState) else value for key, value in content.items()}
+    found = [(key, forward_module(model)) for key, model in models.items()
+             if is_set_up(model) and isinstance(forward_module(model), DeepSpeedEngine)]
     if len(found) > 1:
         raise MisuseError(
             f"A DeepSpeed checkpoint holds one model but {[k for k, _ in found]} are DeepSpeed models: save"
             " each model to its own path."
         )
     return found[0] if found else None
+
+
+def refuse_optimizer_alone(content: dict[str, Any]) -> None:
+    """Refuse a save of a DeepSpeed optimizer without its model: its state lives in the engine's
+    partitions, which only a save of the engine (the model, or its `trainable_state`) writes."""
+    alone = [key for key, value in content.items() if isinstance(unwrap_optimizer(value), DeepSpeedEngineOptimizer)]
+    if alone:
+        raise MisuseError(
+            f"save()'s content holds the DeepSpeed optimizer {alone[0]!r} without its model: add the model"
+            " (or `trainable_state(model)` for an adapters-only checkpoint) to the same save."
+        )
 
 
 def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
@@ -89,12 +103,15 @@ def save(path: str, content: dict[str, Any], strategy: DeepSpeedRun) -> None:
     rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
     refuse_reserved_keys(rest)
     client_state = to_state(rest, strategy)
-    client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state)}
+    trainable = content[key].names() if isinstance(content[key], TrainableState) else None
+    client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state),
+                                 "trainable": trainable}
     # DeepSpeed's save is full of collectives: a rank that fails inside it leaves the others
     # waiting. What fails on one rank only (rank 0 makes the folder and pickles the client
     # state) is tried first, so that every rank raises instead.
     on_rank_zero(strategy, path, lambda: _check_can_save(Path(path), client_state))
-    engine.save_checkpoint(path, client_state=client_state)
+    # An adapters-only checkpoint: DeepSpeed leaves the frozen weights out of every file.
+    engine.save_checkpoint(path, client_state=client_state, exclude_frozen_parameters=trainable is not None)
     # Names the strategy that reads this directory whole, so that every strategy loads it.
     on_rank_zero(strategy, path, lambda: (Path(path) / READER_FILE).write_text("deepspeed\n"))
 
@@ -149,8 +166,13 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
     expected = _portable.whole_shapes(engine.module)
     check_weights_fit(engine.module, expected, _portable.saved_shapes(saved), strict=False)
     optimizer_keys = _optimizer_keys(state, engine)
+    trainable = isinstance(state[key], TrainableState)
+    if trainable and _portable.trainable_names(saved) is None:  # the whole model saved: read it whole
+        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy)
+    if trainable and strict:
+        state[key].check_names(_portable.trainable_names(saved) or [])
     load_path, client_state = engine.load_checkpoint(
-        path, load_module_strict=strict, load_optimizer_states=bool(optimizer_keys),
+        path, load_module_strict=strict and not trainable, load_optimizer_states=bool(optimizer_keys),
         load_lr_scheduler_states=False,
     )
     if load_path is None:
@@ -176,7 +198,13 @@ def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, str
     optimizer_state = next((content[k] for k in optimizer_keys if k in content), None)
     if optimizer_state is not None and not _keyed_by_name(optimizer_state):
         optimizer_state = _positions_to_names(optimizer_state, engine)
-    _portable.load_whole(engine, content.get(key, {}), optimizer_state, strict)
+    model_state = content.get(key, {})
+    if isinstance(state[key], TrainableState):  # only the trainable weights: the others stay
+        if strict:
+            state[key].check_names(list(model_state))
+        _portable.load_whole(engine, model_state, optimizer_state, strict=False)
+    else:
+        _portable.load_whole(engine, model_state, optimizer_state, strict)
     others = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
     rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
     restore(rest, others, strict=strict, strategy=strategy)

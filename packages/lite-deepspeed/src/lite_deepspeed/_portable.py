@@ -60,9 +60,21 @@ def read_whole(path: str | Path, weights_only: bool = True) -> dict[str, Any]:
     else:
         with _quiet():  # zero_to_fp32 prints its progress
             content[layout["model"]], optimizer = _gather_zero(folder, model_files)
+    if layout.get("trainable") is not None:  # an adapters-only save: its trainable weights, no buffers
+        content[layout["model"]] = {name: content[layout["model"]][name] for name in layout["trainable"]}
     for key in layout["optimizers"]:
         content[key] = optimizer
     return content
+
+
+def trainable_names(folder: Path) -> list[str] | None:
+    """The weights an adapters-only save in `folder` holds (`trainable_state(model)`), or None
+    for a save of the whole model."""
+    from deepspeed.utils import zero_to_fp32
+
+    first = torch.load(zero_to_fp32.get_model_state_files(str(folder))[0], map_location="cpu",
+                       weights_only=False, mmap=True)
+    return (first.get(LAYOUT_KEY) or {}).get("trainable")
 
 
 @contextmanager

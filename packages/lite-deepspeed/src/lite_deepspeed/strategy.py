@@ -277,6 +277,7 @@ class DeepSpeedStrategy(DDPStrategy):
         the model, its optimizer and the rest of `content`; without a DeepSpeed model in `content`,
         one file as the core writes it."""
         if _checkpoint.find_engine(content) is None:
+            _checkpoint.refuse_optimizer_alone(content)
             super().save_checkpoint(path, content)
             return
         _checkpoint.save(path, content, self)

@@ -183,6 +183,7 @@ class Misuse(LightningLite):
         messages["in_place_on_output"] = _message(lambda: self.in_place_backward(first, x))
         messages["reserved_key"] = _message(lambda: self.save(
             {"model": first, "optimizer": opt1, "global_steps": 3}, OUT / "ckpt_reserved"))
+        messages["optimizer_alone"] = _message(lambda: self.save({"optimizer": opt1}, OUT / "ckpt_optimizer_alone"))
         return messages
 
 

@@ -34,6 +34,7 @@ from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._safe_metadata import enum_getattr
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
 from lite_core.checkpoint._store import is_url, latest
+from lite_core.checkpoint._trainable import TrainableState
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
     READER_FILE,
@@ -50,6 +51,7 @@ __all__ = [
     "READER_FILE",
     "CheckpointIO",
     "TorchCheckpointIO",
+    "TrainableState",
     "check_weights_fit",
     "consolidate",
     "enum_getattr",

@@ -193,8 +193,10 @@ def module_of(optimizer: Optimizer, state: dict[str, Any]) -> nn.Module:
     """The user's module in `state` that owns `optimizer`'s parameters."""
     first = optimizer.param_groups[0]["params"][0]
     for value in state.values():  # a set-up model is the user's module itself
-        if isinstance(value, nn.Module) and any(p is first for p in value.parameters()):
-            return value
+        # an entry standing for part of a model (`TrainableState`) names the model as `module`
+        module = value if isinstance(value, nn.Module) else getattr(value, "module", None)
+        if isinstance(module, nn.Module) and any(p is first for p in module.parameters()):
+            return module
     raise CheckpointError(
         "The checkpoint names the optimizer's parameters, but `state` holds no model that owns them:"
         " pass the model in the same `state` as its optimizer."

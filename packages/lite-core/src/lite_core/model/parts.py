@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from lite_core.model._module import LiteModule, is_set_up_model, state_of
 from lite_core.model.optimizer import _LiteOptimizerBase
 
@@ -26,3 +28,8 @@ def forward_module(obj: Any) -> Any:
     """What the strategy built around a set-up module (e.g. `DistributedDataParallel`, a DeepSpeed
     engine; the module itself under FSDP, whose `fully_shard` works in place); any other object as it is."""
     return state_of(obj).forward_module if is_set_up_model(obj) else obj
+
+
+def trainable_names(module: nn.Module) -> list[str]:
+    """The state-dict names of `module`'s parameters that train (`requires_grad`), in its order."""
+    return [name for name, parameter in nn.Module.named_parameters(module) if parameter.requires_grad]

@@ -11,11 +11,10 @@ from typing import Any
 
 from lite_core._user_frame import warn_user
 from lite_core.checkpoint import _store
-from lite_core.checkpoint._state import check_module_keys, check_module_shapes, shapes_of
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.errors import CheckpointError, ConfigurationError, MissingDependencyError
 from lite_core.running._collectives import require_processes
-from lite_core.strategies.strategy import Strategy, trainable_names
+from lite_core.strategies.strategy import Strategy
 from lite_core._install import install_hint
 
 
@@ -125,38 +124,6 @@ class Checkpoints:
 def _under(state: dict[str, Any], prefix: str) -> dict[str, Any]:
     """The entries of `state` under `prefix` (`"base_model.model."`), named without it."""
     return {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
-
-
-class TrainableState:
-    """The parameters of a set-up model that train, as one entry of `LightningLite.save` and
-    `load`'s content: LoRA adapters without their frozen base (see `LightningLite.trainable_state`).
-
-    Saved as a plain state dict of whole tensors under the model's own names, gathered to rank 0
-    under every strategy (only these parameters are gathered where the strategy shards); loaded
-    into the set-up model under any strategy, each process keeping its shard.
-    """
-
-    def __init__(self, strategy: Strategy, module: Any) -> None:
-        self._strategy = strategy
-        self._module = module
-
-    def state_dict(self) -> dict[str, Any]:
-        """The trainable parameters, whole, on rank 0 (an empty dict on the others); every rank calls it."""
-        return self._strategy.full_trainable_state_dict(self._module)
-
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load saved trainable parameters into the model; the other weights stay as they are.
-
-        Raises:
-            CheckpointError: (`strict`) `state_dict` names a weight that does not train in this
-                model, or lacks one that does; a weight has another shape than the model's.
-        """
-        names = trainable_names(self._module)
-        if strict:
-            check_module_keys(self._module, names, state_dict)
-        trained = {name: state_dict[name] for name in names if name in state_dict}
-        check_module_shapes(self._module, shapes_of(self._module.state_dict(keep_vars=True)), shapes_of(trained))
-        self._strategy.load_module_state_dict(self._module, trained, strict=False)
 
 
 def _require_safetensors(call: str) -> None:

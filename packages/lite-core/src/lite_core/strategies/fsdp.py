@@ -17,7 +17,7 @@ from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
-from lite_core.strategies.strategy import trainable_names
+from lite_core.model.parts import trainable_names
 
 _STATE_DICT_TYPES = ("sharded", "full")
 

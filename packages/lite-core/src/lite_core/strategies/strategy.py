@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
 from lite_core.model._methods import call_through
+from lite_core.model.parts import trainable_names
 from lite_core.move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._background import nothing, stage_to_host
@@ -520,8 +521,3 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a missing parent package, or `sys.modules[name] = None`
         return False
-
-
-def trainable_names(module: nn.Module) -> list[str]:
-    """The state-dict names of `module`'s parameters that train (`requires_grad`), in its order."""
-    return [name for name, parameter in nn.Module.named_parameters(module) if parameter.requires_grad]
