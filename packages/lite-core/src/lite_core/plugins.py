@@ -29,6 +29,10 @@ What is here, by purpose:
   `check_weights_fit` (the one sentence for a checkpoint whose keys or shapes do not fit the model,
   for an engine that loads weights its own way, with `shapes_of` for a state dict's shapes), and `enum_getattr` (the `getattr` a restricted
   unpickler allows so that members of the enums it allows, and nothing else, load).
+  For an engine that writes a checkpoint folder itself: `is_sharded` (whether a folder is a
+  sharded checkpoint), `staging_folder` and `commit_folder` (write beside the path, then replace
+  what another strategy saved there, as every strategy's save does), `TrainableState` (the entry
+  `trainable_state(model)` puts in the content: an adapters-only checkpoint) and `trainable_names`.
 - Rank supervision for launchers: `start_rank`, `run_rank`, `own_copy`, `read_result`, `write_result`,
   `die_with_parent`, `on_interrupt`, `RankProcesses`, `describe_exit`.
 - Set-up objects: `is_set_up`, `original_module`, `forward_module`, `unwrap_optimizer`, and
@@ -66,7 +70,9 @@ if TYPE_CHECKING:
         TorchCheckpointIO,
         TrainableState,
         check_weights_fit,
+        commit_folder,
         enum_getattr,
+        is_sharded,
         is_url,
         on_rank_zero,
         on_writing_ranks,
@@ -74,6 +80,7 @@ if TYPE_CHECKING:
         restore,
         shapes_of,
         stage_to_host,
+        staging_folder,
         to_state,
     )
     from lite_core.environ import export_environ, restore_environ

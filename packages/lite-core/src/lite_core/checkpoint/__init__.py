@@ -29,7 +29,7 @@ turning content into plain state and back (`to_state`, `restore`), the sharded f
 from __future__ import annotations
 
 from lite_core.checkpoint._background import stage_to_host
-from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO
+from lite_core.checkpoint._io import CheckpointIO, TorchCheckpointIO, commit_folder, staging_folder
 from lite_core.checkpoint._rank_zero import on_rank_zero, on_writing_ranks
 from lite_core.checkpoint._safe_metadata import enum_getattr
 from lite_core.checkpoint._sharded import EXTRA_FILE, consolidate, is_sharded, read_sharded
@@ -53,6 +53,7 @@ __all__ = [
     "TorchCheckpointIO",
     "TrainableState",
     "check_weights_fit",
+    "commit_folder",
     "consolidate",
     "enum_getattr",
     "is_sharded",
@@ -64,6 +65,7 @@ __all__ = [
     "read_sharded",
     "restore",
     "shapes_of",
+    "staging_folder",
     "stage_to_host",
     "to_state",
 ]

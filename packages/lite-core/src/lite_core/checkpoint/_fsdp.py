@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -16,7 +15,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
 from lite_core.checkpoint import _store
-from lite_core.checkpoint._io import put_in_place, remove_stale_temporaries, writer
+from lite_core.checkpoint._io import commit_folder, staging_folder
 from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._sharded import (
     EXTRA_FILE,
@@ -226,7 +225,7 @@ def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple
     if is_url(path):  # written in place, `.metadata` last (see `lite_core.checkpoint._store`)
         on_rank_zero(strategy, path, lambda: _start_at_url(strategy, path, extra))
         return state, extra, path
-    staging = on_rank_zero(strategy, path, lambda: _staging_directory(Path(path)))
+    staging = on_rank_zero(strategy, path, lambda: staging_folder(Path(path)))
     return state, extra, staging
 
 
@@ -265,17 +264,7 @@ def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], path: st
         return
     target = Path(path)
     strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
-    put_in_place(Path(staging), target)  # over a folder or a file (saved under another strategy)
-    remove_stale_temporaries(target, started)  # what interrupted saves left
-
-
-def _staging_directory(target: Path) -> str:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".tmp", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users
-    return staging
+    commit_folder(Path(staging), target, started)
 
 
 # -- load ---------------------------------------------------------------------------------------

@@ -183,6 +183,25 @@ def put_in_place(new: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def staging_folder(target: Path) -> str:
+    """A new, empty folder beside `target` (`.NAME.HOST-PID.XXXXXXXX.tmp`) to write a checkpoint
+    folder into before `commit_folder` puts it at `target`; call it on one rank."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{target.name}.{writer()}.", suffix=".tmp", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0o700 would hide the checkpoint from other users
+    return staging
+
+
+def commit_folder(staging: Path, target: Path, started: float) -> None:
+    """Put the finished checkpoint folder `staging` at `target`, over a folder or a file saved
+    under another strategy (`put_in_place`), and remove what interrupted saves of `target` left
+    since before `started` (`remove_stale_temporaries`); call it on one rank."""
+    put_in_place(staging, target)
+    remove_stale_temporaries(target, started)
+
+
 def _is_checkpoint_folder(path: Path) -> bool:
     """Whether `path` is a folder that holds a checkpoint: a sharded one (its `.metadata`) or a
     backend's own format (its `READER_FILE`)."""
