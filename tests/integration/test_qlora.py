@@ -43,13 +43,14 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     done: dict[str, dict[str, Any]] = {}
 
-    def run(mode: str) -> dict[str, Any]:
-        if mode not in done:
+    def run(mode: str, built: bool = False) -> dict[str, Any]:
+        key = f"{mode}-built" if built else mode
+        if key not in done:
             _lora.KIND = "llama"
-            out = tmp_path_factory.mktemp(f"qlora-{mode}")
+            out = tmp_path_factory.mktemp(f"qlora-{key}")
             lite = qlora_job.QLoRA(accelerator="cpu", precision=qlora_job.precision_for(mode))
-            done[mode] = lite.run(str(out), mode)
-        return done[mode]
+            done[key] = lite.run(str(out), mode, built=built)
+        return done[key]
 
     return run
 
@@ -89,6 +90,20 @@ def test_adapters_only_and_whole_quantized_checkpoints_resume_exactly(one_proces
     assert_resumes_exactly(one_process(mode))
 
 
+FOUR_BIT = sorted(mode for mode in _qlora.MODES if mode != "int8")
+
+
+@pytest.mark.parametrize("mode", FOUR_BIT)
+def test_a_base_built_4_bit_under_empty_init_trains_bitwise_as_bitsandbytes_by_hand(one_process: Any, mode: str) -> None:
+    """Built inside `init_module(empty_init=True)`, the base's layers are 4-bit as they leave the
+    block (never whole in full precision), take the full-precision weights loaded afterwards
+    quantized, and train, save and resume as the base quantized by hand before peft wrapped it."""
+    record = one_process(mode, built=True)
+    assert record["layers_as_built"] == ["Linear4bit"]
+    assert_as_by_hand(record)
+    assert_resumes_exactly(record)
+
+
 @pytest.fixture(scope="module")
 def two_processes(run_script: Any, output_of: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("qlora-ddp")
@@ -103,6 +118,19 @@ def two_processes(run_script: Any, output_of: Any, tmp_path_factory: pytest.Temp
 def test_ddp_trains_bitwise_as_bitsandbytes_by_hand_under_torch_ddp(two_processes: dict[str, Any]) -> None:
     assert_as_by_hand(two_processes)
     assert_resumes_exactly(two_processes)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_ddp_trains_a_base_built_4_bit_under_empty_init_bitwise_as_by_hand(
+        run_script: Any, output_of: Any, tmp_path: Path) -> None:
+    """Each process builds the 4-bit base and loads the weights; DDP then broadcasts rank 0's."""
+    proc = run_script("qlora_job.py", "ddp", 2, tmp_path, "nf4-dq", "built", timeout=240)
+    assert proc.returncode == 0, output_of(proc)
+    record = torch.load(tmp_path / "record.pt", weights_only=True)
+    assert record["layers_as_built"] == ["Linear4bit"]
+    assert_as_by_hand(record)
+    assert_resumes_exactly(record)
 
 
 @pytest.mark.multiprocess

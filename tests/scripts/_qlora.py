@@ -41,8 +41,15 @@ def quantize_by_hand(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
-def qlora_model_by_hand(mode: str) -> Any:
-    return quantize_by_hand(_lora.lora_model(), mode)
+def qlora_model_by_hand(mode: str, quantize_first: bool = False) -> Any:
+    """peft's LoRA on the base, quantized by hand after peft wrapped it, or (`quantize_first`) before."""
+    if not quantize_first:
+        return quantize_by_hand(_lora.lora_model(), mode)
+    from peft import get_peft_model
+
+    base = quantize_by_hand(_lora.base_model(), mode)
+    torch.manual_seed(_lora.SEED + 1)
+    return get_peft_model(base, _lora.lora_config())
 
 
 def quantized_base(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

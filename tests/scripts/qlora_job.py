@@ -1,7 +1,7 @@
 """QLoRA through Lite (`QuantizedPrecision`) beside the same job by hand: what
 `tests/integration/test_qlora.py` runs.
 
-    python qlora_job.py STRATEGY DEVICES OUT_DIR MODE
+    python qlora_job.py STRATEGY DEVICES OUT_DIR MODE [built]
 
 The tiny Llama of `_lora.py` with peft's LoRA adapters is set up with `precision=QuantizedPrecision(MODE, ...)`
 and trains `_lora.STEPS` steps on global batches split over the processes. After the first step it
@@ -12,6 +12,10 @@ two processes) trains on the very batches each process got. Rank 0 writes `OUT_D
 losses and adapters of both, Lite's and the hand model's quantized base, the checkpoints' keys, and
 the adapters of two fresh models (other adapters; for the whole checkpoint also another base) that
 loaded a checkpoint and trained the remaining steps.
+
+With `built`, every model's base is built with its 4-bit layers inside `init_module(empty_init=True)`
+and loaded from full-precision weights before peft adds the adapters, and the hand model is
+quantized before peft too (the order of transformers' `from_pretrained` with a bitsandbytes config).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ OTHER_SEED = 99
 
 
 class QLoRA(LightningLite):
-    def run(self, out_dir: str, mode: str) -> dict[str, Any]:
+    def run(self, out_dir: str, mode: str, built: bool = False) -> dict[str, Any]:
         out = Path(out_dir)
-        model = _lora.lora_model()
+        self.built = built
+        model = self._lora_model()
         model, optimizer = self.setup(model, _lora.optimizer_for(model))
         losses, seen = [], []
         for step, (tokens,) in enumerate(self._batches()):
@@ -49,6 +54,8 @@ class QLoRA(LightningLite):
                   "resumed_adapters": self._resumed(out / "adapters.ckpt", "adapters", base_seed=_lora.SEED),
                   "resumed_whole": self._resumed(out / "whole.ckpt", "model", base_seed=_lora.SEED + 50),
                   **self._by_hand(mode, seen)}
+        if self.built:
+            record["layers_as_built"] = self.layers_as_built
         if self.is_global_zero:
             torch.save(record, out / "record.pt")
         return record
@@ -71,7 +78,7 @@ class QLoRA(LightningLite):
         checkpoint at `path` and trains the remaining steps."""
         seed, _lora.SEED = _lora.SEED, base_seed
         try:
-            model = _lora.lora_model(adapter_seed=OTHER_SEED)
+            model = self._lora_model(adapter_seed=OTHER_SEED)
         finally:
             _lora.SEED = seed
         model, optimizer = self.setup(model, _lora.optimizer_for(model))
@@ -81,9 +88,24 @@ class QLoRA(LightningLite):
                 self._step(model, optimizer, tokens)
         return self._adapters(model)
 
+    def _lora_model(self, adapter_seed: int = _lora.SEED + 1) -> Any:
+        """The base with LoRA adapters; `built`: the base built with its 4-bit layers inside
+        `init_module(empty_init=True)` and loaded from the full-precision weights a user
+        downloads, before peft adds the adapters (bitsandbytes' `from_pretrained` order)."""
+        if not self.built:
+            return _lora.lora_model(adapter_seed)
+        from peft import get_peft_model
+
+        with self.init_module(empty_init=True):
+            base = _lora.model_class()(_lora.config())
+        self.layers_as_built = sorted({type(m).__name__ for n, m in base.named_modules() if n.endswith("_proj")})
+        base.load_state_dict(_lora.base_model().state_dict())  # quantized as it arrives
+        torch.manual_seed(adapter_seed)
+        return get_peft_model(base, _lora.lora_config())
+
     def _by_hand(self, mode: str, batches: list[torch.Tensor]) -> dict[str, Any]:
         """The same job with bitsandbytes applied by hand, on this process's same batches."""
-        plain = _qlora.qlora_model_by_hand(mode)
+        plain = _qlora.qlora_model_by_hand(mode, quantize_first=self.built)
         model = torch.nn.parallel.DistributedDataParallel(plain) if self.world_size > 1 else plain
         optimizer = _lora.optimizer_for(plain)
         losses = []
@@ -103,4 +125,5 @@ def precision_for(mode: str) -> QuantizedPrecision:
 
 if __name__ == "__main__":
     strategy, devices, out_dir, mode = sys.argv[1:5]
-    QLoRA(accelerator="cpu", strategy=strategy, devices=int(devices), precision=precision_for(mode)).run(out_dir, mode)
+    QLoRA(accelerator="cpu", strategy=strategy, devices=int(devices), precision=precision_for(mode)).run(
+        out_dir, mode, built=sys.argv[5:] == ["built"])

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lite_core import LightningLite, QuantizedPrecision
-from lite_core.errors import ConfigurationError, MissingDependencyError
+from lite_core.errors import ConfigurationError, MisuseError, MissingDependencyError
 
 bnb = pytest.importorskip("bitsandbytes", reason="needs lite-core[bnb] (bitsandbytes), which the test environment"
                                                  " installs")
@@ -100,6 +100,62 @@ def test_full_precision_weights_loaded_into_a_set_up_model_are_quantized_as_they
         assert torch.equal(loaded.quant_state.absmax, expected.quant_state.absmax), name
     x = torch.randn(3, 16)
     assert torch.equal(model(x), reference(x))
+
+
+class Probe(nn.Module):
+    """A base as a user writes it: Linear layers, a buffer computed in `__init__`, an embedding tied
+    to the head; it records whether its layers held memory while it was built."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)) for _ in range(2))
+        self.head = nn.Linear(16, 8, bias=False)
+        self.head.weight = self.embed.weight  # tied, as language models tie them
+        self.register_buffer("scale", torch.arange(16.0))
+        self.held_while_built = [not layer.weight.is_meta for block in self.blocks for layer in block[::2]]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) * self.scale
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("mode", ["nf4", "fp4-dq"])
+def test_under_empty_init_the_base_is_built_4_bit_and_never_whole_in_full_precision(mode: str) -> None:
+    lite = LightningLite(accelerator="cpu", precision=mode)
+    with lite.init_module(empty_init=True):
+        model = Probe()
+    assert model.held_while_built == [False] * 4  # no Linear held its full-precision weight
+    layers = {f"blocks.{b}.{i}" for b in (0, 1) for i in (0, 2)}
+    assert quantized_names(model, bnb.nn.Linear4bit) == layers
+    assert type(model.head) is nn.Linear and model.head.weight is model.embed.weight  # the tie kept
+    assert torch.equal(model.scale, torch.arange(16.0))  # buffers keep what __init__ computed
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    torch.manual_seed(3)
+    pretrained = Probe()  # the full-precision weights a user downloads
+    model.load_state_dict(pretrained.state_dict())  # each layer quantized as it arrives
+    reference = _quantized_by_setup(mode, pretrained)
+    tokens = torch.tensor([[1, 5, 2]])
+    assert torch.equal(lite.setup(model)(tokens), reference(tokens))
+
+
+def _quantized_by_setup(mode: str, model: nn.Module) -> nn.Module:
+    """`model` with its Linears but the head made 4-bit at setup (the filter: everything frozen)."""
+    for parameter in model.parameters():
+        parameter.requires_grad = False
+    return LightningLite(accelerator="cpu", precision=mode).setup(model)
+
+
+def test_under_empty_init_int8_layers_are_replaced_at_setup_and_a_lone_linear_is_refused() -> None:
+    with LightningLite(accelerator="cpu", precision="int8").init_module(empty_init=True):
+        model = Probe()
+    assert model.held_while_built == [True] * 4 and not quantized_names(model, bnb.nn.Linear8bitLt)
+    everything = QuantizedPrecision("nf4", module_filter_fn=lambda module, name: True)
+    with pytest.raises(MisuseError, match=r"^init_module\(empty_init=True\) cannot make a model that is one nn.Linear"):
+        with LightningLite(accelerator="cpu", precision=everything).init_module(empty_init=True):
+            nn.Linear(4, 4)
 
 
 def test_the_user_filter_chooses_the_layers() -> None:

@@ -49,6 +49,12 @@ class Precision:
         """Context in which modules are created directly in this precision."""
         return nullcontext()
 
+    def empty_init_context(self) -> ContextManager[Any]:
+        """Context added inside `init_module(empty_init=True)` (whose weights are loaded right
+        after) where the strategy keeps whole models: a precision that changes what layers are
+        (bitsandbytes' 4-bit ones) builds them in their final form there; nothing by default."""
+        return nullcontext()
+
     def forward_context(self) -> ContextManager[Any]:
         """Context around the model's forward pass (autocast for mixed precision)."""
         return nullcontext()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
@@ -72,6 +74,19 @@ class QuantizedPrecision(Precision):
             setattr(module.get_submodule(parent), attribute, self._quantized(layer))
         return module
 
+    def empty_init_context(self) -> ContextManager[Any]:
+        """Inside `init_module(empty_init=True)`, the 4-bit layers are built as such: the selected
+        `nn.Linear` layers never hold full-precision memory (see `_built_quantized`), and the
+        base's full-precision weights loaded afterwards (`load_state_dict`) are quantized one layer
+        at a time as they arrive. The filter then sees the model as built, before any adapter or
+        freezing: by default every `nn.Linear` but the model's last. `"int8"` layers are built
+        in full precision and replaced at `setup`, as without `empty_init`."""
+        if self.name == "int8":
+            return nullcontext()
+        from lite_core.precision._built_quantized import building_quantized
+
+        return building_quantized(self._quantized, _all_but_the_last, self._module_filter_fn)
+
     def _quantized(self, layer: nn.Linear) -> nn.Module:
         from lite_core.precision import _bnb
 
@@ -96,6 +111,15 @@ def default_module_filter(model: nn.Module) -> ModuleFilter:
         return not any(p.requires_grad for p in module.parameters())
 
     return selects
+
+
+def _all_but_the_last(model: nn.Module) -> ModuleFilter:
+    """Every `nn.Linear` of a model as built except its last one (its output head in the usual
+    layout) and peft's adapters: the default filter under `init_module(empty_init=True)`, where
+    nothing is frozen yet."""
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    head = linears[-1] if linears else None
+    return lambda module, name: name != head and not _ADAPTER_NAMES.intersection(name.split("."))
 
 
 def _require_bitsandbytes() -> None:

@@ -243,6 +243,7 @@ class Strategy:
             from lite_core.model._empty_init import SkipInitialisation
 
             stack.enter_context(SkipInitialisation())
+            stack.enter_context(self.precision.empty_init_context())
         return stack
 
     def run_context(self) -> ContextManager[Any]:
