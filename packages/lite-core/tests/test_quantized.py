@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lite_core import LightningLite, QuantizedPrecision
+from lite_core import LightningLite, QuantizedPrecision, TorchaoNF4Precision
 from lite_core.errors import ConfigurationError, MisuseError, MissingDependencyError
 
 bnb = pytest.importorskip("bitsandbytes", reason="needs lite-core[bnb] (bitsandbytes), which the test environment"
@@ -168,11 +168,24 @@ def test_the_user_filter_chooses_the_layers() -> None:
 def test_a_strategy_that_shards_parameters_refuses_it_in_one_sentence(strategy: str) -> None:
     message = (rf"^precision='nf4-dq' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
                r" \[[^]]*\]; 'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards"
-               r" or copies parameters cannot carry: choose strategy='ddp' or 'single_device'\.$")
+               r" or copies parameters cannot carry: choose strategy='ddp' or 'single_device', or"
+               r" precision='nf4-torchao' \(torchao's NF4, which fsdp and model_parallel shard\)\.$")
     with pytest.raises(ConfigurationError, match=message):
         LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-dq")
     with pytest.raises(ConfigurationError, match=message):  # the object is checked by its name too
         LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=QuantizedPrecision("nf4-dq"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_torchaos_nf4_is_refused_where_ddp_broadcasts_the_parameters(strategy: str) -> None:
+    message = (rf"^precision='nf4-torchao' is not supported by strategy='{strategy}' on accelerator='cpu': choose"
+               r" one of \[[^]]*\]; 'nf4-torchao' is torchao's NF4 for the strategies that shard parameters with"
+               r" FSDP2 \(DDP's broadcast of the parameters corrupts its statistics\): choose strategy='fsdp',"
+               r" 'model_parallel' or 'single_device', or precision='nf4' \(bitsandbytes\) under ddp\.$")
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-torchao")
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=TorchaoNF4Precision())
 
 
 def test_a_wrong_mode_is_refused_and_a_misspelt_name_guessed() -> None:

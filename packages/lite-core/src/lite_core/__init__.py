@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from lite_core.parallel import MeshLayout
     from lite_core.precision.fp8 import Float8Precision
     from lite_core.progress import progress_bar
+    from lite_core.precision.nf4 import TorchaoNF4Precision
     from lite_core.precision.quantized import QuantizedPrecision
 
 __all__ = ["CSVLogger", "Float8Precision", "LightningLite", "Logger", "MLflowLogger", "MeshLayout",
-           "QuantizedPrecision", "TensorBoardLogger", "ThroughputMonitor", "TrackioLogger", "WandbLogger", "__version__",
+           "QuantizedPrecision", "TensorBoardLogger", "ThroughputMonitor", "TorchaoNF4Precision", "TrackioLogger",
+           "WandbLogger", "__version__",
            "measure_flops", "progress_bar", "seed_everything"]
 
 _LAZY = {
@@ -38,6 +40,7 @@ _LAZY = {
     "Float8Precision": "lite_core.precision.fp8",
     "MeshLayout": "lite_core.parallel",
     "QuantizedPrecision": "lite_core.precision.quantized",
+    "TorchaoNF4Precision": "lite_core.precision.nf4",
 }
 
 

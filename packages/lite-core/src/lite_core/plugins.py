@@ -17,7 +17,8 @@ What is here, by purpose:
 - Precision names for `supported_precisions`: `PRECISIONS` (every name Lite accepts),
   `FP8_PRECISIONS` (which an accelerator declares only where its devices run FP8) and
   `QUANTIZED_PRECISIONS` (bitsandbytes' frozen 4- and 8-bit weights, which a strategy that copies or
-  shards the weights cannot carry).
+  shards the weights cannot carry) and `SHARDED_QUANTIZED_PRECISIONS` (torchao's NF4, for the
+  strategies that shard with FSDP2 or keep one process).
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
   by their state), `restore` (load state back into live objects), `read_checkpoint`,
@@ -114,7 +115,7 @@ if TYPE_CHECKING:
     from lite_core.model.optimizer import unwrap_optimizer
     from lite_core.model.parts import forward_module, is_set_up, original_module, trainable_names
     from lite_core.move import move_to_device
-    from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS, QUANTIZED_PRECISIONS
+    from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS, QUANTIZED_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
     from lite_core.strategies.fsdp import FSDPStrategy

@@ -13,9 +13,12 @@ FP8_PRECISIONS: frozenset[str] = frozenset({"fp8-tensorwise", "fp8-rowwise"})
 #: Quantized frozen base weights through bitsandbytes (`QuantizedPrecision`, QLoRA): only strategies
 #: that keep whole weights on each process run these.
 QUANTIZED_PRECISIONS: frozenset[str] = frozenset({"nf4", "nf4-dq", "fp4", "fp4-dq", "int8"})
+#: NF4 frozen base weights through torchao (`TorchaoNF4Precision`), a tensor subclass that FSDP2
+#: shards: for the strategies that shard parameters with `fully_shard`.
+SHARDED_QUANTIZED_PRECISIONS: frozenset[str] = frozenset({"nf4-torchao"})
 PRECISIONS: frozenset[str] = frozenset(
     {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
-) | FP8_PRECISIONS | QUANTIZED_PRECISIONS
+) | FP8_PRECISIONS | QUANTIZED_PRECISIONS | SHARDED_QUANTIZED_PRECISIONS
 
 #: LightningLite 1.5's values: still accepted, with a `FutureWarning` naming the new value.
 _LEGACY = {64: "64-true", 32: "32-true", 16: "16-mixed", "64": "64-true", "32": "32-true",
@@ -55,10 +58,16 @@ def _guess(precision: Any) -> str | None:
 def unsupported_hint(name: str, by_strategy: bool = False) -> str:
     """What to add to the sentence refusing precision `name` on an accelerator without it (or, with
     `by_strategy`, under a strategy without it)."""
-    if by_strategy:
+    if by_strategy and name in QUANTIZED_PRECISIONS:
         return (f"; {name!r} keeps whole quantized weights on each process, which a strategy that shards"
-                " or copies parameters cannot carry: choose strategy='ddp' or 'single_device'"
-                if name in QUANTIZED_PRECISIONS else "")
+                " or copies parameters cannot carry: choose strategy='ddp' or 'single_device', or"
+                " precision='nf4-torchao' (torchao's NF4, which fsdp and model_parallel shard)")
+    if by_strategy and name in SHARDED_QUANTIZED_PRECISIONS:
+        return (f"; {name!r} is torchao's NF4 for the strategies that shard parameters with FSDP2 (DDP's"
+                " broadcast of the parameters corrupts its statistics): choose strategy='fsdp', 'model_parallel'"
+                " or 'single_device', or precision='nf4' (bitsandbytes) under ddp")
+    if by_strategy:
+        return ""
     if name in FP8_PRECISIONS:
         recipe = name.removeprefix("fp8-")
         return (f", or emulate FP8 (slow; for tests and debugging) with"

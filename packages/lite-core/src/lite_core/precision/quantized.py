@@ -66,13 +66,7 @@ class QuantizedPrecision(Precision):
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Replace the selected `nn.Linear` layers by bitsandbytes' quantized layers (in place)."""
-        selects = self._module_filter_fn or default_module_filter(module)
-        chosen = [(name, layer) for name, layer in module.named_modules()
-                  if type(layer) is nn.Linear and selects(layer, name)]
-        for name, layer in chosen:
-            parent, _, attribute = name.rpartition(".")
-            setattr(module.get_submodule(parent), attribute, self._quantized(layer))
-        return module
+        return replace_linears(module, self._module_filter_fn or default_module_filter(module), self._quantized)
 
     def empty_init_context(self) -> ContextManager[Any]:
         """Inside `init_module(empty_init=True)`, the 4-bit layers are built as such: the selected
@@ -98,6 +92,15 @@ class QuantizedPrecision(Precision):
 
     def __repr__(self) -> str:
         return f"QuantizedPrecision(mode={self.name!r}, compute_dtype={self.compute_dtype!r})"
+
+
+def replace_linears(module: nn.Module, selects: ModuleFilter, quantized: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Put `quantized(layer)` in place of every `nn.Linear` of `module` that `selects`; returns `module`."""
+    chosen = [(name, layer) for name, layer in module.named_modules() if type(layer) is nn.Linear and selects(layer, name)]
+    for name, layer in chosen:
+        parent, _, attribute = name.rpartition(".")
+        setattr(module.get_submodule(parent), attribute, quantized(layer))
+    return module
 
 
 def default_module_filter(model: nn.Module) -> ModuleFilter:

@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.precision.names import FP8_PRECISIONS
+from lite_core.precision.names import FP8_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core.model.parts import trainable_names
@@ -62,7 +62,7 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     # XLA devices have their own sharding strategy (`xla_fsdp`).
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
-    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"}) | FP8_PRECISIONS
+    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"}) | FP8_PRECISIONS | SHARDED_QUANTIZED_PRECISIONS
     routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
     routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
     stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes
@@ -337,11 +337,14 @@ def _copy_shared(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     """`state` with a copy of every tensor that shares memory with `module`'s parameters (their
     local shards) or buffers."""
     from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    def storage(tensor: torch.Tensor) -> int:
+    def storages(tensor: torch.Tensor) -> set[int]:
         local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        return local.untyped_storage().data_ptr()
+        if is_traceable_wrapper_subclass(local):  # torchao's NF4Tensor: the memory is its inner tensors'
+            return set().union(*(storages(getattr(local, name)) for name in local.__tensor_flatten__()[0]))
+        return {local.untyped_storage().data_ptr()}
 
-    own = {storage(tensor) for tensor in (*module.parameters(), *module.buffers())}
-    return {name: value.detach().clone() if isinstance(value, torch.Tensor) and storage(value) in own else value
+    own = set().union(*(storages(tensor) for tensor in (*module.parameters(), *module.buffers())))
+    return {name: value.detach().clone() if isinstance(value, torch.Tensor) and storages(value) & own else value
             for name, value in state.items()}

@@ -25,7 +25,7 @@ from lite_core.parallel import (
     PIPELINE_MESH_DIM_NAMES,
     MeshLayout,
 )
-from lite_core.precision.names import FP8_PRECISIONS
+from lite_core.precision.names import FP8_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.fsdp import FSDPStrategy
 from lite_core.strategies.model_parallel import (
@@ -121,7 +121,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     name = "model_parallel"
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
-    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS
+    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS | SHARDED_QUANTIZED_PRECISIONS
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline backward adds the gradients the schedule computed
     fully_shards_parameters = None  # if at all, in the user's parallelize_fn
