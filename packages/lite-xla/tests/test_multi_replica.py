@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 MAX_NORM = 0.05  # scripts/parity.py clips every step to it
@@ -114,6 +115,39 @@ def test_an_fsdp_checkpoint_loaded_into_weights_of_other_shapes_is_refused_as_a_
         " checkpoint ('0.weight': (32, 8) saved, (8, 32) here): load it into a model built like the one it was"
         " saved from (strict=False passes over missing and unexpected keys, not weights of another shape).")
     assert result["loaded_same"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(_TIMEOUT + 30)
+@pytest.mark.parametrize("mode", ["xla", "xla_fsdp"])
+def test_an_adapters_only_checkpoint_holds_the_trained_weights_whole_and_resumes_exactly(
+        mode: str, run_script: Callable[..., Any], output_of: Callable[..., str], tmp_path: Path) -> None:
+    # Under xla_fsdp, torch-xla's FSDP takes the parameters out of the module: the set-up model's
+    # state dict was empty, so the adapters-only checkpoint held nothing and loaded nothing, silently.
+    result = _result(run_script, output_of, "adapters.py", mode, tmp_path / "adapters.json", _XLA_ENV,
+                     tmp_path / "checkpoint")
+    assert result["keys"] == ["2.bias", "2.weight"]  # the trained layer alone, whole, under its own names
+    assert result["resumed_equal"] and result["base_untouched"] and result["moved"] > 1e-2
+    plain = _plain_adapters()
+    for name, values in result["trained"].items():
+        torch.testing.assert_close(torch.tensor(values), plain[name], rtol=0, atol=1e-6)
+
+
+def _plain_adapters() -> dict[str, torch.Tensor]:
+    """scripts/adapters.py's two steps in one plain process (both replicas train on the same batch)."""
+    torch.manual_seed(1)
+    base = torch.nn.Linear(8, 16)
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(base, torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    base.requires_grad_(False)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    for step in range(2):
+        generator = torch.Generator().manual_seed(10 + step)
+        x, y = torch.randn(4, 8, generator=generator), torch.randn(4, 4, generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return {"2.weight": model[2].weight.detach(), "2.bias": model[2].bias.detach()}
 
 
 @pytest.mark.multiprocess

@@ -7,7 +7,6 @@ from typing import Any, Protocol
 from torch import nn
 
 from lite_core.checkpoint._state import check_module_keys, check_module_shapes, shapes_of
-from lite_core.model.parts import trainable_names
 
 
 class _SpreadsModules(Protocol):
@@ -40,8 +39,9 @@ class TrainableState:
         return self._module
 
     def names(self) -> list[str]:
-        """The state-dict names of the model's parameters that train, in its order."""
-        return trainable_names(self._module)
+        """The state-dict names of the model's parameters that train, in its order (as the set-up
+        model names them: where a strategy took them out of the module, its shards' names)."""
+        return [name for name, parameter in self._module.named_parameters() if parameter.requires_grad]
 
     def state_dict(self) -> dict[str, Any]:
         """The trainable parameters, whole, on rank 0 (an empty dict on the others); every rank calls it."""

@@ -10,7 +10,15 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import MisuseError, check_weights_fit, forward_module, on_writing_ranks, restore, to_state
+from lite_core.plugins import (
+    MisuseError,
+    TrainableState,
+    check_weights_fit,
+    forward_module,
+    on_writing_ranks,
+    restore,
+    to_state,
+)
 from lite_xla._sharded_checkpoint import user_name
 from lite_xla.strategies import _device
 from lite_xla.strategies.xla import XLAStrategy
@@ -35,6 +43,7 @@ class XLAFSDPStrategy(XLAStrategy):
     name = "xla_fsdp"
     routes_named_parameters: ClassVar[bool] = True  # `module_named_parameters` yields the shards
     stages_checkpoints: ClassVar[bool] = False  # `save_checkpoint` writes shards, with no staging
+    routes_load_state_dict: ClassVar[bool] = True  # `load_module_state_dict` cuts whole weights into the shards
 
     def __init__(self, pin_layout: bool = True, start_method: str = "spawn", **fsdp_kwargs: Any) -> None:
         super().__init__(pin_layout=pin_layout, start_method=start_method)
@@ -107,6 +116,49 @@ class XLAFSDPStrategy(XLAStrategy):
         self._check_finite(norm, norm_type, error_if_nonfinite)
         return norm
 
+    # -- whole state: gathered to rank 0, loaded from whole tensors --------------------------------
+    def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Every replica's shards joined on rank 0 with torch-xla's `consolidate_sharded_state_dicts`
+        (plain CPU tensors under the module's own names; an empty dict on the other replicas).
+        Every replica calls it: each sends its shards to rank 0."""
+        from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
+
+        from lite_xla import _sharded_checkpoint as sharded
+
+        entry = sharded.sharded_entry(module)
+        if entry is None:
+            return super().full_module_state_dict(module)
+        local = _device.to_cpu(entry["state_dict"])
+        states = [self.broadcast(local, src=rank) for rank in range(self.world_size)]
+        if self.global_rank != 0:
+            return {}
+        whole = consolidate_sharded_state_dicts(states, entry["shard_metadata"])
+        return {name: value.detach().clone() for name, value in whole.items()}
+
+    def full_trainable_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """What `full_module_state_dict` gives, for the parameters that train (their shards' flag)."""
+        names = [name for name, shard in self.module_named_parameters(module, forward_module(module))
+                 if shard.requires_grad]
+        whole = self.full_module_state_dict(module)
+        return {name: whole[name] for name in names if name in whole}
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any:
+        """Whole tensors (a `full_state_dict`, an adapters-only checkpoint) cut into this replica's
+        shards as torch-xla's FSDP cut the parameters; with `strict`, every parameter must be there."""
+        shards = dict(self.module_named_parameters(module, forward_module(module)))
+        missing = [name for name in shards if name not in state_dict]
+        unexpected = [name for name in state_dict if name not in shards]
+        if strict and (missing or unexpected):
+            raise MisuseError(f"load_state_dict under strategy='xla_fsdp' got keys that differ from the model's"
+                              f" (missing {missing[:3]}, unexpected {unexpected[:3]}): pass every weight under"
+                              " the model's own names, or strict=False.")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                if name in shards:
+                    shards[name].copy_(_cut(value, shards[name]))
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
     # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         """Every replica writes its shard to `path/shard-RANK-of-WORLD.pt`; models are saved as
@@ -117,7 +169,11 @@ class XLAFSDPStrategy(XLAStrategy):
         entries = {key: sharded.sharded_entry(value) if isinstance(value, nn.Module) else None
                    for key, value in content.items()}
         plain = {key: value for key, value in content.items() if entries[key] is None}
-        state = _device.to_cpu({**to_state(plain, self), **{k: v for k, v in entries.items() if v is not None}})
+        plain_state = to_state(plain, self)
+        for key in [k for k, value in plain.items() if isinstance(value, TrainableState)]:
+            # gathered whole on rank 0; every replica's file holds it, as each replica loads its own file
+            plain_state[key] = self.broadcast(_device.to_cpu(plain_state[key]), src=0)
+        state = _device.to_cpu({**plain_state, **{k: v for k, v in entries.items() if v is not None}})
 
         def write() -> None:
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -172,12 +228,18 @@ def _shard_like(value: Any, param: torch.Tensor, shard: torch.Tensor) -> Any:
     padded to a multiple of the replica count, and split evenly (scalars such as `step` stay)."""
     if not isinstance(value, torch.Tensor) or value.shape != param.shape:
         return value
+    return _cut(value, shard).clone()
+
+
+def _cut(value: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """This replica's part of the whole tensor `value`, cut as FSDP cuts a parameter: flattened,
+    padded to a multiple of the replica count, and split evenly."""
     import torch_xla.runtime as xr
 
     size = shard.numel()
     flat = torch.nn.functional.pad(value.detach().flatten(), (0, size * xr.world_size() - value.numel()))
     start = size * xr.global_ordinal()
-    return flat[start:start + size].clone().to(shard.device)
+    return flat[start:start + size].to(shard.device, shard.dtype).reshape(shard.shape)
 
 
 def _point_flattened(optimizer: Optimizer, sharded: nn.Module) -> None:
