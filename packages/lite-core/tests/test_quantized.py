@@ -204,3 +204,13 @@ def test_without_bitsandbytes_the_install_is_named(monkeypatch: pytest.MonkeyPat
         QuantizedPrecision("nf4")
     with pytest.raises(MissingDependencyError, match=message):
         LightningLite(accelerator="cpu", precision="nf4")
+
+
+def test_torchaos_nf4_refuses_a_base_built_on_the_meta_device_in_one_sentence() -> None:
+    # FSDP's init_module(empty_init=True) builds on the meta device: nothing to quantize at setup.
+    with torch.device("meta"):
+        model = _frozen(Net())
+    with pytest.raises(MisuseError, match=r"^precision='nf4-torchao' quantizes the base's weights at setup, and this"
+                                          r" model's are on the meta device .*: build the model with empty_init=False"
+                                          r" and load its weights before setup\.$"):
+        TorchaoNF4Precision().convert_module(model)

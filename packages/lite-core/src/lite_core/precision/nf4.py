@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lite_core._install import install_hint
-from lite_core.errors import CheckpointError, MissingDependencyError
+from lite_core.errors import CheckpointError, MisuseError, MissingDependencyError
 from lite_core.precision.precision import Precision
 from lite_core.precision.quantized import ModuleFilter, default_module_filter, replace_linears
 
@@ -57,6 +57,11 @@ class TorchaoNF4Precision(Precision):
         return replace_linears(module, self._module_filter_fn or default_module_filter(module), self._quantized)
 
     def _quantized(self, layer: nn.Linear) -> nn.Module:
+        if layer.weight.is_meta:
+            raise MisuseError(
+                "precision='nf4-torchao' quantizes the base's weights at setup, and this model's are on the meta"
+                " device (init_module(empty_init=True) under a sharding strategy): build the model with"
+                " empty_init=False and load its weights before setup.")
         return NF4Linear(layer, self.block_size, self.scaler_block_size)
 
     def __repr__(self) -> str:
