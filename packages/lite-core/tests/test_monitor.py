@@ -232,3 +232,17 @@ def test_rows_hold_the_restarts_under_lite_run_and_what_the_strategy_knows_of_fa
     row = logger.logged[-1][0]
     assert {name: value for name, value in row.items() if name.startswith("fault/")} == {
         "fault/restarts": 2.0, "fault/replica_groups": 3.0}
+
+
+def test_a_monitor_marks_the_steps_of_its_own_lites_profiler_only(tmp_path: Any) -> None:
+    """The running profilers belong to the LightningLite whose profile() runs them, not to the
+    process: another Lite's monitor in the same process does not step them."""
+    profiled, other = LightningLite(accelerator="cpu"), LightningLite(accelerator="cpu")
+    mine, theirs = ThroughputMonitor(profiled, log_every_n_steps=0), ThroughputMonitor(other, log_every_n_steps=0)
+    with profiled.profile(tmp_path, wait=5, warmup=1, active=1) as prof:
+        theirs.step(batch_size=1)
+        assert prof.step_num == 0
+        mine.step(batch_size=1)
+        mine.step(batch_size=1)
+        assert prof.step_num == 2
+    theirs.step(batch_size=1)  # after the block: nothing to mark

@@ -289,6 +289,28 @@ def test_a_change_the_strategy_cannot_follow_is_refused_before_it_happens() -> N
     assert [name for name, _ in model.named_parameters()] == ["layer.weight", "layer.bias"]
 
 
+def test_the_new_parameter_hooks_belong_to_the_lite_that_set_the_model_up() -> None:
+    """torch's module registration hooks are global; each LightningLite registers its own with its
+    first guarded model and they go with it (no process-wide flag that the first call sets)."""
+    import gc
+
+    from torch.nn.modules import module as torch_module
+
+    gc.collect()  # models of earlier tests, and their hooks, gone first
+    before = (len(torch_module._global_parameter_registration_hooks), len(torch_module._global_module_registration_hooks))
+    lite = LightningLite(accelerator="cpu", strategy=_FixedLayoutStrategy())
+    model = lite.setup(_net())
+    other = LightningLite(accelerator="cpu", strategy=_FixedLayoutStrategy()).setup(_net())
+    with pytest.raises(MisuseError, match=r"parameter 'extra' was added to the model after setup"):
+        model.layer.register_parameter("extra", nn.Parameter(torch.ones(1)))
+    with pytest.raises(MisuseError, match=r"parameter 'extra' was added to the model after setup"):
+        other.layer.register_parameter("extra", nn.Parameter(torch.ones(1)))
+    del lite, model, other
+    gc.collect()
+    after = (len(torch_module._global_parameter_registration_hooks), len(torch_module._global_module_registration_hooks))
+    assert after == before
+
+
 class _ShardHolder(nn.Module):
     """A strategy's wrapper that, like torch-xla's FSDP, takes the module's parameters out of it
     and holds a copy of each itself (under names of its own)."""

@@ -23,6 +23,7 @@ from lite_core.running._callbacks import Callbacks, Loggers
 from lite_core.running._checkpoints import Checkpoints
 from lite_core.running._collectives import Collectives
 from lite_core.running._execution import Running, wrap_run
+from lite_core.profiler import Profiles
 from lite_core.seed import seed_everything
 from lite_core.training._models import Claims, Models
 
@@ -89,6 +90,7 @@ class LightningLite:
         claims, models = Claims(), []
         evaluations = EvaluationPasses(models)
         self._models = Models(self._strategy, claims, models, evaluations)
+        self._profiles = Profiles()  # what `profile()` runs, whose steps a ThroughputMonitor marks
         self._loaders = Loaders(self._strategy, claims, evaluations)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -528,7 +530,8 @@ class LightningLite:
         """
         from lite_core.profiler import profile
 
-        with profile(self.global_rank, folder, ranks, wait, warmup, active, repeat, **profiler_kwargs) as prof:
+        with profile(self._profiles, self.global_rank, folder, ranks, wait, warmup, active, repeat,
+                     **profiler_kwargs) as prof:
             yield prof
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:

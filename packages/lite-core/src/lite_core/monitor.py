@@ -24,7 +24,6 @@ from lite_core.model._module import is_set_up_model, state_of
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import FP8_PRECISIONS
 from lite_core.launchers.rank import RESTART_VARIABLE
-from lite_core.profiler import active_profiles
 
 if TYPE_CHECKING:
     from lite_core.lite import LightningLite
@@ -219,8 +218,7 @@ class ThroughputMonitor:
         self._steps.append((_clock(), batch_size, items, self._waited))  # items None: the samples
         self._waited = 0.0
         self.step_count += 1
-        if active_profiles:
-            active_profiles[-1].step()
+        self._lite._profiles.step()
         if step is not None:
             return self._log_at_optimizer_step(step)
         if self.step_count == self._next_log:

@@ -10,9 +10,26 @@ from typing import Any
 from lite_core.errors import ConfigurationError
 
 
-#: The profilers that `profile()` runs in this process, innermost last: a `ThroughputMonitor`'s
-#: `step()` marks a step of the innermost one.
-active_profiles: list[Any] = []
+class Profiles:
+    """The profilers that one `LightningLite`'s `profile()` blocks run, innermost last: its
+    `ThroughputMonitor`'s `step()` marks a step of the innermost one (`step`)."""
+
+    def __init__(self) -> None:
+        self._running: list[Any] = []
+
+    def step(self) -> None:
+        """Mark a step of the innermost running profiler, if any."""
+        if self._running:
+            self._running[-1].step()
+
+    @contextmanager
+    def running(self, prof: Any) -> Iterator[Any]:
+        """Yield `prof`, the innermost running profiler while the block runs."""
+        self._running.append(prof)
+        try:
+            yield prof
+        finally:
+            self._running.remove(prof)
 
 
 class _NoProfiler:
@@ -23,14 +40,15 @@ class _NoProfiler:
 
 
 @contextmanager
-def profile(rank: int, folder: str | os.PathLike[str], ranks: Iterable[int] | None, wait: int, warmup: int,
-            active: int, repeat: int, **profiler_kwargs: Any) -> Iterator[Any]:
-    """The body of `LightningLite.profile` for the process of global rank `rank`."""
+def profile(profiles: Profiles, rank: int, folder: str | os.PathLike[str], ranks: Iterable[int] | None, wait: int,
+            warmup: int, active: int, repeat: int, **profiler_kwargs: Any) -> Iterator[Any]:
+    """The body of `LightningLite.profile` for the process of global rank `rank`, run in `profiles`."""
     for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1), ("repeat", repeat, 1)):
         if not isinstance(value, int) or value < least:
             raise ConfigurationError(f"profile() got {name}={value!r}: pass an int of at least {least}.")
     if ranks is not None and rank not in set(ranks):
-        yield from _active(_NoProfiler())
+        with profiles.running(_NoProfiler()) as prof:
+            yield prof
         return
     import torch.profiler
 
@@ -45,13 +63,5 @@ def profile(rank: int, folder: str | os.PathLike[str], ranks: Iterable[int] | No
 
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
     with torch.profiler.profile(schedule=schedule, on_trace_ready=write_trace, **profiler_kwargs) as prof:
-        yield from _active(prof)
-
-
-def _active(prof: Any) -> Iterator[Any]:
-    """Yield `prof`, registered in `active_profiles` while the block runs."""
-    active_profiles.append(prof)
-    try:
-        yield prof
-    finally:
-        active_profiles.remove(prof)
+        with profiles.running(prof):
+            yield prof

@@ -12,6 +12,7 @@ in one sentence that names the fix.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable
 
@@ -20,12 +21,6 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from lite_core.errors import MisuseError
-
-#: Every submodule of a set-up model whose strategy does not follow new parameters -> that model's
-#: record of which parameters it was set up with and under which strategy.
-_GUARDED: weakref.WeakKeyDictionary[nn.Module, _Guard] = weakref.WeakKeyDictionary()
-_hooks_installed = False
-
 
 class _Guard:
     __slots__ = ("strategy_name", "parameter_ids")
@@ -51,27 +46,50 @@ def refuse_conversion(module: nn.Module, strategy: Any, fn: Callable[[torch.Tens
             )
 
 
-def guard_new_parameters(model: nn.Module, strategy_name: str) -> None:
-    """Refuse, from now on, a trainable parameter added anywhere inside `model` (a new head, a
-    parameter registered on a submodule) that is not one `model` was set up with."""
-    global _hooks_installed
-    if not _hooks_installed:
-        _module_hooks.register_module_parameter_registration_hook(_check_parameter)
-        _module_hooks.register_module_module_registration_hook(_check_submodule)
-        _hooks_installed = True
-    guard = _Guard(strategy_name, {id(p) for p in model.parameters()})
-    for submodule in model.modules():
-        _GUARDED[submodule] = guard
+class ParameterGuards:
+    """The set-up models of one `LightningLite` whose strategy does not follow new parameters, and
+    the two module registration hooks (torch's, global to `nn.Module`) that refuse a trainable
+    parameter added to them: registered with the first model guarded, removed when the last
+    guarded model is gone."""
+
+    def __init__(self) -> None:
+        #: Every submodule of a guarded model -> that model's record of its parameters and strategy.
+        self._guarded: weakref.WeakKeyDictionary[nn.Module, _Guard] = weakref.WeakKeyDictionary()
+        self._handles: list[Any] = []
+        self._models = 0
+
+    def guard(self, model: nn.Module, strategy_name: str) -> None:
+        """Refuse, from now on, a trainable parameter added anywhere inside `model` (a new head, a
+        parameter registered on a submodule) that is not one `model` was set up with."""
+        if not self._handles:
+            self._handles += [
+                _module_hooks.register_module_parameter_registration_hook(functools.partial(_check_parameter, self._guarded)),
+                _module_hooks.register_module_module_registration_hook(functools.partial(_check_submodule, self._guarded)),
+            ]
+        guard = _Guard(strategy_name, {id(p) for p in model.parameters()})
+        for submodule in model.modules():
+            self._guarded[submodule] = guard
+        self._models += 1
+        weakref.finalize(model, self._model_gone)
+
+    def _model_gone(self) -> None:
+        self._models -= 1
+        if not self._models:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
 
 
-def _check_parameter(module: nn.Module, name: str, param: Any) -> None:
-    guard = _GUARDED.get(module)
+def _check_parameter(guarded: weakref.WeakKeyDictionary[nn.Module, _Guard], module: nn.Module, name: str,
+                     param: Any) -> None:
+    guard = guarded.get(module)
     if guard is not None and param is not None and param.requires_grad and id(param) not in guard.parameter_ids:
         _refuse(guard, f"parameter {name!r}")
 
 
-def _check_submodule(module: nn.Module, name: str, submodule: Any) -> None:
-    guard = _GUARDED.get(module)
+def _check_submodule(guarded: weakref.WeakKeyDictionary[nn.Module, _Guard], module: nn.Module, name: str,
+                     submodule: Any) -> None:
+    guard = guarded.get(module)
     if guard is None or submodule is None:
         return
     if any(p.requires_grad and id(p) not in guard.parameter_ids for p in submodule.parameters()):

@@ -14,7 +14,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.errors import MisuseError
-from lite_core.model._changes import guard_new_parameters
+from lite_core.model._changes import ParameterGuards
 from lite_core.model._module import STATE_KEY, LiteModule, set_up_in_place, state_of
 from lite_core.model.compile import CompileOptions, unwrap_compiled
 from lite_core.model.optimizer import _LiteOptimizerBase, wrap_optimizer
@@ -47,6 +47,7 @@ class Models:
         self._strategy = strategy
         self._claims = claims
         self._set_up = set_up
+        self._guards = ParameterGuards()  # the new-parameter refusal of the models set up here
         self._evaluations = evaluations
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
@@ -66,8 +67,8 @@ class Models:
             self._claims.claim(optimizer, "optimizer")
         model = _prepare_module(self._strategy, model, move_to_device, optimizers)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = _wrap_module(self._strategy, self._set_up, forward_module, model, compile_options, loss_fn,
-                              forward_methods)
+        module = _wrap_module(self._strategy, self._set_up, self._guards, forward_module, model, compile_options,
+                              loss_fn, forward_methods)
         if not optimizers:
             return module
         return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
@@ -80,7 +81,7 @@ class Models:
         require_environment(self._strategy, "setup_module")
         self._claims.claim(model, "model")
         model = _prepare_module(self._strategy, model, move_to_device)
-        return _wrap_module(self._strategy, self._set_up, self._strategy.setup_module(model), model,
+        return _wrap_module(self._strategy, self._set_up, self._guards, self._strategy.setup_module(model), model,
                             compile_options, loss_fn, forward_methods)
 
     def setup_optimizers(self, optimizers: tuple[Optimizer, ...]) -> Any:
@@ -184,8 +185,8 @@ def _follow_replaced_parameters(before: dict[str, nn.Parameter], model: nn.Modul
             optimizer.state[replaced[id(old)]] = optimizer.state.pop(old)
 
 
-def _wrap_module(strategy: Strategy, models: list[LiteModule], forward_module: nn.Module, model: nn.Module,
-                 compile_options: CompileOptions | None = None,
+def _wrap_module(strategy: Strategy, models: list[LiteModule], guards: ParameterGuards, forward_module: nn.Module,
+                 model: nn.Module, compile_options: CompileOptions | None = None,
                  loss_fn: Callable[..., torch.Tensor] | None = None,
                  forward_methods: tuple[str, ...] = ()) -> LiteModule:
     compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
@@ -196,6 +197,6 @@ def _wrap_module(strategy: Strategy, models: list[LiteModule], forward_module: n
                              loads=strategy.routes_load_state_dict, guards=not strategy.follows_conversions,
                              parameters=strategy.routes_named_parameters, named_methods=forward_methods)
     if not strategy.follows_new_parameters:
-        guard_new_parameters(module, strategy.name)
+        guards.guard(module, strategy.name)
     models.append(module)
     return module  # type: ignore[return-value]
