@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 import _lora
-from lite_core import LightningLite
+from _lora_loop import LoRALoop
 
 torch.set_num_threads(1)
 #: A fresh model's adapters start from another draw than the trained one's: a checkpoint that
@@ -38,7 +37,7 @@ torch.set_num_threads(1)
 OTHER_SEED = 99
 
 
-class FineTune(LightningLite):
+class FineTune(LoRALoop):
     def run(self, out_dir: str, merge: bool = True) -> None:
         out = Path(out_dir)
         model = _lora.lora_model()
@@ -58,17 +57,6 @@ class FineTune(LightningLite):
         self.barrier()
         if merge:  # not under ZeRO-3, whose partitions peft cannot merge into (docs/fine-tuning.md)
             self.export_safetensors(model.merge_and_unload(), out / "merged")
-
-    def _batches(self) -> Any:
-        loader = DataLoader(_lora.data(), batch_size=_lora.GLOBAL_BATCH)
-        return self.setup_dataloaders(loader, split_batches=True)
-
-    def _step(self, model: Any, optimizer: Any, tokens: torch.Tensor) -> float:
-        loss = model(input_ids=tokens, labels=tokens).loss
-        self.backward(loss, model=model)
-        optimizer.step()
-        optimizer.zero_grad()
-        return self.all_reduce(loss.detach(), reduce_op="mean").item()
 
     def _checkpoint_keys(self, path: Path) -> dict[str, list[str]]:
         content = self.load(path)

@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 import _lora
-from lite_core import LightningLite
+from _lora_loop import LoRALoop
 
 torch.set_num_threads(1)
 OTHER_SEED = 99
@@ -79,7 +78,7 @@ def decoder_layer() -> type:
     return LlamaDecoderLayer
 
 
-class NF4Job(LightningLite):
+class NF4Job(LoRALoop):
     def run(self, out_dir: str, strategy: str) -> dict[str, Any]:
         out = Path(out_dir)
         model = lora_model()
@@ -101,16 +100,6 @@ class NF4Job(LightningLite):
         if self.is_global_zero:
             torch.save(record, out / "record.pt")
         return record
-
-    def _batches(self) -> Any:
-        return self.setup_dataloaders(DataLoader(_lora.data(), batch_size=_lora.GLOBAL_BATCH), split_batches=True)
-
-    def _step(self, model: Any, optimizer: Any, tokens: torch.Tensor) -> float:
-        loss = model(input_ids=tokens, labels=tokens).loss
-        self.backward(loss, model=model)
-        optimizer.step()
-        optimizer.zero_grad()
-        return self.all_reduce(loss.detach(), reduce_op="mean").item()
 
     def _resumed(self, path: Path) -> dict[str, torch.Tensor]:
         """A model with other adapters loads the adapters-only checkpoint and trains the remaining steps."""

@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 import _lora
+from _lora_loop import LoRALoop
 import _qlora
-from lite_core import LightningLite, QuantizedPrecision
+from lite_core import QuantizedPrecision
 
 torch.set_num_threads(1)
 OTHER_SEED = 99
 
 
-class QLoRA(LightningLite):
+class QLoRA(LoRALoop):
     def run(self, out_dir: str, mode: str, built: bool = False) -> dict[str, Any]:
         out = Path(out_dir)
         self.built = built
@@ -59,16 +59,6 @@ class QLoRA(LightningLite):
         if self.is_global_zero:
             torch.save(record, out / "record.pt")
         return record
-
-    def _batches(self) -> Any:
-        return self.setup_dataloaders(DataLoader(_lora.data(), batch_size=_lora.GLOBAL_BATCH), split_batches=True)
-
-    def _step(self, model: Any, optimizer: Any, tokens: torch.Tensor) -> float:
-        loss = model(input_ids=tokens, labels=tokens).loss
-        self.backward(loss, model=model)
-        optimizer.step()
-        optimizer.zero_grad()
-        return self.all_reduce(loss.detach(), reduce_op="mean").item()
 
     def _adapters(self, model: Any) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
