@@ -75,7 +75,7 @@ def test_float16_mixed_precision_is_refused_in_one_sentence(clean_env) -> None:
         _strategy_of(ModelParallelStrategy(_identity), devices=4, precision="16-mixed")
     message = str(info.value)
     assert message == ("precision='16-mixed' is not supported by strategy='model_parallel' on accelerator='cpu':"
-                       " choose one of ['32-true', 'bf16-mixed', 'bf16-true'].")
+                       " choose one of ['32-true', 'bf16-mixed', 'bf16-true', 'nf4-torchao'].")
 
 
 def test_an_accelerator_without_a_process_group_is_refused(clean_env) -> None:
