@@ -236,3 +236,10 @@ def test_a_model_passed_into_run_is_each_ranks_own(run_script, output_of, tmp_pa
         assert weights.keys() == reference.keys()
         for key, value in reference.items():
             assert torch.equal(weights[key], value), (strategy, key, (weights[key] - value).abs().max())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_save_right_after_a_load_waits_for_every_rank_to_read(strategy, training_job):
+    # Rank 0 wrote the next step over the checkpoint while rank 1 was still to read it: rank 1
+    # resumed from step 2, rank 0 from step 1, silently.
+    assert [checks["load_then_save"] for checks in training_job(strategy).checks] == [1, 1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -197,6 +198,7 @@ class Train(LightningLite):
         checks["failed_part"] = self.error_of(lambda: on_writing_ranks(
             self.strategy, "parts", lambda: self.write_part(out_dir), writes=True))
         checks["shuffled_resume"] = self.shuffled_resume(out_dir)
+        checks["load_then_save"] = self.load_then_save(out_dir)
         Path(out_dir, f"checks_rank{self.global_rank}.json").write_text(json.dumps(checks))
 
     def shuffled_resume(self, out_dir: str, epochs: int = 3, save_after: int = 2) -> dict:
@@ -223,6 +225,18 @@ class Train(LightningLite):
 
         uninterrupted, resumed = train(resume=False), train(resume=True)
         return {"max_difference": max(abs(a - b) for a, b in zip(uninterrupted, resumed))}
+
+    def load_then_save(self, out_dir: str) -> int:
+        """The preemption page's resume: load the checkpoint at a path, then save the next step to
+        it at once. Rank 1 is late to read (a slow file system): what step does it resume from?"""
+        path = Path(out_dir, "load_then_save")
+        self.save({"step": 1}, path)
+        if self.global_rank == 1:
+            time.sleep(0.5)  # makes a save that does not wait for the readers fail; passing needs no delay
+        state = {"step": 0}
+        self.load(path, state)
+        self.save({"step": state["step"] + 1}, path)
+        return state["step"]
 
     def write_part(self, out_dir: str) -> None:
         """A backend's save where each rank writes its part; rank 1's write fails."""

@@ -42,6 +42,9 @@ class Checkpoints:
         require_processes(self._strategy, "save")
         self.wait()
         path = self._checked(filepath)
+        # A rank may still be reading the checkpoint at `path` (a load just before, as a resumed
+        # loop does): no rank writes over it until every rank is here.
+        self._strategy.barrier("save")
         reason = None if blocking else self._strategy.why_no_background_save()
         if blocking or reason is not None:
             if reason is not None:
