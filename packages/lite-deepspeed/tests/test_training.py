@@ -234,6 +234,16 @@ def test_in_place_edit_of_a_model_output_works_as_in_plain_pytorch(job):
     assert job["misuse"]["in_place_on_output"] == "no error"
 
 
+def test_a_path_saved_under_another_strategy_takes_deepspeeds_folder_and_back(job):
+    """A one-file checkpoint at the path is replaced by DeepSpeed's folder (written beside it and
+    put in place: it failed with FileExistsError), and the folder by a file again, with rank 1
+    still reading the folder (the file replaced it under rank 1 and it read step 3, or failed
+    without DeepSpeed's `latest` file); nothing is left beside."""
+    every_rank, leftovers = job["misuse"]["layout_switch"]
+    assert every_rank == [[(False, 1), (True, 2), (False, 3)]] * 2
+    assert leftovers == []
+
+
 def test_setup_optimizers_alone_is_refused(job):
     assert job["misuse"]["optimizers_alone"].startswith("DeepSpeed sets up a model and its optimizer together")
 

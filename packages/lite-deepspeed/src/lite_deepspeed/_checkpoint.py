@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,10 +16,13 @@ from lite_core.plugins import (
     READER_FILE,
     TrainableState,
     check_weights_fit,
+    commit_folder,
     forward_module,
     is_set_up,
+    is_sharded,
     on_rank_zero,
     restore,
+    staging_folder,
     to_state,
     unwrap_optimizer,
 )
@@ -106,14 +110,33 @@ def save(path: str, content: dict[str, Any], strategy: DeepSpeedRun) -> None:
     trainable = content[key].names() if isinstance(content[key], TrainableState) else None
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state),
                                  "trainable": trainable}
+    started = time.time()
     # DeepSpeed's save is full of collectives: a rank that fails inside it leaves the others
     # waiting. What fails on one rank only (rank 0 makes the folder and pickles the client
     # state) is tried first, so that every rank raises instead.
-    on_rank_zero(strategy, path, lambda: _check_can_save(Path(path), client_state))
+    staging = on_rank_zero(strategy, path, lambda: _folder_to_write(Path(path), client_state))
+    folder = staging or path
     # An adapters-only checkpoint: DeepSpeed leaves the frozen weights out of every file.
-    engine.save_checkpoint(path, client_state=client_state, exclude_frozen_parameters=trainable is not None)
+    engine.save_checkpoint(folder, client_state=client_state, exclude_frozen_parameters=trainable is not None)
+    on_rank_zero(strategy, path, lambda: _finish(Path(folder), Path(path), staging is not None, started))
+
+
+def _folder_to_write(path: Path, client_state: dict[str, Any]) -> str | None:
+    """Check that DeepSpeed can save to `path`; where another strategy's checkpoint is there (one
+    file, or a sharded folder), a staging folder beside it that replaces it once complete, as a
+    save that changes the layout does under every strategy; None to write into `path` itself."""
+    staging = None
+    if path.is_file() or (path.is_dir() and is_sharded(str(path)) and not is_deepspeed_directory(str(path))):
+        staging = staging_folder(path)
+    _check_can_save(Path(staging or path), client_state)
+    return staging
+
+
+def _finish(folder: Path, path: Path, staged: bool, started: float) -> None:
     # Names the strategy that reads this directory whole, so that every strategy loads it.
-    on_rank_zero(strategy, path, lambda: (Path(path) / READER_FILE).write_text("deepspeed\n"))
+    (folder / READER_FILE).write_text("deepspeed\n")
+    if staged:
+        commit_folder(folder, path, started)
 
 
 def _check_can_save(path: Path, client_state: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from pathlib import Path
 
 import deepspeed.ops
@@ -184,7 +185,23 @@ class Misuse(LightningLite):
         messages["reserved_key"] = _message(lambda: self.save(
             {"model": first, "optimizer": opt1, "global_steps": 3}, OUT / "ckpt_reserved"))
         messages["optimizer_alone"] = _message(lambda: self.save({"optimizer": opt1}, OUT / "ckpt_optimizer_alone"))
+        messages["layout_switch"] = self.switch_layouts(first, opt1)
         return messages
+
+    def switch_layouts(self, model, optimizer) -> list:
+        """One path saved as one file (no DeepSpeed model in it, as under another strategy), then
+        as DeepSpeed's folder, then as one file again: per rank, what each load reads back; and
+        the entries left beside the path. Rank 1 reads the folder late, as on a slow file system."""
+        path, seen = OUT / "switch", []
+        for step, content in [(1, {}), (2, {"model": model, "optimizer": optimizer}), (3, {})]:
+            self.save({**content, "step": step}, path)
+            if self.global_rank == 1 and step == 2:
+                time.sleep(2)  # the next save must wait for this reader (passing needs no delay)
+            seen.append((path.is_dir(), self.load(path)["step"]))
+        self.barrier()
+        every_rank = [None] * self.world_size
+        dist.all_gather_object(every_rank, seen)
+        return [every_rank, sorted(entry.name for entry in OUT.iterdir() if entry.name.startswith(".switch"))]
 
     def in_place_backward(self, model, x) -> None:
         out = model(x)  # 32-true: the engine's own output, not a cast copy
