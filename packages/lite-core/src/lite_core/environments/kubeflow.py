@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 
-from lite_core.environments._envvars import env_int
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
-_LAUNCHER = "the Kubeflow training operator"
 
-
-class KubeflowEnvironment(ClusterEnvironment):
+class KubeflowEnvironment(LaunchedEnvironment):
     """Reads what the Kubeflow training operator exports to each pod of a `PyTorchJob`.
 
     Each pod runs one process, so the pod's `RANK` is both its global rank and its node rank, and
@@ -19,30 +16,17 @@ class KubeflowEnvironment(ClusterEnvironment):
     """
 
     name = "kubeflow"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
+    _launcher = "the Kubeflow training operator"
 
     @property
     def main_address(self) -> str:
         return os.environ["MASTER_ADDR"]
-
-    @property
-    def main_port(self) -> int:
-        return env_int("MASTER_PORT", _LAUNCHER)
 
     @staticmethod
     def detect() -> bool:
         required = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
         under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
         return all(name in os.environ for name in required) and not under_torchrun
-
-    def world_size(self) -> int:
-        return env_int("WORLD_SIZE", _LAUNCHER)
-
-    def global_rank(self) -> int:
-        return env_int("RANK", _LAUNCHER)
 
     def local_rank(self) -> int:
         return 0
@@ -66,9 +50,4 @@ class KubeflowEnvironment(ClusterEnvironment):
                 f"scale with the job's replicas, or launch torchrun inside each pod."
             )
         world = self.world_size()
-        if world != num_nodes:
-            raise ConfigurationError(
-                f"The Kubeflow PyTorchJob has {world} pods but "
-                f"LightningLite(num_nodes={num_nodes}) asks for {num_nodes}: make them agree, "
-                f"e.g. num_nodes={world}."
-            )
+        self._require_count(world, num_nodes, "num_nodes", f"The Kubeflow PyTorchJob has {world} pods")

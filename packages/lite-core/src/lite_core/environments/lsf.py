@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import socket
 
-from lite_core.environments._envvars import env_int, port_from_env_or_job
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._envvars import port_from_env_or_job
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
-_LAUNCHER = "LSF (jsrun)"
 
-
-class LSFEnvironment(ClusterEnvironment):
+class LSFEnvironment(LaunchedEnvironment):
     """Reads the ranks `jsrun` exports and the hosts listed in LSF's rank file.
 
     The rank file (`LSB_DJOB_RANKFILE`) has one host per line; its first line is the launch (batch)
@@ -22,13 +20,12 @@ class LSFEnvironment(ClusterEnvironment):
     """
 
     name = "lsf"
+    _launcher = "LSF (jsrun)"
+    _world_variable, _rank_variable, _local_rank_variable = (
+        "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")
 
     def __init__(self) -> None:
         self._hosts: list[str] | None = None
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
 
     @property
     def main_address(self) -> str:
@@ -36,7 +33,7 @@ class LSFEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return port_from_env_or_job("LSB_JOBID", _LAUNCHER)
+        return port_from_env_or_job("LSB_JOBID", self._launcher)
 
     @staticmethod
     def detect() -> bool:
@@ -47,15 +44,6 @@ class LSFEnvironment(ClusterEnvironment):
             "JSM_NAMESPACE_SIZE",
         )
         return all(name in os.environ for name in required)
-
-    def world_size(self) -> int:
-        return env_int("JSM_NAMESPACE_SIZE", _LAUNCHER)
-
-    def global_rank(self) -> int:
-        return env_int("JSM_NAMESPACE_RANK", _LAUNCHER)
-
-    def local_rank(self) -> int:
-        return env_int("JSM_NAMESPACE_LOCAL_RANK", _LAUNCHER)
 
     def node_rank(self) -> int:
         hosts = self.compute_hosts()
@@ -100,10 +88,5 @@ class LSFEnvironment(ClusterEnvironment):
         Raises:
             ConfigurationError: The world size disagrees with the Lite arguments.
         """
-        world = self.world_size()
-        if world != num_devices * num_nodes:
-            raise ConfigurationError(
-                f"jsrun started {world} processes but LightningLite(devices={num_devices}, "
-                f"num_nodes={num_nodes}) expects {num_devices * num_nodes}: make them agree, e.g. "
-                f"change devices/num_nodes or the jsrun resource set counts."
-            )
+        self._require_world(num_devices, num_nodes, f"jsrun started {self.world_size()} processes",
+                            "change devices/num_nodes or the jsrun resource set counts")

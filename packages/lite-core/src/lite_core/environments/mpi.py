@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from lite_core.environments._envvars import counts_of, env_int
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
 #: Port used when `MASTER_PORT` is unset. MPI launchers export no portable job id to derive a
@@ -20,10 +20,9 @@ _OPEN_MPI = (
     "OMPI_COMM_WORLD_LOCAL_SIZE",
 )
 _HYDRA = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")  # MPICH, Intel MPI
-_LAUNCHER = "mpirun"
 
 
-class MPIEnvironment(ClusterEnvironment):
+class MPIEnvironment(LaunchedEnvironment):
     """Reads the ranks that Open MPI or MPICH/Intel MPI (Hydra) export to each process.
 
     Open MPI sets `OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`; Hydra sets `PMI_RANK`,
@@ -36,10 +35,7 @@ class MPIEnvironment(ClusterEnvironment):
     """
 
     name = "mpi"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
+    _launcher = "mpirun"
 
     @property
     def main_address(self) -> str:
@@ -55,7 +51,7 @@ class MPIEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return env_int("MASTER_PORT", _LAUNCHER, default=DEFAULT_MPI_PORT)
+        return env_int("MASTER_PORT", self._launcher, default=DEFAULT_MPI_PORT)
 
     @staticmethod
     def detect() -> bool:
@@ -66,16 +62,16 @@ class MPIEnvironment(ClusterEnvironment):
         return _OPEN_MPI if "OMPI_COMM_WORLD_SIZE" in os.environ else _HYDRA
 
     def world_size(self) -> int:
-        return env_int(self._names()[1], _LAUNCHER)
+        return env_int(self._names()[1], self._launcher)
 
     def global_rank(self) -> int:
-        return env_int(self._names()[0], _LAUNCHER)
+        return env_int(self._names()[0], self._launcher)
 
     def local_rank(self) -> int:
-        return env_int(self._names()[2], _LAUNCHER)
+        return env_int(self._names()[2], self._launcher)
 
     def _local_size(self) -> int:
-        return env_int(self._names()[3], _LAUNCHER)
+        return env_int(self._names()[3], self._launcher)
 
     def process_counts(self) -> tuple[int, int] | None:
         return counts_of(self._local_size(), self.world_size())
@@ -99,16 +95,7 @@ class MPIEnvironment(ClusterEnvironment):
             ConfigurationError: The MPI launch disagrees with the Lite arguments.
         """
         local_size, world = self._local_size(), self.world_size()
-        if local_size != num_devices:
-            raise ConfigurationError(
-                f"mpirun started {local_size} processes per node but "
-                f"LightningLite(devices={num_devices}) asks for {num_devices}: make them agree, "
-                f"e.g. devices={local_size} or `mpirun --npernode {num_devices}`."
-            )
-        if world != num_devices * num_nodes:
-            raise ConfigurationError(
-                f"mpirun started {world} processes but LightningLite(devices={num_devices}, "
-                f"num_nodes={num_nodes}) expects {num_devices * num_nodes}: make them agree, e.g. "
-                f"num_nodes={max(world // max(num_devices, 1), 1)} or `mpirun -np "
-                f"{num_devices * num_nodes}`."
-            )
+        self._require_count(local_size, num_devices, "devices", f"mpirun started {local_size} processes per node",
+                            f"`mpirun --npernode {num_devices}`")
+        self._require_world(num_devices, num_nodes, f"mpirun started {world} processes",
+                            f"num_nodes={max(world // max(num_devices, 1), 1)} or `mpirun -np {num_devices * num_nodes}`")

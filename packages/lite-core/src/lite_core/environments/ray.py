@@ -6,14 +6,14 @@ import os
 import sys
 
 from lite_core.environments._envvars import counts_of, env_int
-from lite_core.environments._torch_variables import TorchVariablesEnvironment
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
 #: What Ray Train's torch backend exports to each worker (`ray/train/torch/config.py`).
 _VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 
 
-class RayTrainEnvironment(TorchVariablesEnvironment):
+class RayTrainEnvironment(LaunchedEnvironment):
     """Reads what Ray Train exports to each worker of a `TorchTrainer`.
 
     Ray sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK` and `MASTER_ADDR`

@@ -6,10 +6,9 @@ import os
 import re
 
 from lite_core.environments._envvars import counts_of, env_int, int_or_none, port_from_env_or_job
-from lite_core.environments.environment import ClusterEnvironment
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
-_LAUNCHER = "SLURM (srun)"
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 _MPIRUN_MARKERS = ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")  # Open MPI's, Hydra's mpirun
 
@@ -58,7 +57,7 @@ def _bad_hostlist(hostlist: str) -> ConfigurationError:
     )
 
 
-class SLURMEnvironment(ClusterEnvironment):
+class SLURMEnvironment(LaunchedEnvironment):
     """Reads the ranks SLURM assigns to each task started by `srun`.
 
     Interactive allocations (job name `bash` or `interactive`) are not detected, so that Lite can
@@ -68,10 +67,8 @@ class SLURMEnvironment(ClusterEnvironment):
     """
 
     name = "slurm"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
+    _launcher = "SLURM (srun)"
+    _world_variable, _rank_variable, _local_rank_variable = "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"
 
     @property
     def main_address(self) -> str:
@@ -88,7 +85,7 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return port_from_env_or_job("SLURM_JOB_ID", _LAUNCHER)
+        return port_from_env_or_job("SLURM_JOB_ID", self._launcher)
 
     @staticmethod
     def detect() -> bool:
@@ -101,17 +98,8 @@ class SLURMEnvironment(ClusterEnvironment):
             and not started_by_mpirun
         )
 
-    def world_size(self) -> int:
-        return env_int("SLURM_NTASKS", _LAUNCHER)
-
-    def global_rank(self) -> int:
-        return env_int("SLURM_PROCID", _LAUNCHER)
-
-    def local_rank(self) -> int:
-        return env_int("SLURM_LOCALID", _LAUNCHER)
-
     def node_rank(self) -> int:
-        return env_int("SLURM_NODEID", _LAUNCHER)
+        return env_int("SLURM_NODEID", self._launcher)
 
     def process_counts(self) -> tuple[int, int] | None:
         per_node, nodes = int_or_none("SLURM_NTASKS_PER_NODE"), int_or_none("SLURM_NNODES")
@@ -128,25 +116,12 @@ class SLURMEnvironment(ClusterEnvironment):
             ConfigurationError: The allocation disagrees with the Lite arguments.
         """
         if "SLURM_NTASKS_PER_NODE" in os.environ:
-            per_node = env_int("SLURM_NTASKS_PER_NODE", _LAUNCHER)
-            if per_node != num_devices:
-                raise ConfigurationError(
-                    f"SLURM runs {per_node} tasks per node but "
-                    f"LightningLite(devices={num_devices}) asks for {num_devices}: make them "
-                    f"agree, e.g. devices={per_node} or sbatch --ntasks-per-node={num_devices}."
-                )
+            per_node = env_int("SLURM_NTASKS_PER_NODE", self._launcher)
+            self._require_count(per_node, num_devices, "devices", f"SLURM runs {per_node} tasks per node",
+                                f"sbatch --ntasks-per-node={num_devices}")
         if "SLURM_NNODES" in os.environ:
-            nodes = env_int("SLURM_NNODES", _LAUNCHER)
-            if nodes != num_nodes:
-                raise ConfigurationError(
-                    f"SLURM allocated {nodes} nodes but LightningLite(num_nodes={num_nodes}) asks "
-                    f"for {num_nodes}: make them agree, e.g. num_nodes={nodes} or "
-                    f"sbatch --nodes={num_nodes}."
-                )
-        world = self.world_size()
-        if world != num_devices * num_nodes:
-            raise ConfigurationError(
-                f"SLURM started {world} tasks but LightningLite(devices={num_devices}, "
-                f"num_nodes={num_nodes}) expects {num_devices * num_nodes}: make them agree, e.g. "
-                f"sbatch --ntasks-per-node={num_devices} --nodes={num_nodes}."
-            )
+            nodes = env_int("SLURM_NNODES", self._launcher)
+            self._require_count(nodes, num_nodes, "num_nodes", f"SLURM allocated {nodes} nodes",
+                                f"sbatch --nodes={num_nodes}")
+        self._require_world(num_devices, num_nodes, f"SLURM started {self.world_size()} tasks",
+                            f"sbatch --ntasks-per-node={num_devices} --nodes={num_nodes}")

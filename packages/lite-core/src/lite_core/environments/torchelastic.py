@@ -6,11 +6,11 @@ import os
 
 from lite_core.environ import LAUNCHER_PID_VARIABLE
 from lite_core.environments._envvars import counts_of, env_int, int_or_none
-from lite_core.environments._torch_variables import TorchVariablesEnvironment
+from lite_core.environments._launched import LaunchedEnvironment
 from lite_core.errors import ConfigurationError
 
 
-class TorchElasticEnvironment(TorchVariablesEnvironment):
+class TorchElasticEnvironment(LaunchedEnvironment):
     """Reads what `torchrun` exports to each worker process.
 
     torchrun sets `TORCHELASTIC_RUN_ID`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
@@ -50,22 +50,12 @@ class TorchElasticEnvironment(TorchVariablesEnvironment):
         launcher, per_node_flag, nodes_flag = _launcher_words()
         if "LOCAL_WORLD_SIZE" in os.environ:
             per_node = env_int("LOCAL_WORLD_SIZE", self._launcher)
-            if per_node != num_devices:
-                raise ConfigurationError(
-                    f"{launcher} started {per_node} processes per node but "
-                    f"LightningLite(devices={num_devices}) asks for {num_devices}: make them "
-                    f"agree, e.g. devices={per_node} or {launcher} {per_node_flag}={num_devices}."
-                )
+            self._require_count(per_node, num_devices, "devices", f"{launcher} started {per_node} processes per node",
+                                f"{launcher} {per_node_flag}={num_devices}")
         world = self.world_size()
-        if world != num_devices * num_nodes:
-            raise ConfigurationError(
-                f"{launcher} started {world} processes in total but "
-                f"LightningLite(devices={num_devices}, num_nodes={num_nodes}) expects "
-                f"{num_devices * num_nodes}: make them agree, e.g. num_nodes="
-                f"{max(world // max(num_devices, 1), 1)}, {launcher} {nodes_flag}={num_nodes}, or leave devices and"
-                f" num_nodes out of LightningLite(...) to take {launcher}'s counts."
-            )
-
+        self._require_world(num_devices, num_nodes, f"{launcher} started {world} processes in total",
+                            f"num_nodes={max(world // max(num_devices, 1), 1)}, {launcher} {nodes_flag}={num_nodes},"
+                            f" or leave devices and num_nodes out of LightningLite(...) to take {launcher}'s counts")
 
 def _launcher_words() -> tuple[str, str, str]:
     """(the launcher, its processes-per-node flag, its node-count flag) as the user typed them:
