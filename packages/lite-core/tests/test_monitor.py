@@ -246,3 +246,57 @@ def test_a_monitor_marks_the_steps_of_its_own_lites_profiler_only(tmp_path: Any)
         mine.step(batch_size=1)
         assert prof.step_num == 2
     theirs.step(batch_size=1)  # after the block: nothing to mark
+
+
+# -- a Mixture-of-Experts layer: its active FLOPs ---------------------------------------------------
+EXPERTS, TOP_K, TOKENS, WIDTH = 4, 2, 12, 16  # _grouped_mm on CPU: bfloat16, rows of 16-byte multiples
+
+
+class _LoopExperts(nn.Module):
+    """Stacked experts over tokens sorted by expert, one matrix product per expert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.w1 = nn.Parameter(torch.randn(EXPERTS, WIDTH, 2 * WIDTH, generator=generator).bfloat16())
+        self.w2 = nn.Parameter(torch.randn(EXPERTS, 2 * WIDTH, WIDTH, generator=generator).bfloat16())
+
+    def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        chunks = torch.split(tokens, counts.tolist())
+        return torch.cat([torch.tanh(chunk @ self.w1[e]) @ self.w2[e] for e, chunk in enumerate(chunks)])
+
+
+class _GroupedExperts(_LoopExperts):
+    """The same experts through `torch._grouped_mm`, which torch's counter does not count."""
+
+    def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        offsets = torch.cumsum(counts, 0).to(torch.int32)
+        return torch._grouped_mm(torch.tanh(torch._grouped_mm(tokens, self.w1, offs=offsets)), self.w2, offs=offsets)
+
+
+class _TopTwoMoE(nn.Module):
+    def __init__(self, experts: nn.Module) -> None:
+        super().__init__()
+        self.router = nn.Linear(WIDTH, EXPERTS, bias=False).bfloat16()
+        self.experts = experts
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.softmax(self.router(h).float(), dim=-1).topk(TOP_K, dim=-1)
+        order = torch.argsort(chosen.flatten(), stable=True)
+        routed = self.experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(chosen.flatten(), minlength=EXPERTS))
+        unsorted = torch.empty_like(routed).index_copy(0, order, routed)
+        return (unsorted.view(len(h), TOP_K, WIDTH) * weights.unsqueeze(-1).bfloat16()).sum(1)
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch before 2.8 has no _grouped_mm")
+def test_an_moe_counts_its_active_flops_whether_its_experts_loop_or_use_grouped_mm() -> None:
+    # torch's counter gives _grouped_mm 0 FLOPs: the grouped MoE counted its router alone.
+    h = torch.randn(TOKENS, WIDTH, generator=torch.Generator().manual_seed(1)).bfloat16().requires_grad_()
+    loop, grouped = _TopTwoMoE(_LoopExperts()), _TopTwoMoE(_GroupedExperts())
+    grouped.load_state_dict(loop.state_dict())
+    router = 2 * TOKENS * WIDTH * EXPERTS
+    experts = 2 * TOKENS * TOP_K * (WIDTH * 2 * WIDTH + 2 * WIDTH * WIDTH)  # each token through its top 2 only
+    assert measure_flops(loop, h, backward=False, on_meta=False) == router + experts
+    assert measure_flops(grouped, h, backward=False, on_meta=False) == router + experts
+    # Backward: each product's two gradients (the experts' weight gradients are 2-D x 2-D grouped products).
+    assert measure_flops(grouped, h, on_meta=False) == measure_flops(loop, h, on_meta=False) == 3 * (router + experts)

@@ -46,6 +46,11 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     copy of the model on the meta device, so it allocates no memory and costs no real step;
     `inputs` (tensors, alone or in dicts, lists, tuples) are moved to the meta device too.
 
+    A Mixture-of-Experts layer counts its active FLOPs: each token through the experts its router
+    chose, whether the experts loop or call `torch._grouped_mm` (a formula Lite adds to torch's
+    counter). The routing depends on the data, so count an MoE on a real batch (`on_meta=False`)
+    where its code needs the numbers of tokens per expert (`.tolist()`, `bincount`).
+
     It counts the whole model, before or after `setup()`, under every strategy: under pipeline
     parallelism, where a process holds only its stages' layers after `setup()`, it counts the whole
     model as it was before the cut (on the meta device, whatever `on_meta`), so every process gets
@@ -73,13 +78,34 @@ def measure_flops(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
         module = meta_copy(module)
         inputs = tree_map_only(torch.Tensor, _meta_input, inputs)
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=_MISSING_FORMULAS)
     with counter:
         output = module(*args)
         if backward:
             loss = loss_fn(output) if loss_fn is not None else output.sum()
             loss.backward()
     return int(counter.get_total_flops())
+
+
+def _grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """`torch._grouped_mm`'s FLOPs, which torch's counter does not know: every row of the output
+    is one token through its own group (expert) only, 2 FLOPs per multiply-add over the contracted
+    size. Where both operands are 2-D, the groups split the contracted dimension (the experts'
+    weight gradients: `[G, M, N]` out of `[M, K] x [K, N]`), so each output element of a group
+    contracts over that group's part of K alone."""
+    outputs = 1
+    for size in out_shape:
+        outputs *= size
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        outputs //= out_shape[0]
+    return 2 * outputs * a_shape[-1]
+
+
+#: Formulas for the matrix products torch's counter does not count (it counts them as 0 FLOPs):
+#: `_grouped_mm`, with which Mixture-of-Experts layers compute their experts, so that an MoE's
+#: count is its active FLOPs (each token through its top-k experts, not through all of them).
+_MISSING_FORMULAS = ({torch.ops.aten._grouped_mm: _grouped_mm_flops}
+                     if hasattr(torch.ops.aten, "_grouped_mm") else {})
 
 
 def _whole_pipelined_model(model: nn.Module) -> nn.Module | None:
