@@ -103,6 +103,28 @@ def test_the_not_installed_table_matches_every_backend_entry_point() -> None:
     assert table == set(declared)
 
 
+def test_the_known_backends_module_is_written_from_the_entry_points() -> None:
+    """The core's table has one source per backend, its entry points: `_known_backends.py` is what
+    tools/known_backends.py writes from them, not a second list kept by hand."""
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "known_backends.py"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert set(_registry.known_backends()) == {"lite-cuda", "lite-xla", "lite-deepspeed", "lite-torchft"}
+
+
+def test_the_known_backends_check_sees_a_stale_module(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_known_backends_tool", ROOT / "tools" / "known_backends.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)  # type: ignore[union-attr]
+    stale = tmp_path / "_known_backends.py"
+    stale.write_text(tool.render().replace('"local_sgd",\n', ""), encoding="utf-8")  # a name dropped by hand
+    tool.MODULE = stale
+    assert tool.main(["--check"]) == 1
+    assert tool.main([]) == 0 and stale.read_text(encoding="utf-8") == tool.render()
+
+
 def test_single_xla_without_lite_xla_names_the_install_line() -> None:
     # this package's conftest hides installed real backends from the registry
     with pytest.raises(BackendNotInstalledError, match=r"lite-xla, which is not installed: run `pip install '\./packages/lite-core\[xla\]' \./packages/lite-xla`"):

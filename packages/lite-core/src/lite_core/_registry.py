@@ -7,6 +7,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from lite_core._install import install_hint
+from lite_core._known_backends import KNOWN_BACKENDS
 from lite_core._suggest import closest
 from lite_core.errors import (
     BackendImportError,
@@ -14,39 +15,20 @@ from lite_core.errors import (
     UnknownNameError,
 )
 
-#: Names provided by backends that Lite knows of, with the extra that installs each.
+#: Names provided by backends that Lite knows of, with the extra that installs each: derived from
+#: `_known_backends`, which tools/known_backends.py writes from the backends' own entry points.
 _KNOWN_BACKENDS: dict[str, dict[str, str]] = {
-    "accelerator": {"cuda": "cuda", "gpu": "cuda", "tpu": "xla", "xla": "xla"},
-    "strategy": {
-        "dp": "cuda",
-        "ddp_ft": "torchft",
-        "deepspeed": "deepspeed",
-        "diloco": "torchft",
-        "diloco_fsdp": "torchft",
-        "deepspeed_stage_1": "deepspeed",
-        "deepspeed_stage_2": "deepspeed",
-        "deepspeed_stage_2_offload": "deepspeed",
-        "deepspeed_stage_3": "deepspeed",
-        "deepspeed_stage_3_offload": "deepspeed",
-        "fsdp_ft": "torchft",
-        "local_sgd": "torchft",
-        "single_xla": "xla",
-        "xla": "xla",
-        "xla_fsdp": "xla",
-    },
+    kind: {name: extra for extra, provides in KNOWN_BACKENDS.values() for name in provides.get(kind, ())}
+    for kind in ("accelerator", "strategy")
 }
-_EXTRA_PACKAGE = {"cuda": "lite-cuda", "xla": "lite-xla", "deepspeed": "lite-deepspeed", "torchft": "lite-torchft"}
+_EXTRA_PACKAGE = {extra: package for package, (extra, _) in KNOWN_BACKENDS.items()}
 
 
 def known_backends() -> dict[str, tuple[str, dict[str, list[str]]]]:
     """Each backend package Lite knows of: (the extra that installs it, the names it provides by
     kind), e.g. `{"lite-cuda": ("cuda", {"accelerator": ["cuda", "gpu"], "strategy": ["dp"]})}`."""
-    found: dict[str, tuple[str, dict[str, list[str]]]] = {}
-    for extra, package in _EXTRA_PACKAGE.items():
-        names = {kind: [name for name, wanted in known.items() if wanted == extra]
-                 for kind, known in _KNOWN_BACKENDS.items()}
-        found[package] = (extra, {kind: listed for kind, listed in names.items() if listed})
-    return found
+    return {package: (extra, {kind: list(names) for kind, names in provides.items()})
+            for package, (extra, provides) in KNOWN_BACKENDS.items()}
 
 
 class Registry:
