@@ -156,10 +156,8 @@ def test_the_repr_shows_the_sizes_asked_for(clean_env) -> None:
     ({"expert": 0}, "expert=0 is not valid: pass a positive integer."),
     ({"shard": 4, "expert": 3}, "expert=3 does not divide the 4 data-parallel processes it borrows from: choose an"
                                 " expert that divides shard."),
-    ({"tensor": 2, "expert": 2}, "expert=2 cannot borrow from the context or tensor dimension yet: pass context=1"
-                                 " and tensor=1, and spread the experts over data-parallel processes."),
-    ({"context": 2, "expert": 2}, "expert=2 cannot borrow from the context or tensor dimension yet: pass context=1"
-                                  " and tensor=1, and spread the experts over data-parallel processes."),
+    ({"context": 2, "expert": 2}, "expert=2 cannot be combined with context > 1 yet: pass context=1, and spread the"
+                                  " experts over data-parallel processes."),
 ])
 def test_an_expert_size_that_cannot_be_borrowed_is_refused_in_one_sentence(sizes, message) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -175,11 +173,14 @@ def test_an_expert_size_that_does_not_divide_the_resolved_data_size_is_refused()
 @pytest.mark.parametrize(("sizes", "devices", "names", "shape"), [
     ({"expert": 2}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (2, 2, 1)),
     ({"expert": 4}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (1, 4, 1)),
+    ({"shard": 2, "tensor": 2, "expert": 2}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"),
+     (1, 2, 2)),
+    ({"shard": 2, "expert": 2}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (1, 2, 2)),
     ({"pipeline": 2, "expert": 2}, 8,
      ("pipeline_parallel", "expert_data_parallel", "expert_parallel", "tensor_parallel"), (2, 2, 2, 1)),
 ])
 def test_experts_borrow_the_inner_data_parallel_processes_and_add_none(sizes, devices, names, shape) -> None:
-    layout = MeshLayout(**sizes).resolve(devices)  # both automatic: the tensor dimension is 1
+    layout = MeshLayout(**sizes).resolve(devices)  # shard and tensor both automatic: the tensor dimension is 1
     assert (layout.dim_names, layout.shape) == (names, shape)
     assert layout.world_size == devices and layout.expert_enabled and layout.sizes()["expert"] == sizes["expert"]
     assert not MeshLayout(shard=2, tensor=1).expert_enabled

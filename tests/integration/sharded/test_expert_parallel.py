@@ -3,7 +3,11 @@
 data-parallel dimension (EP 2), each process on its own half of the global batch, ends where one
 plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6); so does the same job with the
 experts on the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`, and a tiny Hugging
-Face Qwen3-MoE whose experts module (transformers' own) is called as transformers calls it."""
+Face Qwen3-MoE whose experts module (transformers' own) is called as transformers calls it.
+
+On 4 processes (`tests/scripts/expert_parallel_4_job.py`, one launch): EP 2 x data 2, EP 4 and EP 2 x
+tensor 2, trained with gradient accumulation and clipping, end where one plain process ends (SGD with
+momentum, fp32, 1e-6); a checkpoint saved under EP 4 loads under EP 2 and on one plain process."""
 
 from __future__ import annotations
 
@@ -136,3 +140,129 @@ def test_an_ep2_checkpoint_loads_whole_on_one_process_and_its_export_in_transfor
     tokens = job_module.qwen_tokens()[:2]
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=tokens).logits, model(input_ids=tokens).logits, atol=0, rtol=0)
+
+
+# -- 4 processes -----------------------------------------------------------------------------------
+# One launch of `tests/scripts/expert_parallel_4_job.py` runs every 4-process layout in sequence:
+# EP 2 x data 2, EP 4 and EP 2 x tensor 2, each trained with gradient accumulation and clipping, then
+# the EP 4 checkpoint loaded under EP 2 x data 2.
+
+_SCRIPT_4 = _SCRIPT.with_name("expert_parallel_4_job.py")
+_spec_4 = importlib.util.spec_from_file_location("expert_parallel_4_job", _SCRIPT_4)
+job4_module = importlib.util.module_from_spec(_spec_4)
+_spec_4.loader.exec_module(job4_module)
+
+_LAYOUTS_4 = ["ep2_dp2", "ep4", "ep2_tp2"]
+
+
+@pytest.fixture(scope="module")
+def job4(run_script, output_of, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("expert-parallel-4")
+    proc = run_script(_SCRIPT_4, out_dir, timeout=240, env={"LITE_COLLECTIVE_TIMEOUT": "60"})
+    assert proc.returncode == 0, output_of(proc)
+    return torch.load(out_dir / "results.pt", weights_only=True)
+
+
+def _plain_4(run: dict) -> dict:
+    return job4_module.plain_pytorch(run["initial"], run["load_replicas"], run["replicas"])
+
+
+@pytest.mark.parametrize("layout", _LAYOUTS_4)
+def test_on_4_processes_ep_trains_with_accumulation_and_clipping_to_the_weights_of_one_plain_process(
+        job4, layout, assert_weights_match):
+    run = job4[layout]
+    expected = _plain_4(run)
+    assert_weights_match(run["final"], expected["final"], run["initial"])
+    assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    # One norm over the experts (on their own mesh) and the other weights, as clip_grad_norm_ computes it.
+    assert run["norms"] == pytest.approx(expected["norms"], abs=1e-6)
+    assert min(expected["norms"]) > job4_module.MAX_NORM, "no step was clipped; the test would prove little"
+
+
+@pytest.mark.parametrize("layout", _LAYOUTS_4)
+def test_on_4_processes_ep_gradients_are_those_of_one_plain_process(job4, layout):
+    run = job4[layout]
+    expected = _plain_4(run)["gradients"]
+    assert run["gradients"].keys() == expected.keys()
+    for name, gradient in expected.items():
+        torch.testing.assert_close(run["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("layout", _LAYOUTS_4)
+def test_on_4_processes_expert_load_counts_the_tokens_of_the_expert_parallel_group(job4, layout):
+    # Rank 0's experts receive the tokens of its expert-parallel group: under EP 2 x data 2 those of
+    # two of the four data-parallel processes, under EP 4 and EP 2 x tensor 2 the whole batch's.
+    run = job4[layout]
+    assert run["load_replicas"] == {"ep2_dp2": [0, 1], "ep4": [0, 1, 2, 3], "ep2_tp2": [0, 1]}[layout]
+    assert torch.equal(run["loads"], _plain_4(run)["loads"]), run["loads"]
+
+
+def test_on_4_processes_the_layouts_place_the_experts_as_asked(job4):
+    names = ["expert_data_parallel", "expert_parallel", "tensor_parallel"]
+    assert all(job4[layout]["dim_names"] == names for layout in _LAYOUTS_4)
+    # EP 2 x data 2: 4 experts per expert-parallel process, FSDP2 halves them over "expert_data_parallel".
+    assert job4["ep2_dp2"]["experts"] == {"dims": names[:2], "placements": ["_StridedShard(0)", "Shard(0)"],
+                                          "local": [2, job4_module.HIDDEN, job4_module.FFN]}
+    assert job4["ep4"]["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
+                                      "local": [2, job4_module.HIDDEN, job4_module.FFN]}
+    # EP 2 x tensor 2: the experts whole on both processes of each tensor-parallel pair.
+    assert job4["ep2_tp2"]["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
+                                          "local": [4, job4_module.HIDDEN, job4_module.FFN]}
+
+
+def test_on_4_processes_every_data_parallel_process_sends_tokens_to_every_expert_process(job4):
+    # Otherwise the all-to-all would skip a pair of processes and the comparison would prove less.
+    model = job4_module.make_model()
+    model.load_state_dict(job4["ep4"]["initial"])
+    x, _ = job4_module.make_data()
+    local = job4_module.EXPERTS // job4_module.WORLD
+    for replica in range(job4_module.WORLD):
+        with torch.no_grad():
+            chosen = torch.cat([model.chosen(x[job4_module.rows(0, replica, job4_module.WORLD, micro)])
+                                for micro in range(job4_module.ACCUMULATE)])
+        assert set((chosen // local).flatten().tolist()) == {0, 1, 2, 3}, replica
+
+
+def test_an_ep4_checkpoint_loads_under_ep2_and_on_one_plain_process_with_the_users_keys(job4):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from lite_core import LightningLite
+
+    saved = job4["ep4"]["final"]
+    # The experts whole ([8, ...], not each process's 2) under the model's own keys.
+    metadata = FileSystemReader(job4["checkpoint"]).read_metadata().state_dict_metadata
+    assert {key for key in metadata if key.startswith("model.")} == {f"model.{key}" for key in saved}
+    assert metadata["model.experts.w1"].size == saved["experts.w1"].shape == (job4_module.EXPERTS, job4_module.HIDDEN,
+                                                                              job4_module.FFN)
+    moved = job4["moved"]
+    assert moved["experts"]["local"][0] == 2  # EP 2 x data 2: a quarter of the experts on each process
+    for name, value in saved.items():
+        assert torch.equal(moved["loaded"][name], value), name
+    lite = LightningLite(accelerator="cpu", devices=1)
+    model = job4_module.make_model(seed=5)
+    model, optimizer = lite.setup(model, job4_module.make_optimizer(model))
+    lite.load(job4["checkpoint"], {"model": model, "optimizer": optimizer})
+    assert model.state_dict().keys() == saved.keys()
+    for name, value in saved.items():
+        assert torch.equal(model.state_dict()[name], value), name
+    plain_logits = job4_module.logits(model)
+    # Only rank 0 sent the probe's tokens: each expert computed on the rows one plain process does.
+    torch.testing.assert_close(job4["ep4"]["logits"], plain_logits, atol=0, rtol=0)
+    torch.testing.assert_close(moved["logits"], plain_logits, atol=0, rtol=0)
+    # The momentum moved too: one more step under EP 2 x data 2 is one more plain step.
+    loss, norm, _ = job4_module.plain_step(model, optimizer, 0)
+    assert moved["loss"] == pytest.approx(loss, abs=1e-6) and moved["norm"] == pytest.approx(norm, abs=1e-6)
+    final = {name: value.detach() for name, value in model.state_dict().items()}
+    for name, value in final.items():
+        torch.testing.assert_close(moved["final"][name], value, atol=1e-6, rtol=0, msg=name)
+    assert max((final[name] - saved[name]).abs().max().item() for name in saved) > 1e-3  # the step moved them
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("uneven", "The mesh dimension of size 4 does not divide the 6 experts of Experts: shard them over a dimension"
+               " whose size divides the number of experts."),
+    ("layout", "expert=3 does not divide the 4 data-parallel processes it borrows from: choose an expert that"
+               " divides shard."),
+])
+def test_on_4_processes_an_expert_size_that_does_not_divide_is_refused_in_one_sentence(job4, case, message):
+    assert job4["refusals"][case] == message

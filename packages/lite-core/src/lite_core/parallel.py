@@ -64,7 +64,8 @@ class MeshLayout:
             parallelism, `lite_core.parallel.ExpertParallel`); it borrows the inner processes of
             the data-parallel dimension, so it must divide `shard` and adds nothing to the world size.
             The mesh then has `"expert_data_parallel"` and `"expert_parallel"` in place of
-            `"data_parallel"`, which stays reachable as their flattening.
+            `"data_parallel"`, which stays reachable as their flattening. With `tensor > 1` the
+            experts are whole on each process of `"tensor_parallel"`; not with `context > 1` yet.
 
     Example:
         >>> MeshLayout(pipeline=2, shard=2, tensor=2).resolve(devices=8, num_nodes=1).dim_names
@@ -209,10 +210,10 @@ class MeshLayout:
     # -- private ---------------------------------------------------------------------------------
     def _check_expert(self) -> None:
         labels = self._LABELS
-        if self.expert > 1 and (self.context > 1 or self.tensor not in (1, "auto")):
+        if self.expert > 1 and self.context > 1:
             raise ConfigurationError(
-                f"{labels['expert']}={self.expert} cannot borrow from the context or tensor dimension yet: pass"
-                f" {labels['context']}=1 and {labels['tensor']}=1, and spread the experts over data-parallel processes."
+                f"{labels['expert']}={self.expert} cannot be combined with {labels['context']} > 1 yet: pass"
+                f" {labels['context']}=1, and spread the experts over data-parallel processes."
             )
         shard = self.shard
         if self.expert > 1 and shard != "auto" and (self.replicate * shard) % self.expert:

@@ -1,0 +1,283 @@
+"""Expert parallelism (`lite_core.parallel.ExpertParallel`) on 4 processes, for comparison with one
+plain PyTorch process: a hand-written tiny Mixture-of-Experts (8 stacked experts, top-2 softmax
+routing, no capacity factor) trained with gradient accumulation and clipping under three layouts
+of `ModelParallelStrategy`, one after the other in the same 4 processes (the first `launch` starts
+them, the others reuse the process group):
+
+- `ep2_dp2`: `MeshLayout(shard=4, expert=2)`: the experts sharded over the 2 processes of
+  `"expert_parallel"` and FSDP2 over the 2 of `"expert_data_parallel"`, the other weights FSDP2
+  over the 4 of `"data_parallel"`;
+- `ep4`: `MeshLayout(shard=4, expert=4)`: each process holds 2 of the 8 experts;
+- `ep2_tp2`: `MeshLayout(shard=2, tensor=2, expert=2)`: the experts over `"expert_parallel"`, the
+  embedding and the router tensor parallel over `"tensor_parallel"` (the experts whole on both of
+  its processes), FSDP2 over `"data_parallel"`.
+
+Then the checkpoint `ep4` saved (`OUT/ckpt_ep4`), loaded into a differently initialised model under
+`ep2_dp2` (`moved`).
+
+    python expert_parallel_4_job.py OUT_DIR
+
+Rank 0 writes `OUT_DIR/results.pt`: per layout the initial weights, the first step's whole
+gradients (before clipping), the norms, the losses, rank 0's `expert_load` per step with the
+data-parallel ranks whose tokens it counts, and the final whole weights; the probe's logits; and
+the messages of what is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+from lite_core import LightningLite
+from lite_core.errors import LiteError
+from lite_core.parallel import ExpertParallel, MeshLayout, expert_load
+from lite_core.strategies import ModelParallelStrategy
+
+torch.set_num_threads(1)
+
+WORLD = 4
+GLOBAL_BATCH = 32
+ACCUMULATE = 2  # micro-batches per optimizer step on every data-parallel process
+STEPS = 3
+LR, MOMENTUM = 0.1, 0.9
+MAX_NORM = 0.3
+IN, HIDDEN, FFN, EXPERTS, TOP_K = 4, 8, 16, 8, 2
+LAYOUTS = {"ep2_dp2": MeshLayout(shard=4, tensor=1, expert=2), "ep4": MeshLayout(shard=4, tensor=1, expert=4),
+           "ep2_tp2": MeshLayout(shard=2, tensor=2, expert=2)}
+
+
+class Experts(nn.Module):
+    """Stacked experts: `forward(tokens, num_tokens_per_expert)`, tokens sorted by expert."""
+
+    def __init__(self, experts: int = EXPERTS) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(experts, HIDDEN, FFN) / HIDDEN**0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, FFN, HIDDEN) / FFN**0.5)
+
+    def forward(self, tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        chunks = torch.split(tokens, num_tokens_per_expert.tolist())
+        return torch.cat([torch.tanh(chunk @ self.w1[e]) @ self.w2[e] for e, chunk in enumerate(chunks)])
+
+
+class MoE(nn.Module):
+    """Embedding, a top-2 softmax router over the experts, their weighted sum, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(IN, HIDDEN)
+        self.router = nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.experts = Experts()
+        self.head = nn.Linear(HIDDEN, 1)
+
+    def chosen(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.router(self.embed(x)), dim=-1).topk(TOP_K, dim=-1).indices
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        weights, chosen = torch.softmax(self.router(h), dim=-1).topk(TOP_K, dim=-1)
+        flat = chosen.flatten()                                  # one (token, slot) per row
+        order = torch.argsort(flat, stable=True)                 # grouped by expert
+        routed = self.experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(flat, minlength=EXPERTS))
+        unsorted = torch.empty_like(routed).index_copy(0, order, routed)
+        mixed = (unsorted.view(len(x), TOP_K, HIDDEN) * weights.unsqueeze(-1)).sum(1)
+        return self.head(h + mixed)
+
+
+def parallelize(model: MoE, device_mesh) -> nn.Module:
+    """The user's function, the same under every layout: the experts over `"expert_parallel"` and,
+    where it has several processes, FSDP2 over `"expert_data_parallel"` (which averages their
+    gradients there); the embedding and the router tensor parallel where `"tensor_parallel"` has
+    several processes; the rest FSDP2 over `"data_parallel"`."""
+    if device_mesh["tensor_parallel"].size() > 1:
+        plan = {"embed": ColwiseParallel(output_layouts=Replicate()), "router": ColwiseParallel(output_layouts=Replicate())}
+        parallelize_module(model, device_mesh["tensor_parallel"], plan)
+    parallelize_module(model.experts, device_mesh["expert_parallel"], ExpertParallel())
+    if device_mesh["expert_data_parallel"].size() > 1:
+        fully_shard(model.experts, mesh=device_mesh["expert_data_parallel"])
+    return fully_shard(model, mesh=device_mesh["data_parallel"], ignored_params=set(model.experts.parameters()))
+
+
+def make_model(seed: int = 0) -> MoE:
+    torch.manual_seed(seed)
+    return MoE()
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)  # every process's first batch reaches every EP 4 process
+    return (torch.randn(STEPS * GLOBAL_BATCH, IN, generator=generator),
+            torch.randn(STEPS * GLOBAL_BATCH, 1, generator=generator))
+
+
+def probe() -> torch.Tensor:
+    """Inputs whose logits are compared where a checkpoint was saved and where it was loaded."""
+    return torch.randn(12, IN, generator=torch.Generator().manual_seed(99))
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    # SGD with momentum: unlike AdamW, the final weights show a gradient's scale.
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+def rows(step: int, replica: int, replicas: int, micro: int) -> slice:
+    """The rows of `step`'s global batch that data-parallel `replica` trains on in micro-batch `micro`."""
+    per_micro = GLOBAL_BATCH // replicas // ACCUMULATE
+    start = step * GLOBAL_BATCH + (replica * ACCUMULATE + micro) * per_micro
+    return slice(start, start + per_micro)
+
+
+def plain_pytorch(initial: dict[str, torch.Tensor], load_replicas: list[int] | None = None,
+                  replicas: int = WORLD) -> dict:
+    """One plain process over the whole global batches, clipped with `clip_grad_norm_`: the
+    reference. `loads` counts the router's choices over the rows of `load_replicas` (all by default)."""
+    model = make_model()
+    model.load_state_dict(initial)
+    optimizer = make_optimizer(model)
+    x, _ = make_data()
+    losses, gradients, norms, loads = [], {}, [], []
+    for step in range(STEPS):
+        counted = [rows(step, r, replicas, m) for r in (load_replicas or range(replicas)) for m in range(ACCUMULATE)]
+        with torch.no_grad():
+            loads.append(sum(torch.bincount(model.chosen(x[part]).flatten(), minlength=EXPERTS) for part in counted))
+        loss, norm, first = plain_step(model, optimizer, step)
+        gradients = gradients or first
+        losses.append(loss)
+        norms.append(norm)
+    return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
+            "gradients": gradients, "norms": norms, "loads": torch.stack(loads)}
+
+
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> tuple[float, float, dict]:
+    """One plain step over global batch `step`, clipped: its loss, the norm and the gradients before clipping."""
+    x, y = make_data()
+    batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+    loss.backward()
+    gradients = {k: p.grad.clone() for k, p in model.named_parameters()}
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item()
+    optimizer.step()
+    return loss.item(), norm, gradients
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for k, p in model.named_parameters()}
+
+
+def launched(layout: MeshLayout) -> LightningLite:
+    lite = LightningLite(accelerator="cpu", strategy=ModelParallelStrategy(parallelize, mesh=layout), devices=WORLD)
+    lite.launch()  # the first call starts the processes; later ones find them started
+    return lite
+
+
+def train_step(lite: LightningLite, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+               gradients: bool = False) -> tuple[float, float, dict]:
+    """One optimizer step on this process's part of global batch `step`: `ACCUMULATE` micro-batches
+    (the gradients synchronised on the last), clipping, the step. Returns the global batch's loss,
+    the norm before clipping and (if asked) the whole gradients before clipping."""
+    x, y = make_data()
+    data = lite.strategy.device_mesh["data_parallel"]
+    replica, replicas = data.get_local_rank(), data.size()
+    optimizer.zero_grad()
+    total = torch.zeros(())
+    for micro in range(ACCUMULATE):
+        part = rows(step, replica, replicas, micro)
+        with lite.no_backward_sync(model, enabled=micro < ACCUMULATE - 1):
+            loss = nn.functional.mse_loss(model(x[part]), y[part]) / ACCUMULATE
+            lite.backward(loss)
+        total += loss.detach()
+    whole = full_gradients(model) if gradients else {}
+    norm = lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item()
+    optimizer.step()
+    return lite.all_reduce(total, reduce_op="mean").item(), norm, whole
+
+
+def train(lite: LightningLite) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
+    """The user's loop: `STEPS` steps of `train_step`, the load per expert after each."""
+    model = make_model()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model, optimizer = lite.setup(model, make_optimizer(model))
+    mesh = lite.strategy.device_mesh
+    replica, replicas = mesh["data_parallel"].get_local_rank(), mesh["data_parallel"].size()
+    losses, gradients, norms, loads = [], {}, [], []
+    for step in range(STEPS):
+        loss, norm, first = train_step(lite, model, optimizer, step, gradients=not gradients)
+        gradients = gradients or first
+        losses.append(loss)
+        norms.append(norm)
+        loads.append(expert_load(model.experts))  # this step's tokens per expert, over the expert dimension
+    # The data-parallel ranks whose tokens rank 0's experts receive: its expert-parallel group's.
+    members = [None] * mesh["expert_parallel"].size()
+    dist.all_gather_object(members, replica, group=mesh["expert_parallel"].get_group())
+    result = {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients,
+              "norms": norms, "loads": torch.stack(loads), "load_replicas": sorted(members), "replicas": replicas,
+              "dim_names": list(mesh.mesh_dim_names), "experts": placements(model.experts.w1)}
+    return result, model, optimizer
+
+
+def placements(param: torch.Tensor) -> dict:
+    """Where a parameter lives: its mesh's dimensions, its placements and this process's shape."""
+    return {"dims": list(param.device_mesh.mesh_dim_names), "placements": [f"{type(p).__name__}({p.dim})" for p in param.placements],
+            "local": list(param.to_local().shape)}
+
+
+def logits(model: nn.Module, rank: int = 0) -> torch.Tensor:
+    """The probe's logits from rank 0's tokens; the other processes send none, so each expert
+    computes on the same rows as in one plain process (bit for bit)."""
+    with torch.no_grad():
+        return model(probe() if rank == 0 else probe()[:0])
+
+
+def refusals() -> dict[str, str]:
+    """What is refused on 4 processes, by case: its message."""
+    lite = launched(LAYOUTS["ep4"])
+    cases = {
+        "uneven": lambda: parallelize_module(Experts(6), lite.strategy.device_mesh["expert_parallel"], ExpertParallel()),
+        "layout": lambda: LightningLite(accelerator="cpu", devices=WORLD,
+                                        strategy=ModelParallelStrategy(parallelize, mesh=MeshLayout(expert=3))),
+    }
+    messages = {}
+    for name, case in cases.items():
+        try:
+            case()
+        except LiteError as error:
+            messages[name] = str(error)
+    return messages
+
+
+def main(out: Path) -> None:
+    results: dict = {}
+    for name in ("ep2_dp2", "ep2_tp2"):
+        results[name], _, _ = train(launched(LAYOUTS[name]))
+    lite = launched(LAYOUTS["ep4"])
+    results["ep4"], model, optimizer = train(lite)
+    results["ep4"]["logits"] = logits(model, lite.global_rank)
+    lite.save({"model": model, "optimizer": optimizer}, out / "ckpt_ep4")
+    results["checkpoint"] = str(out / "ckpt_ep4")
+    lite = launched(LAYOUTS["ep2_dp2"])
+    model = make_model(seed=5)  # other weights than those saved: the load must replace every one
+    model, optimizer = lite.setup(model, make_optimizer(model))
+    lite.load(out / "ckpt_ep4", {"model": model, "optimizer": optimizer})
+    moved = {"loaded": full_weights(model), "logits": logits(model, lite.global_rank), "experts": placements(model.experts.w1)}
+    # One more step on global batch 0 from the loaded weights and momentum.
+    moved["loss"], moved["norm"], _ = train_step(lite, model, optimizer, 0)
+    results["moved"] = {**moved, "final": full_weights(model)}
+    results["refusals"] = refusals()
+    if dist.get_rank() == 0:
+        torch.save(results, out / "results.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
