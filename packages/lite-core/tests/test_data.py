@@ -16,6 +16,7 @@ from torch.utils.data import (
 )
 
 from lite_core import LightningLite, seed_everything
+from lite_core.data import _sharding
 from lite_core.data._sharding import distribute, recording_loader_arguments
 from lite_core.data._order import ShardedSampler
 from lite_core.errors import MisuseError
@@ -124,6 +125,25 @@ def test_a_recorded_subclass_with_a_batch_sampler_is_rebuilt_with_batches() -> N
         loaders = [Batched(DATA, 2) for _ in range(2)]
     shards = [[batch.tolist() for batch in distribute(loader, 2, rank, 0)] for rank, loader in enumerate(loaders)]
     assert shards == [[[0, 2], [4, 6], [8]], [[1, 3], [5, 7], [9]]]
+
+
+def test_recording_is_the_running_contexts_not_the_processes() -> None:
+    # A process-wide switch recorded the loaders of every thread while any run() was executing
+    # (and a run that ended in one thread switched it off for a run still going in another).
+    import threading
+
+    class Sized(DataLoader):
+        def __init__(self, data: list[int], size: int) -> None:
+            super().__init__(data, batch_size=size)
+
+    elsewhere: list[DataLoader] = []
+    with recording_loader_arguments():
+        thread = threading.Thread(target=lambda: elsewhere.append(Sized(DATA, 2)))
+        thread.start()
+        thread.join()
+        inside = Sized(DATA, 2)
+    outside = Sized(DATA, 2)
+    assert [_sharding._recorded.get(loader) for loader in (inside, elsewhere[0], outside)] == [((DATA, 2), {}), None, None]
 
 
 def test_custom_batch_sampler_says_how_to_opt_out() -> None:

@@ -9,6 +9,7 @@ import math
 import weakref
 from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Callable
 
 import torch
@@ -388,16 +389,18 @@ def _rebuild(dataloader: DataLoader, picking: dict[str, Any]) -> DataLoader:
 # While `run()` executes, the arguments each DataLoader subclass is constructed with are recorded,
 # so that it can be rebuilt with a distributed sampler whatever its own `__init__` takes: it is
 # constructed again with the same arguments, and when its `__init__` reaches `DataLoader.__init__`
-# the sampler there is replaced by this rank's.
+# the sampler there is replaced by this rank's. Whether to record is the run's (a context variable
+# set while `run()` executes, in its thread); the record is the loader's (a weak side table, gone
+# with the loader).
 
 _Arguments = tuple[tuple[Any, ...], dict[str, Any]]
 _recorded: weakref.WeakKeyDictionary[DataLoader, _Arguments] = weakref.WeakKeyDictionary()
-_recording = 0
+_recording: ContextVar[bool] = ContextVar("lite_records_loader_arguments", default=False)
 
 
 def _recording_new(cls: type[DataLoader], *args: Any, **kwargs: Any) -> DataLoader:
     loader = object.__new__(cls)
-    if _recording and cls is not DataLoader and _inherits_new(cls):
+    if _recording.get() and cls is not DataLoader and _inherits_new(cls):
         _recorded[loader] = (args, kwargs)
     return loader
 
@@ -410,19 +413,18 @@ def _inherits_new(cls: type[DataLoader]) -> bool:
 
 @contextmanager
 def recording_loader_arguments() -> Iterator[None]:
-    """Record the constructor arguments of DataLoader subclasses created inside this context.
+    """Record the constructor arguments of DataLoader subclasses created in this context.
 
-    The hook is installed on `DataLoader.__new__` the first time and then stays (idle outside this
-    context): CPython cannot give a class back its inherited `object.__new__` once replaced.
+    The hook is installed on `DataLoader.__new__` the first time and then stays, idle outside any
+    recording context: CPython cannot give a class back its inherited `object.__new__` once replaced.
     """
-    global _recording
     if vars(DataLoader).get("__new__") is None:
         DataLoader.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign,assignment]
-    _recording += 1
+    token = _recording.set(True)
     try:
         yield
     finally:
-        _recording -= 1
+        _recording.reset(token)
 
 
 def _replay(dataloader: DataLoader, arguments: _Arguments, picking: dict[str, Any]) -> DataLoader:
