@@ -172,8 +172,9 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient; one that got none is left out (and the comparison says so)."""
     return {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for k, p in model.named_parameters()}
+            for k, p in model.named_parameters() if p.grad is not None}
 
 
 def launched(layout: MeshLayout) -> LightningLite:
@@ -240,10 +241,21 @@ def logits(model: nn.Module, rank: int = 0) -> torch.Tensor:
         return model(probe() if rank == 0 else probe()[:0])
 
 
+def parallelize_without_expert_data(model: MoE, device_mesh) -> nn.Module:
+    """`parallelize` without `fully_shard` over `"expert_data_parallel"`: under EP 2 x data 2
+    nothing would average the experts' gradients over its two groups."""
+    parallelize_module(model.experts, device_mesh["expert_parallel"], ExpertParallel())
+    return fully_shard(model, mesh=device_mesh["data_parallel"], ignored_params=set(model.experts.parameters()))
+
+
 def refusals() -> dict[str, str]:
     """What is refused on 4 processes, by case: its message."""
     lite = launched(LAYOUTS["ep4"])
+    unaveraged = LightningLite(accelerator="cpu", devices=WORLD, strategy=ModelParallelStrategy(
+        parallelize_without_expert_data, mesh=LAYOUTS["ep2_dp2"]))
+    unaveraged.launch()
     cases = {
+        "unaveraged": lambda: unaveraged.setup(make_model()),
         "uneven": lambda: parallelize_module(Experts(6), lite.strategy.device_mesh["expert_parallel"], ExpertParallel()),
         "layout": lambda: LightningLite(accelerator="cpu", devices=WORLD,
                                         strategy=ModelParallelStrategy(parallelize, mesh=MeshLayout(expert=3))),

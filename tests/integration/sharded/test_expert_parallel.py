@@ -263,6 +263,10 @@ def test_an_ep4_checkpoint_loads_under_ep2_and_on_one_plain_process_with_the_use
                " whose size divides the number of experts."),
     ("layout", "expert=3 does not divide the 4 data-parallel processes it borrows from: choose an expert that"
                " divides shard."),
+    ("unaveraged", "The experts of 'experts' are sharded over 2 of the 4 data-parallel processes, so nothing averages"
+                   " their gradients over the others: in parallelize_fn also apply fully_shard(experts,"
+                   " mesh=device_mesh['expert_data_parallel']) after ExpertParallel, or shard them over"
+                   " device_mesh['data_parallel']."),
 ])
-def test_on_4_processes_an_expert_size_that_does_not_divide_is_refused_in_one_sentence(job4, case, message):
+def test_on_4_processes_what_ep_cannot_divide_or_average_is_refused_in_one_sentence(job4, case, message):
     assert job4["refusals"][case] == message

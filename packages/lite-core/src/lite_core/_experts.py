@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from lite_core.errors import ConfigurationError, MisuseError
 
-__all__ = ["ExpertParallel", "expert_load"]
+__all__ = ["ExpertParallel", "check_experts_averaged", "expert_load"]
 
 
 class ExpertParallel(ParallelStyle):
@@ -73,6 +73,30 @@ class ExpertParallel(ParallelStyle):
         module.register_forward_pre_hook(dispatch.send)
         module.register_forward_hook(dispatch.receive, always_call=True)
         return module
+
+
+def check_experts_averaged(model: nn.Module, device_mesh: DeviceMesh) -> None:
+    """Refuse, in one sentence, an experts module under `ExpertParallel` whose parameters do not
+    span every data-parallel process: with `MeshLayout(shard=4, expert=2)` the experts sharded over
+    `"expert_parallel"` alone get each expert-parallel group's gradient, and nothing averages it
+    over the groups of `"expert_data_parallel"` (the step would silently follow part of the batch).
+    `fully_shard` over `"expert_data_parallel"` puts them on both dimensions and averages them.
+    `device_mesh` is the strategy's, with a `"data_parallel"` dimension."""
+    ranks: set[int] = set()
+    for name, module in model.named_modules():
+        if _DISPATCH not in module.__dict__:
+            continue
+        ranks = ranks or set(device_mesh["data_parallel"].mesh.flatten().tolist())
+        for param in module.parameters(recurse=False):
+            spanned = set(param.device_mesh.mesh.flatten().tolist()) if isinstance(param, DTensor) else set()
+            if ranks <= spanned:
+                continue
+            raise ConfigurationError(
+                f"The experts of '{name or type(module).__name__}' are sharded over {len(spanned & ranks)} of the"
+                f" {len(ranks)} data-parallel processes, so nothing averages their gradients over the others: in"
+                " parallelize_fn also apply fully_shard(experts, mesh=device_mesh['expert_data_parallel']) after"
+                " ExpertParallel, or shard them over device_mesh['data_parallel']."
+            )
 
 
 def _check_stacked(module: nn.Module, size: int) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core._experts import check_experts_averaged
 from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
@@ -272,6 +273,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 " parallelised model from parallelize_fn(model, device_mesh)."
             )
         _check_even_tensor_parallel_shards(parallelised)
+        check_experts_averaged(parallelised, self.device_mesh)
         if on_meta:
             _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
         return parallelised
