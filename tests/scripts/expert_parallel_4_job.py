@@ -13,7 +13,8 @@ them, the others reuse the process group):
   its processes), FSDP2 over `"data_parallel"`.
 
 Then the checkpoint `ep4` saved (`OUT/ckpt_ep4`), loaded into a differently initialised model under
-`ep2_dp2` (`moved`).
+`ep2_dp2` and trained one more step (`moved`); last, what is refused (`refusals`: experts that do
+not divide over 4 processes, `expert=3`, experts that do not span the data-parallel processes).
 
     python expert_parallel_4_job.py OUT_DIR
 
@@ -96,8 +97,8 @@ def parallelize(model: MoE, device_mesh) -> nn.Module:
     gradients there); the embedding and the router tensor parallel where `"tensor_parallel"` has
     several processes; the rest FSDP2 over `"data_parallel"`."""
     if device_mesh["tensor_parallel"].size() > 1:
-        plan = {"embed": ColwiseParallel(output_layouts=Replicate()), "router": ColwiseParallel(output_layouts=Replicate())}
-        parallelize_module(model, device_mesh["tensor_parallel"], plan)
+        gathered = ColwiseParallel(output_layouts=Replicate())  # both processes see the whole output
+        parallelize_module(model, device_mesh["tensor_parallel"], {"embed": gathered, "router": gathered})
     parallelize_module(model.experts, device_mesh["expert_parallel"], ExpertParallel())
     if device_mesh["expert_data_parallel"].size() > 1:
         fully_shard(model.experts, mesh=device_mesh["expert_data_parallel"])
@@ -230,7 +231,8 @@ def train(lite: LightningLite) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
 
 def placements(param: torch.Tensor) -> dict:
     """Where a parameter lives: its mesh's dimensions, its placements and this process's shape."""
-    return {"dims": list(param.device_mesh.mesh_dim_names), "placements": [f"{type(p).__name__}({p.dim})" for p in param.placements],
+    return {"dims": list(param.device_mesh.mesh_dim_names),
+            "placements": [f"{type(p).__name__}({p.dim})" for p in param.placements],
             "local": list(param.to_local().shape)}
 
 
@@ -256,7 +258,8 @@ def refusals() -> dict[str, str]:
     unaveraged.launch()
     cases = {
         "unaveraged": lambda: unaveraged.setup(make_model()),
-        "uneven": lambda: parallelize_module(Experts(6), lite.strategy.device_mesh["expert_parallel"], ExpertParallel()),
+        "uneven": lambda: parallelize_module(Experts(6), lite.strategy.device_mesh["expert_parallel"],
+                                             ExpertParallel()),
         "layout": lambda: LightningLite(accelerator="cpu", devices=WORLD,
                                         strategy=ModelParallelStrategy(parallelize, mesh=MeshLayout(expert=3))),
     }
@@ -282,7 +285,8 @@ def main(out: Path) -> None:
     model = make_model(seed=5)  # other weights than those saved: the load must replace every one
     model, optimizer = lite.setup(model, make_optimizer(model))
     lite.load(out / "ckpt_ep4", {"model": model, "optimizer": optimizer})
-    moved = {"loaded": full_weights(model), "logits": logits(model, lite.global_rank), "experts": placements(model.experts.w1)}
+    moved = {"loaded": full_weights(model), "logits": logits(model, lite.global_rank),
+             "experts": placements(model.experts.w1)}
     # One more step on global batch 0 from the loaded weights and momentum.
     moved["loss"], moved["norm"], _ = train_step(lite, model, optimizer, 0)
     results["moved"] = {**moved, "final": full_weights(model)}
