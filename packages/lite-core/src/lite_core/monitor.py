@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core.model._meta import meta_copy
 from lite_core.model._module import is_set_up_model, state_of
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.precision.names import FP8_PRECISIONS
+from lite_core.precision.names import precision_entry, precision_names
 from lite_core.launchers.rank import RESTART_VARIABLE
 
 if TYPE_CHECKING:
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: The matmul dtype of each Lite precision (`32-true` is `tf32` when torch's float32 matmul
-#: precision allows TF32: `torch.set_float32_matmul_precision("high")` or `"medium"`).
-_PRECISION_DTYPES = {"64-true": "fp64", "16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16",
-                     "bf16-true": "bf16", **dict.fromkeys(FP8_PRECISIONS, "fp8")}
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
@@ -343,8 +339,12 @@ def _refuse_step(step: Any) -> None:
 
 
 def _matmul_dtype(precision: str) -> str:
-    if precision in _PRECISION_DTYPES:
-        return _PRECISION_DTYPES[precision]
+    """The dtype the matrix products of `precision` run in (its row's; `32-true` and the quantized
+    ones are `tf32` when torch's float32 matmul precision allows TF32:
+    `torch.set_float32_matmul_precision("high")` or `"medium"`)."""
+    matmul = precision_entry(precision).matmul if precision in precision_names() else None
+    if matmul is not None:
+        return matmul
     return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 

@@ -14,11 +14,14 @@ What is here, by purpose:
   `torch.distributed` process group, e.g. DeepSpeed's), `FSDPStrategy` (`fully_shard`, e.g. the
   base of torchft's HSDP), `Launcher`, `Precision`
   (`MixedPrecision`, `TruePrecision`), `ClusterEnvironment`, `CheckpointIO` (`TorchCheckpointIO`).
-- Precision names for `supported_precisions`: `PRECISIONS` (every name Lite accepts),
-  `FP8_PRECISIONS` (which an accelerator declares only where its devices run FP8) and
-  `QUANTIZED_PRECISIONS` (bitsandbytes' frozen 4- and 8-bit weights, which a strategy that copies or
-  shards the weights cannot carry) and `SHARDED_QUANTIZED_PRECISIONS` (torchao's NF4, for the
-  strategies that shard with FSDP2 or keep one process).
+- Precisions: a strategy or accelerator declares what it carries as `precision_support =
+  PrecisionSupport(families=..., true_dtypes=..., mixed_dtypes=..., hardware=...)` (an accelerator
+  names its devices' hardware, `{"fp8"}` for FP8 matrix units), and its `supported_precisions` are
+  the names of the precision table that fit (it may still set `supported_precisions` to names).
+  A backend adds a precision with `register_precision(PrecisionEntry(...))`; `precision_names()`
+  reads the table. The sets `PRECISIONS`, `FP8_PRECISIONS`, `QUANTIZED_PRECISIONS` (bitsandbytes'
+  frozen 4- and 8-bit weights) and `SHARDED_QUANTIZED_PRECISIONS` (torchao's NF4) are the table's
+  names when Lite is imported.
 - Errors to raise: `LiteError` and its subclasses.
 - Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
   by their state), `restore` (load state back into live objects), `read_checkpoint`,
@@ -115,7 +118,17 @@ if TYPE_CHECKING:
     from lite_core.model.optimizer import unwrap_optimizer
     from lite_core.model.parts import forward_module, is_set_up, original_module, trainable_names
     from lite_core.move import move_to_device
-    from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS, QUANTIZED_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
+    from lite_core.precision.names import (
+        FP8_PRECISIONS,
+        PRECISIONS,
+        QUANTIZED_PRECISIONS,
+        SHARDED_QUANTIZED_PRECISIONS,
+        PrecisionEntry,
+        PrecisionSupport,
+        precision_entry,
+        precision_names,
+        register_precision,
+    )
     from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
     from lite_core.strategies.ddp import DDPStrategy
     from lite_core.strategies.fsdp import FSDPStrategy

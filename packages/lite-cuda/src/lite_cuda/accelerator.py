@@ -7,12 +7,11 @@ from typing import Any
 
 import torch
 
-from lite_core.plugins import FP8_PRECISIONS, PRECISIONS, Accelerator, ConfigurationError
+from lite_core.plugins import Accelerator, ConfigurationError, PrecisionSupport, precision_entry
 from lite_cuda import _runtime
 from lite_cuda._devices import parse_devices
 
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
-_BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
 #: bfloat16 arithmetic runs natively from compute capability 8.0 (Ampere) on.
 _BF16_CAPABILITY = (8, 0)
 #: FP8 matmuls run from compute capability 8.9 (Ada, e.g. L4) and 9.0 (Hopper) on.
@@ -36,7 +35,9 @@ class CUDAAccelerator(Accelerator):
     distributed_backend = "nccl"
     default_distributed_strategy = "ddp"
     autocast_device_type = "cuda"
-    supported_precisions = PRECISIONS  # FP8 too, checked per GPU in validate_precision
+    #: Every precision, FP8 too (NVIDIA GPUs have FP8 units from compute capability 8.9: checked per
+    #: GPU in validate_precision).
+    precision_support = PrecisionSupport(hardware=frozenset({"fp8"}))
 
     def __init__(self, matmul_precision: str | None = None) -> None:
         if matmul_precision is not None and matmul_precision not in _MATMUL_PRECISIONS:
@@ -85,13 +86,14 @@ class CUDAAccelerator(Accelerator):
         """Refuse bf16 on a GPU older than Ampere and FP8 below compute capability 8.9; GPUs NVML
         cannot describe are checked per process."""
         self._unchecked_bf16 = None
-        if precision in FP8_PRECISIONS:
+        row = precision_entry(precision)
+        if "fp8" in row.needs:
             for index in device_indexes:
                 gpu = _runtime.gpu(index)
                 if gpu is not None:
                     _require_fp8(precision, index, gpu)
             return
-        if precision not in _BF16_PRECISIONS:
+        if row.dtype != torch.bfloat16:
             return
         for index in device_indexes:
             gpu = _runtime.gpu(index)

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from torch.nn import DataParallel
 
-from lite_core.plugins import PRECISIONS, QUANTIZED_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS, Strategy
+from lite_core.plugins import PrecisionSupport, Strategy
 
 
 class DataParallelStrategy(Strategy):
@@ -21,7 +21,7 @@ class DataParallelStrategy(Strategy):
     supported_accelerators = frozenset({"cuda"})
     # DataParallel copies every weight to each GPU at each forward (`replicate`), as plain tensors:
     # bitsandbytes' quantized weights lose their quantization state on the way.
-    supported_precisions = PRECISIONS - QUANTIZED_PRECISIONS - SHARDED_QUANTIZED_PRECISIONS
+    precision_support = PrecisionSupport(families=frozenset({"true", "mixed", "fp8"}))
     drives_devices_from_one_process = True
 
     def setup_module(self, module: nn.Module) -> nn.Module:

@@ -19,6 +19,7 @@ from lite_core.plugins import (
     DDPStrategy,
     MisuseError,
     Precision,
+    PrecisionSupport,
     export_environ,
     read_checkpoint,
     restore_environ,
@@ -59,7 +60,10 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset(_DS_ACCELERATORS)
-    supported_precisions: ClassVar[frozenset[str]] = frozenset(_config.PRECISION_SECTIONS)
+    #: DeepSpeed's fp16/bf16 modes (`_config.PRECISION_SECTIONS`): float32 or bfloat16 weights, and
+    #: autocast in float16 or bfloat16.
+    precision_support = PrecisionSupport(families=frozenset({"true", "mixed"}),
+                                         true_dtypes=frozenset({torch.float32, torch.bfloat16}))
     backward_needs_model = True
     changes_backward: ClassVar[bool] = True  # the engine runs the backward pass
     steps_optimizers_plainly: ClassVar[bool] = False  # the engine steps

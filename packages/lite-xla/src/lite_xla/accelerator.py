@@ -11,15 +11,16 @@ from __future__ import annotations
 import glob
 import os
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lite_core.plugins import Accelerator, ConfigurationError
+import torch
 
-if TYPE_CHECKING:
-    import torch
+from lite_core.plugins import Accelerator, ConfigurationError, PrecisionSupport
 
-#: Precisions XLA devices run: full, bfloat16 autocast, and bfloat16 weights.
-XLA_PRECISIONS = frozenset({"32-true", "bf16-mixed", "bf16-true"})
+#: What XLA devices run: float32 or bfloat16 weights, bfloat16 autocast; no FP8, no quantized weights.
+XLA_PRECISION_SUPPORT = PrecisionSupport(families=frozenset({"true", "mixed"}),
+                                         true_dtypes=frozenset({torch.float32, torch.bfloat16}),
+                                         mixed_dtypes=frozenset({torch.bfloat16}), hardware=frozenset())
 
 
 class XLAAccelerator(Accelerator):
@@ -34,7 +35,7 @@ class XLAAccelerator(Accelerator):
     default_distributed_strategy = "xla"
     default_interactive_strategy = "xla"  # torch-xla starts the replicas itself, script or not
     default_single_device_strategy = "single_xla"
-    supported_precisions = XLA_PRECISIONS
+    precision_support = XLA_PRECISION_SUPPORT
     autocast_device_type = "xla"
     #: Replicas communicate through XLA's own collectives, not a `torch.distributed` process group:
     #: the core's process-group strategies (`ddp`, `fsdp`, ...) refuse this device; `xla` and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lite_core.precision.names import FP8_PRECISIONS, PRECISIONS
+from lite_core.precision.names import PrecisionSupport, SupportedPrecisions
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +33,11 @@ class Accelerator(ABC):
     #: Strategy chosen for `strategy="auto"` when the job has one process (a device such as
     #: XLA's needs its own, which cuts the graph at each step).
     default_single_device_strategy: ClassVar[str] = "single_device"
-    #: Precisions this device can run (FP8 only where a device declares it).
-    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS - FP8_PRECISIONS
+    #: What this device runs: every family and dtype, but no FP8 unless a device declares its
+    #: FP8 matrix units (`hardware={"fp8"}`).
+    precision_support: ClassVar[PrecisionSupport] = PrecisionSupport(hardware=frozenset())
+    #: The names of the precisions `precision_support` accepts (read from the precision table).
+    supported_precisions: ClassVar[frozenset[str]] = SupportedPrecisions()  # type: ignore[assignment]
     #: Device type passed to `torch.autocast`.
     autocast_device_type: ClassVar[str] = "cpu"
 

@@ -19,7 +19,7 @@ from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
 from lite_core.checkpoint import CheckpointIO
-from lite_core.precision.names import PRECISIONS, normalize_precision, unsupported_hint
+from lite_core.precision.names import normalize_precision, precision_names, unsupported_hint
 from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
 
@@ -215,7 +215,7 @@ def _given_precision(strategy: Strategy, accel: Accelerator, precision: Precisio
 
 
 def _check_supported(strategy: Strategy, accel: Accelerator, name: str, emulated: bool) -> None:
-    on_device = PRECISIONS if emulated else accel.supported_precisions
+    on_device = precision_names() if emulated else accel.supported_precisions
     supported = strategy.supported_precisions & on_device
     if name not in supported:
         hint = unsupported_hint(name, by_strategy=name not in strategy.supported_precisions)

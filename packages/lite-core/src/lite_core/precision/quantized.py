@@ -11,7 +11,7 @@ from torch import nn
 
 from lite_core._install import install_hint
 from lite_core.errors import ConfigurationError, MissingDependencyError
-from lite_core.precision.names import QUANTIZED_PRECISIONS
+from lite_core.precision.names import precision_names
 from lite_core.precision.precision import Precision
 
 ModuleFilter = Callable[[nn.Module, str], bool]
@@ -56,9 +56,9 @@ class QuantizedPrecision(Precision):
 
     def __init__(self, mode: str = "nf4", compute_dtype: torch.dtype | None = None,
                  module_filter_fn: ModuleFilter | None = None) -> None:
-        if mode not in QUANTIZED_PRECISIONS:
-            raise ConfigurationError(
-                f"QuantizedPrecision(mode={mode!r}) is not a mode: pass one of {sorted(QUANTIZED_PRECISIONS)}.")
+        modes = precision_names("quantized")
+        if mode not in modes:
+            raise ConfigurationError(f"QuantizedPrecision(mode={mode!r}) is not a mode: pass one of {sorted(modes)}.")
         _require_bitsandbytes()
         self.name = mode
         self.compute_dtype = compute_dtype

@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 from lite_core.checkpoint import to_state
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
+from lite_core.precision.names import PrecisionSupport
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core._install import install_hint
 
@@ -38,7 +39,7 @@ class DDPShardedStrategy(DDPStrategy):
     name = "ddp_sharded"
     supported_process_group_backends = frozenset({"gloo", "nccl"})  # what fairscale talks
     requirements = {"fairscale": install_hint("fairscale")}
-    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"})
+    precision_support = PrecisionSupport(families=frozenset({"true", "mixed"}), mixed_dtypes=frozenset({torch.bfloat16}))
     stages_checkpoints = False  # `save_checkpoint` consolidates the sharded optimizer state first
 
     def __init__(self, timeout: float | timedelta | None = None, process_group_backend: str | None = None,

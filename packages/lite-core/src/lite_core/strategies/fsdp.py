@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.precision.names import FP8_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
+from lite_core.precision.names import PrecisionSupport
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core.model.parts import trainable_names
@@ -62,7 +62,8 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     # XLA devices have their own sharding strategy (`xla_fsdp`).
     # Float16 autocast needs a gradient scaler that understands sharded gradients.
-    supported_precisions = frozenset({"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"}) | FP8_PRECISIONS | SHARDED_QUANTIZED_PRECISIONS
+    precision_support = PrecisionSupport(families=frozenset({"true", "mixed", "fp8", "sharded-quantized"}),
+                                         mixed_dtypes=frozenset({torch.bfloat16}))
     routes_module_methods = True  # `call_module_method` runs them inside FSDP's forward hooks
     routes_load_state_dict = True  # `load_module_state_dict` loads full weights into the shards
     stages_checkpoints = True  # `stage_checkpoint` stages what `save_checkpoint` writes

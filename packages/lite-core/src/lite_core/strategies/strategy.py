@@ -18,7 +18,7 @@ from lite_core.move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._rank_zero import on_rank_zero
-from lite_core.precision.names import PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
+from lite_core.precision.names import FAMILIES, PrecisionSupport, SupportedPrecisions
 from lite_core.precision._build import build_precision
 from lite_core.precision.precision import Precision
 
@@ -65,10 +65,12 @@ class Strategy:
     needs_process_group: ClassVar[bool] = False
     #: The `torch.distributed` backends the strategy works over; `None` means any.
     supported_process_group_backends: ClassVar[frozenset[str] | None] = None
-    #: Precisions this strategy accepts. Not torchao's NF4 by default: DDP's broadcast of the
+    #: What this strategy carries. Not torchao's NF4 by default: DDP's broadcast of the
     #: parameters at setup overwrites an `NF4Tensor`'s statistics with garbage (measured with torch
     #: 2.13 and torchao 0.18), so only the strategies that keep one process or shard with FSDP2 add it.
-    supported_precisions: ClassVar[frozenset[str]] = PRECISIONS - SHARDED_QUANTIZED_PRECISIONS
+    precision_support: ClassVar[PrecisionSupport] = PrecisionSupport(families=FAMILIES - {"sharded-quantized"})
+    #: The names of the precisions `precision_support` accepts (read from the precision table).
+    supported_precisions: ClassVar[frozenset[str]] = SupportedPrecisions()  # type: ignore[assignment]
     #: Whether the strategy drives more than one process.
     is_distributed: ClassVar[bool] = False
     #: Whether one process drives every device of `devices` (e.g. `torch.nn.DataParallel`).

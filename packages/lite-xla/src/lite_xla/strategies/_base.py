@@ -10,7 +10,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.plugins import Strategy, on_writing_ranks, to_state
-from lite_xla.accelerator import XLA_PRECISIONS
+from lite_xla.accelerator import XLA_PRECISION_SUPPORT
 from lite_xla.strategies import _device
 
 
@@ -23,7 +23,7 @@ class XLAStrategyBase(Strategy):
     """
 
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset({"tpu"})
-    supported_precisions: ClassVar[frozenset[str]] = XLA_PRECISIONS
+    precision_support = XLA_PRECISION_SUPPORT
     moves_batches_plainly: ClassVar[bool] = False  # `batch_to_device` moves onto the XLA device
     steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` reduces gradients, cuts the graph
     stages_checkpoints: ClassVar[bool] = False  # `save_checkpoint` writes per host, with no staging

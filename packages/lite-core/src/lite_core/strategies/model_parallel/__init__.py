@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
@@ -26,7 +27,7 @@ from lite_core.parallel import (
     PIPELINE_MESH_DIM_NAMES,
     MeshLayout,
 )
-from lite_core.precision.names import FP8_PRECISIONS, SHARDED_QUANTIZED_PRECISIONS
+from lite_core.precision.names import PrecisionSupport
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.fsdp import FSDPStrategy
 from lite_core.strategies.model_parallel import (
@@ -122,7 +123,9 @@ class ModelParallelStrategy(FSDPStrategy):
 
     name = "model_parallel"
     # Float16 autocast needs a gradient scaler that understands gradients on a device mesh.
-    supported_precisions = frozenset({"32-true", "bf16-mixed", "bf16-true"}) | FP8_PRECISIONS | SHARDED_QUANTIZED_PRECISIONS
+    precision_support = PrecisionSupport(families=frozenset({"true", "mixed", "fp8", "sharded-quantized"}),
+                                         true_dtypes=frozenset({torch.float32, torch.bfloat16}),
+                                         mixed_dtypes=frozenset({torch.bfloat16}))
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline backward adds the gradients the schedule computed
     fully_shards_parameters = None  # if at all, in the user's parallelize_fn
@@ -147,7 +150,7 @@ class ModelParallelStrategy(FSDPStrategy):
         self._pipeline = _pipeline.options(self._layout.pipeline, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
         if self._pipeline is not None:  # refused by build_precision with a sentence of its own
-            self.supported_precisions = type(self).supported_precisions | {"16-mixed"}
+            self.precision_support = self.precision_support.replace(mixed_dtypes=frozenset({torch.bfloat16, torch.float16}))
         self._pipelines: dict[int, PipelineForward] = {}
         #: Per optimizer set up with a pipeline's model: its parameters' names in the whole model.
         self._names_before_split: dict[int, list[list[str]]] = {}
