@@ -9,7 +9,7 @@ from typing import Any
 
 from lite_torchft.__about__ import __version__
 
-__all__ = ["DDPFTStrategy", "__version__"]
+__all__ = ["Algorithm", "AlgorithmFSDPStrategy", "AlgorithmStrategy", "DDPFTStrategy", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from lite_torchft.strategy import DDPFTStrategy
 
         return DDPFTStrategy
+    if name in ("Algorithm", "AlgorithmStrategy", "AlgorithmFSDPStrategy"):  # the fault-tolerance algorithm interface
+        import lite_torchft.algorithm
+
+        return getattr(lite_torchft.algorithm, name)
     raise AttributeError(f"module 'lite_torchft' has no attribute {name!r}")

@@ -34,8 +34,11 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 MAX_COMMIT_FAILURES = 10
 
 
-class FaultTolerantReplication:
-    """The torchft part of `ddp_ft` and `fsdp_ft`, mixed into the group's own strategy class.
+class ReplicaGroups:
+    """What every torchft strategy shares, mixed into the group's own strategy class: the
+    lighthouse and the variables, torchft's `Manager`, the healing state, the set-up loaders'
+    streams and the checkpoints. When the groups meet is the subclass's: every step
+    (`FaultTolerantReplication`) or every few inner steps (`lite_torchft.algorithm`).
 
     Args:
         split_batches: deprecated, means `setup_dataloaders(loader, split_batches=True)` for every
@@ -53,8 +56,6 @@ class FaultTolerantReplication:
     """
 
     # The group strategy's declarations (`lite_core.plugins.Strategy`) for the methods this overrides.
-    changes_backward: ClassVar[bool] = True  # `backward` opens the step's quorum
-    steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` averages across groups and votes
     stages_checkpoints: ClassVar[bool] = True  # `stage_checkpoint` stages what `save_checkpoint` writes
     #: torchft's `Manager(init_sync=...)`: whether the first quorum copies one group's weights to the
     #: others. Per-step replication quorums before any step, so it copies the initial weights; a
@@ -84,9 +85,6 @@ class FaultTolerantReplication:
         self._healing = HealingState()
         self._wrapped: list[nn.Module] = []
         self._global_batch_loaders: list[Iterable[Any]] = []  # set up with split_batches=True
-        self._open = False  # a quorum was started for the step in progress
-        self._decision: bool | None = None  # the step's commit vote, once taken
-        self._share = (0, 1)  # this process's index among the step's processes, and their number
         self._first_group = False  # whether this is group 0 (the logging group until the first quorum)
 
     # -- environment -------------------------------------------------------------------------------
@@ -174,21 +172,9 @@ class FaultTolerantReplication:
 
     # -- the step ----------------------------------------------------------------------------------
     def _begin_step(self) -> tuple[int, int]:
-        """Open the step's quorum once (healing from a peer if due); returns this process's index
-        among the processes alive in the step and their number."""
-        if not self._open or self._decision is not None:
-            self._open, self._decision = True, None
-            try:
-                self._manager.start_quorum()
-            except Exception as err:  # the lighthouse is the job's single point of failure
-                raise LiteError(
-                    f"The torchft lighthouse stopped answering ({err}): it is the job's single point of failure;"
-                    " restart it and every replica group (their checkpoints hold the Manager's state)."
-                ) from err
-            replica_rank = self._manager.participating_rank() or 0
-            groups = max(self._manager.num_participants(), 1)
-            self._share = replica_rank * self.world_size + self.global_rank, groups * self.world_size
-        return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
+        """This process's index among the processes of the groups that share the step's batches,
+        and their number (asked at the step's first batch, forward pass and backward)."""
+        raise NotImplementedError
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         wrapped = self._group_module(module)
@@ -254,30 +240,6 @@ class FaultTolerantReplication:
         # `all_reduce` / `gather_for_metrics`, which run within the group, count every sample once
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
-    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        self._begin_step()
-        super().backward(tensor, module, *args, **kwargs)
-
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        if self._decision is None:
-            self._begin_step()
-            self._average_across_groups()
-            self._decision = self._manager.should_commit()
-            for stream in self._healing.streams:
-                stream.commit() if self._decision else stream.abort()
-        return super().optimizer_step(optimizer, **kwargs) if self._decision else None
-
-    def _average_across_groups(self) -> None:
-        """Average every set-up model's gradients over the groups alive in the step (one all-reduce;
-        a sharded gradient averages this rank's shard with the same shard of the other groups)."""
-        grads = [_local(p.grad) for m in self._healing.modules for p in m.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        self._manager.allreduce(flat).wait()
-        for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            grad.copy_(averaged)
-
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
         if self._another_group_uploads(path):
@@ -311,6 +273,63 @@ class FaultTolerantReplication:
             self._healing.load_positions(loaders)
         return content
 
+
+class FaultTolerantReplication(ReplicaGroups):
+    """The torchft part of `ddp_ft` and `fsdp_ft`, mixed into the group's own strategy class: a
+    quorum every step, the gradients averaged over the groups alive in it, and `should_commit`
+    deciding whether the optimizers step. Takes `ReplicaGroups`' arguments.
+    """
+
+    changes_backward: ClassVar[bool] = True  # `backward` opens the step's quorum
+    steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` averages across groups and votes
+
+    # The step's state, set on the instance by `_begin_step` and `optimizer_step` (no `__init__`
+    # of its own, so that the deprecation warning of `split_batches` points at the user's call).
+    _open = False  # a quorum was started for the step in progress
+    _decision: bool | None = None  # the step's commit vote, once taken
+    _share = (0, 1)  # this process's index among the step's processes, and their number
+
+    def _begin_step(self) -> tuple[int, int]:
+        """Open the step's quorum once (healing from a peer if due); returns this process's index
+        among the processes alive in the step and their number."""
+        if not self._open or self._decision is not None:
+            self._open, self._decision = True, None
+            try:
+                self._manager.start_quorum()
+            except Exception as err:  # the lighthouse is the job's single point of failure
+                raise LiteError(
+                    f"The torchft lighthouse stopped answering ({err}): it is the job's single point of failure;"
+                    " restart it and every replica group (their checkpoints hold the Manager's state)."
+                ) from err
+            replica_rank = self._manager.participating_rank() or 0
+            groups = max(self._manager.num_participants(), 1)
+            self._share = replica_rank * self.world_size + self.global_rank, groups * self.world_size
+        return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        self._begin_step()
+        super().backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        if self._decision is None:
+            self._begin_step()
+            self._average_across_groups()
+            self._decision = self._manager.should_commit()
+            for stream in self._healing.streams:
+                stream.commit() if self._decision else stream.abort()
+        return super().optimizer_step(optimizer, **kwargs) if self._decision else None
+
+    def _average_across_groups(self) -> None:
+        """Average every set-up model's gradients over the groups alive in the step (one all-reduce;
+        a sharded gradient averages this rank's shard with the same shard of the other groups)."""
+        grads = [_local(p.grad) for m in self._healing.modules for p in m.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self._manager.allreduce(flat).wait()
+        for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(averaged)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(split_batches={self.split_batches}, ft_timeout={self._ft_timeout})"
 
@@ -338,4 +357,3 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 _MANAGER_KEY = "_torchft_manager"
 _LOADERS_KEY = "_torchft_loaders"
-

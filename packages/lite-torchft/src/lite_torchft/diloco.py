@@ -18,7 +18,7 @@ copy one group's *trained* weights and the job would no longer compute the algor
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -26,121 +26,54 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import SGD, Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core.plugins import ConfigurationError, DDPStrategy, FSDPStrategy
-from lite_torchft._replication import FaultTolerantReplication, _local
-from lite_torchft._variables import read_variables
+from lite_core.plugins import ConfigurationError
+from lite_torchft._replication import _local
+from lite_torchft.algorithm import Algorithm, AlgorithmFSDPStrategy, AlgorithmStrategy
 
 #: The DiLoCo paper's outer optimizer: SGD with Nesterov momentum 0.9 at learning rate 0.7.
 OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
 
 
-class _PeriodicReplication(FaultTolerantReplication):
-    """What `diloco`, `diloco_fsdp` and `local_sgd` share, mixed into the group's own strategy: no
-    quorum per step; torchft's hooks on the one set-up optimizer open a quorum every `sync_every`
-    inner steps; loaders share each batch over the groups of the last quorum (before the first
-    one: every group, as the variables say)."""
+class LocalSGD(Algorithm):
+    """The groups' weights averaged every `sync_every` inner steps (arXiv 1805.09767), on
+    torchft's `LocalSGD`.
 
-    _init_sync: ClassVar[bool] = False  # the first quorum comes after local steps (module docstring)
-    _groups_agree_at_save: ClassVar[bool] = False  # between syncs each group holds its own weights
-    # `backward` is the group strategy's, without the per-step quorum of `ddp_ft`; kept routed through the strategy.
-    changes_backward: ClassVar[bool] = True
-    steps_optimizers_plainly: ClassVar[bool] = False  # `optimizer_step` moves the loaders' streams on
+    Args:
+        sync_every: inner steps between averages.
+    """
 
-    def __init__(self, sync_every: int, **kwargs: Any) -> None:
-        if not isinstance(sync_every, int) or sync_every < 1:
-            raise ConfigurationError(f"sync_every={sync_every!r} must be a whole number of inner steps, 1 or more.")
-        super().__init__(**kwargs)
-        self._sync_every = sync_every
-        self._algorithm: Any = None  # torchft's DiLoCo / LocalSGD, entered at `setup_optimizer`
-        self._last_quorum = -1
-        self._group = (0, 1)  # this group's index and the groups' number until the first quorum
+    def __init__(self, sync_every: int) -> None:
+        super().__init__(sync_every)
+        self._torchft: Any = None
 
-    def _build_manager(self, group_id: int, lighthouse: str) -> Any:
-        self._group = (group_id, read_variables().num_groups)
-        return super()._build_manager(group_id, lighthouse)
+    def build(self, manager: Any, model: nn.Module, optimizer: Optimizer) -> Any:
+        from torchft.local_sgd import LocalSGD as TorchftLocalSGD
 
-    def _group_module(self, module: nn.Module) -> nn.Module:
-        return module if self.world_size == 1 else super()._group_module(module)
+        self._torchft = TorchftLocalSGD(manager, model, optimizer, sync_every=self.sync_every)
+        return self._torchft
 
-    # -- the step: no quorum of its own --------------------------------------------------------------
-    def _begin_step(self) -> tuple[int, int]:
-        """This process's index among the processes of the last sync's groups, and their number."""
-        manager = self._manager
-        if manager is not None and manager._quorum_id != self._last_quorum:  # torchft 0.2.0's quorum id
-            self._last_quorum = manager._quorum_id
-            self._group = (manager.participating_rank() or 0, max(manager.num_participants(), 1))
-        group, groups = self._group
-        return group * self.world_size + self.global_rank, groups * self.world_size
+    def state_dict(self) -> dict[str, Any]:
+        """The inner steps since the last sync."""
+        return {"local_step": self._torchft._local_step}  # torchft 0.2.0's counter
 
-    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        super(FaultTolerantReplication, self).backward(tensor, module, *args, **kwargs)
-
-    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        if self._algorithm is not None:
-            raise ConfigurationError(
-                f"strategy={self.name!r} takes one optimizer (the inner one), set up once: put every"
-                " parameter group into that optimizer."
-            )
-        if not self._healing.modules:
-            raise ConfigurationError(
-                f"strategy={self.name!r} needs the model set up before or with its optimizer:"
-                " call `self.setup(model, optimizer)`."
-            )
-        optimizer = super().setup_optimizer(optimizer)
-        self._algorithm = self._build_algorithm(self._model(), optimizer)
-        self._algorithm.__enter__()  # its hooks on the optimizer stay for the job
-        return optimizer
-
-    def _model(self) -> nn.Module:
-        modules = self._healing.modules
-        return modules[0] if len(modules) == 1 else nn.ModuleList(modules)
-
-    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
-        raise NotImplementedError
-
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """The inner step (torchft's hook syncs after every `sync_every`-th). The loaders move on
-        first: a peer that heals from this group in that sync takes the position after this step."""
-        for stream in self._healing.streams:
-            stream.commit()
-        return super(FaultTolerantReplication, self).optimizer_step(optimizer, **kwargs)
-
-    # -- checkpoints: the inner steps since the last sync (and what `_algorithm_state` adds) ------
-    def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
-        content = super()._with_manager(content)
-        if self._algorithm is None:
-            return content
-        return {**content, _PERIODIC_KEY: {**self._algorithm_state(), "local_step": self._algorithm._local_step}}
-
-    def _algorithm_state(self) -> dict[str, Any]:
-        """What the checkpoint holds besides the inner step count."""
-        return {}
-
-    def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only)
-        saved = content.pop(_PERIODIC_KEY, None)
-        if saved is not None and self._algorithm is not None:
-            self._load_algorithm_state(saved)
-            self._algorithm._local_step = int(saved["local_step"])  # torchft 0.2.0's counter
-        return content
-
-    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
-        """Put back what `_algorithm_state` saved."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(sync_every={self._sync_every})"
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._torchft._local_step = int(state["local_step"])
 
 
-class _DiLoCo(_PeriodicReplication):
-    """What `diloco` and `diloco_fsdp` share: torchft's `DiLoCo` on the one set-up optimizer."""
+class DiLoCo(Algorithm):
+    """DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512) on torchft's `DiLoCo`:
+    every `sync_every` inner steps each group's pseudo-gradient (the weights of the last sync minus
+    its weights now) is averaged over the groups and an outer optimizer steps the weights of the
+    last sync with it; every group goes on from the result. Its arguments are `DiLoCoStrategy`'s,
+    less the strategy's own (`**kwargs`).
+    """
 
     def __init__(self, sync_every: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_optimizer: Callable[[list[nn.Parameter]], Optimizer] | None = None, fragments: int = 1,
-                 fragment_sync_delay: int = 0, fragment_update_alpha: float = 0.0, should_quantize: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(sync_every, **kwargs)
+                 fragment_sync_delay: int = 0, fragment_update_alpha: float = 0.0,
+                 should_quantize: bool = False) -> None:
+        super().__init__(sync_every)
         if not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
             raise ConfigurationError(
                 f"fragments={fragments!r} must be a whole number that divides sync_every={sync_every}."
@@ -152,51 +85,74 @@ class _DiLoCo(_PeriodicReplication):
             )
         self._outer = outer_optimizer or (lambda params: SGD(params, lr=outer_lr, momentum=outer_momentum,
                                                                  nesterov=outer_momentum > 0))
-        self._fragments = fragments
+        self.fragments = fragments
         self._options = {"fragment_sync_delay": fragment_sync_delay, "fragment_update_alpha": fragment_update_alpha,
                          "should_quantize": should_quantize}
+        self._manager: Any = None
+        self._torchft: Any = None
 
-    def connect(self, accelerator: Any, *args: Any, **kwargs: Any) -> None:
+    def check(self, strategy: str, accelerator: str) -> None:
         if self._options["should_quantize"]:
-            _require_quantizing_kernels(type(self).__name__, accelerator.name)
-        super().connect(accelerator, *args, **kwargs)
+            _require_quantizing_kernels(strategy, accelerator)
 
-    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
-        from torchft.local_sgd import DiLoCo
+    def build(self, manager: Any, model: nn.Module, optimizer: Optimizer) -> Any:
+        from torchft.local_sgd import DiLoCo as TorchftDiLoCo
 
-        fragments = _split(model, self._fragments)
-        return DiLoCo(self._manager, fragments, optimizer, [self._outer(list(f.parameters())) for f in fragments],
-                      sync_every=self._sync_every, backup_device=None, pin_memory=False, **self._options)
+        fragments = _split(model, self.fragments)
+        self._manager = manager
+        self._torchft = TorchftDiLoCo(manager, fragments, optimizer,
+                                      [self._outer(list(f.parameters())) for f in fragments],
+                                      sync_every=self.sync_every, backup_device=None, pin_memory=False,
+                                      **self._options)
+        return self._torchft
 
     # torchft registers each fragment's outer optimizer and last synchronised weights with the
-    # Manager (for healing) under these keys; a checkpoint holds them too. torchft keeps this rank's
-    # part of a sharded parameter's tensors: the checkpoint holds them whole (gathered while saving;
-    # see docs/regions.md), so that it loads under another layout, and `load` takes this rank's part.
-    def _algorithm_state(self) -> dict[str, Any]:
+    # Manager (for healing) under these keys; a checkpoint holds them too, with the inner steps
+    # since the last sync. torchft keeps this rank's part of a sharded parameter's tensors: the
+    # checkpoint holds them whole (gathered while saving; see docs/regions.md), so that it loads
+    # under another layout, and `load` takes this rank's part.
+    def state_dict(self) -> dict[str, Any]:
         states = {}
-        for index, fragment in enumerate(self._algorithm._fragments):  # torchft 0.2.0's fragments
+        for index, fragment in enumerate(self._torchft._fragments):  # torchft 0.2.0's fragments
             key = f"StreamingDiLoCoFragment_{index}"
             state = self._manager._user_state_dicts[key]()
             layouts = dict(fragment._model_fragment.named_parameters())
             weights = {name: _whole(local, layouts[name]) for name, local in state["original_parameters"].items()}
             outer = tree_map_only(DTensor, lambda tensor: tensor.full_tensor(), state["outer_optimizer"])
             states[key] = {"original_parameters": weights, "outer_optimizer": outer}
-        return {"fragments": states}
+        return {"fragments": states, "local_step": self._torchft._local_step}  # torchft 0.2.0's counter
 
-    def _load_algorithm_state(self, saved: dict[str, Any]) -> None:
-        for index, fragment in enumerate(self._algorithm._fragments):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for index, fragment in enumerate(self._torchft._fragments):
             key = f"StreamingDiLoCoFragment_{index}"
-            state = saved["fragments"][key]
+            saved = state["fragments"][key]
             layouts = dict(fragment._model_fragment.named_parameters())
-            weights = {name: _local(_part(whole, layouts[name])) for name, whole in state["original_parameters"].items()}
+            weights = {name: _local(_part(whole, layouts[name])) for name, whole in saved["original_parameters"].items()}
             parameters = [p for group in fragment._outer_optimizer.param_groups for p in group["params"]]
-            outer = {**state["outer_optimizer"], "state": {
+            outer = {**saved["outer_optimizer"], "state": {
                 slot: {name: _part(value, parameters[slot]) for name, value in values.items()}
-                for slot, values in state["outer_optimizer"]["state"].items()}}
+                for slot, values in saved["outer_optimizer"]["state"].items()}}
             self._manager._load_state_dict_fns[key]({"original_parameters": weights, "outer_optimizer": outer})
+        self._torchft._local_step = int(state["local_step"])
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(sync_every={self._sync_every}, fragments={self._fragments})"
+        return f"{type(self).__name__}(sync_every={self.sync_every}, fragments={self.fragments})"
+
+
+class _DiLoCoArguments:
+    """`DiLoCoStrategy`'s and `DiLoCoFSDPStrategy`'s arguments: `DiLoCo`'s, then the strategy's."""
+
+    def __init__(self, sync_every: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+                 outer_optimizer: Callable[[list[nn.Parameter]], Optimizer] | None = None, fragments: int = 1,
+                 fragment_sync_delay: int = 0, fragment_update_alpha: float = 0.0, should_quantize: bool = False,
+                 **kwargs: Any) -> None:
+        algorithm = DiLoCo(sync_every, outer_lr, outer_momentum, outer_optimizer, fragments, fragment_sync_delay,
+                           fragment_update_alpha, should_quantize)
+        super().__init__(algorithm, **kwargs)  # type: ignore[call-arg]  # the algorithm strategy's
+
+    def __repr__(self) -> str:
+        algorithm = self.algorithm  # type: ignore[attr-defined]
+        return f"{type(self).__name__}(sync_every={algorithm.sync_every}, fragments={algorithm.fragments})"
 
 
 def _require_quantizing_kernels(strategy: str, accelerator: str) -> None:
@@ -216,7 +172,7 @@ def _require_quantizing_kernels(strategy: str, accelerator: str) -> None:
         )
 
 
-class DiLoCoStrategy(_DiLoCo, DDPStrategy):
+class DiLoCoStrategy(_DiLoCoArguments, AlgorithmStrategy):
     """`strategy="diloco"`: DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512)
     across replica groups, on torchft's `DiLoCo`, with DDP inside each group.
 
@@ -240,7 +196,7 @@ class DiLoCoStrategy(_DiLoCo, DDPStrategy):
     name = "diloco"
 
 
-class DiLoCoFSDPStrategy(_DiLoCo, FSDPStrategy):
+class DiLoCoFSDPStrategy(_DiLoCoArguments, AlgorithmFSDPStrategy):
     """`strategy="diloco_fsdp"`: `diloco` with FSDP2 inside each replica group.
 
     Each group shards the model with `fully_shard`; at a sync rank r of every group averages its
@@ -252,7 +208,7 @@ class DiLoCoFSDPStrategy(_DiLoCo, FSDPStrategy):
     name = "diloco_fsdp"
 
 
-class LocalSGDStrategy(_PeriodicReplication, DDPStrategy):
+class LocalSGDStrategy(AlgorithmStrategy):
     """`strategy="local_sgd"`: the groups' weights averaged every `sync_every` inner steps
     (arXiv 1805.09767), on torchft's `LocalSGD`.
 
@@ -264,12 +220,10 @@ class LocalSGDStrategy(_PeriodicReplication, DDPStrategy):
     name = "local_sgd"
 
     def __init__(self, sync_every: int = 100, **kwargs: Any) -> None:
-        super().__init__(sync_every, **kwargs)
+        super().__init__(LocalSGD(sync_every), **kwargs)
 
-    def _build_algorithm(self, model: nn.Module, optimizer: Optimizer) -> Any:
-        from torchft.local_sgd import LocalSGD
-
-        return LocalSGD(self._manager, model, optimizer, sync_every=self._sync_every)
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sync_every={self.algorithm.sync_every})"
 
 
 def _split(model: nn.Module, count: int) -> list[nn.Module]:
@@ -302,6 +256,3 @@ def _part(whole: Any, parameter: torch.Tensor) -> Any:
     if not isinstance(parameter, DTensor) or not isinstance(whole, torch.Tensor) or whole.shape != parameter.shape:
         return whole
     return distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)
-
-
-_PERIODIC_KEY = "_torchft_diloco"  # DiLoCo's and LocalSGD's state in a checkpoint

@@ -2,13 +2,14 @@
 the algorithm simulated in one plain process.
 
 Usage: python diloco_train.py OUT_DIR SYNC_EVERY OUTER_LR OUTER_MOMENTUM FRAGMENTS [local_sgd|fsdp] [delay=TAU]
-       [plant=no-outer-heal]
+       [plant=no-outer-heal] [pull=PULL]
 
 (`local_sgd`: `strategy="local_sgd"`, which takes only SYNC_EVERY; its simulation is an outer SGD
 at lr 1 without momentum. `fsdp`: `strategy="diloco_fsdp"`, two processes per group, each holding
 half of every parameter; the same simulation. Each group also saves a checkpoint after step 6, to
 `OUT_DIR/ckpt-<group>`, and after the pass loads it and trains the rest of the pass again: its
-weights then go to `OUT_DIR/resumed-<group>.pt`.)
+weights then go to `OUT_DIR/resumed-<group>.pt`. `pull=PULL`: instead,
+`AlgorithmStrategy(PullToAverage(SYNC_EVERY, PULL))`, the algorithm of pull_to_average.py.)
 
 Trains ft_train.py's model over ft_train.py's loader (24 global batches of 4 rows), each group on
 its half of every global batch (`split_batches=True`), with ft_train.py's inner SGD; the weights go
@@ -122,7 +123,7 @@ def _heal_without_the_outer_optimizer(manager: Any) -> None:
 
 
 def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fragments: int, local_sgd: bool,
-         fsdp: bool, delay: int = 0, plant: str = "") -> None:
+         fsdp: bool, delay: int = 0, plant: str = "", pull: str = "") -> None:
     from lite_core import LightningLite
     from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
 
@@ -166,7 +167,12 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
                 while _held(out, group, batch):  # the test holds this group between steps
                     time.sleep(0.05)
 
-    if local_sgd:
+    if pull:
+        from lite_torchft import AlgorithmStrategy
+        from pull_to_average import PullToAverage
+
+        strategy = AlgorithmStrategy(PullToAverage(sync_every, float(pull)), ft_timeout=5)
+    elif local_sgd:
         strategy = LocalSGDStrategy(sync_every=sync_every, ft_timeout=5)
     else:
         kind = DiLoCoFSDPStrategy if fsdp else DiLoCoStrategy
@@ -179,4 +185,5 @@ if __name__ == "__main__":
     out, sync_every, outer_lr, outer_momentum, fragments = sys.argv[1:6]
     options = dict(arg.split("=", 1) for arg in sys.argv[6:] if "=" in arg)
     lite(Path(out), int(sync_every), float(outer_lr), float(outer_momentum), int(fragments), "local_sgd" in sys.argv[6:],
-         "fsdp" in sys.argv[6:], int(options.get("delay", 0)), options.get("plant", ""))
+         "fsdp" in sys.argv[6:], int(options.get("delay", 0)), options.get("plant", ""),
+         options.get("pull", ""))
