@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lite_core.plugins import ConfigurationError
+import torch
+
+from lite_core.plugins import ConfigurationError, precision_entry
 
 #: Top-level keys of a DeepSpeed config (sections and scalars) that a typo is checked against.
 _KNOWN_KEYS = frozenset({
@@ -118,14 +120,13 @@ def offloads_parameters(config: dict[str, Any]) -> bool:
 
 
 #: The DeepSpeed config section each Lite precision turns on.
-PRECISION_SECTIONS: dict[str, str | None] = {
-    "32-true": None, "16-mixed": "fp16", "bf16-mixed": "bf16", "bf16-true": "bf16",
-}
+#: DeepSpeed's config section for the dtype a precision's row names (float32: none).
+DTYPE_SECTIONS: dict[torch.dtype, str | None] = {torch.float32: None, torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def with_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
     """`config` with the fp16/bf16 section that `precision` needs; a contradicting one is refused."""
-    wanted = PRECISION_SECTIONS[precision]
+    wanted = DTYPE_SECTIONS[precision_entry(precision).dtype]  # type: ignore[index]
     for section in ("fp16", "bf16"):
         enabled = bool((config.get(section) or {}).get("enabled", False))
         if enabled and section != wanted:

@@ -7,10 +7,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from lite_core.plugins import Precision
-
-_DTYPES = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-           "bf16-true": torch.bfloat16}
+from lite_core.plugins import Precision, precision_entry
 
 
 class DeepSpeedPrecision(Precision):
@@ -24,14 +21,16 @@ class DeepSpeedPrecision(Precision):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.dtype = _DTYPES[name]
-        self.changes_forward = name != "32-true"
+        row = precision_entry(name)
+        self.dtype: torch.dtype = row.dtype  # type: ignore[assignment]  # DeepSpeed's families: true, mixed
+        self._mixed = row.family == "mixed"
+        self.changes_forward = self.dtype != torch.float32
 
     def convert_input(self, data: Any) -> Any:
         return _cast_floating(data, self.dtype)
 
     def convert_output(self, data: Any) -> Any:
-        if self.name.endswith("-mixed"):
+        if self._mixed:
             return _cast_floating(data, torch.get_default_dtype())
         return data
 

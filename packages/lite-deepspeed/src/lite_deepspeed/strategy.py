@@ -21,6 +21,7 @@ from lite_core.plugins import (
     Precision,
     PrecisionSupport,
     export_environ,
+    precision_entry,
     read_checkpoint,
     restore_environ,
 )
@@ -60,7 +61,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     supported_accelerators: ClassVar[frozenset[str] | None] = frozenset(_DS_ACCELERATORS)
-    #: DeepSpeed's fp16/bf16 modes (`_config.PRECISION_SECTIONS`): float32 or bfloat16 weights, and
+    #: DeepSpeed's fp16/bf16 modes (`_config.DTYPE_SECTIONS`): float32 or bfloat16 weights, and
     #: autocast in float16 or bfloat16.
     precision_support = PrecisionSupport(families=frozenset({"true", "mixed"}),
                                          true_dtypes=frozenset({torch.float32, torch.bfloat16}))
@@ -112,7 +113,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def build_precision(self, name: str) -> Precision:
         _config.with_precision(self._config, name)  # refuses a config that contradicts it, now
-        if name == "16-mixed":
+        if precision_entry(name).dtype == torch.float16:
             _refuse_unsupported_fp16(self.accelerator)
         return DeepSpeedPrecision(name)
 
