@@ -189,12 +189,15 @@ def test_on_4_processes_ep_gradients_are_those_of_one_plain_process(job4, layout
 
 
 @pytest.mark.parametrize("layout", _LAYOUTS_4)
-def test_on_4_processes_expert_load_counts_the_tokens_of_the_expert_parallel_group(job4, layout):
+def test_on_4_processes_expert_load_counts_the_global_batch_whatever_the_layout(job4, layout):
     # Rank 0's experts receive the tokens of its expert-parallel group: under EP 2 x data 2 those of
-    # two of the four data-parallel processes, under EP 4 and EP 2 x tensor 2 the whole batch's.
+    # two of the four data-parallel processes, under EP 4 and EP 2 x tensor 2 the whole batch's. The
+    # statistic adds the other group's (it counted half the batch under EP 2 x data 2).
     run = job4[layout]
     assert run["load_replicas"] == {"ep2_dp2": [0, 1], "ep4": [0, 1, 2, 3], "ep2_tp2": [0, 1]}[layout]
-    assert torch.equal(run["loads"], _plain_4(run)["loads"]), run["loads"]
+    whole_batch = job4_module.plain_pytorch(run["initial"], None, run["replicas"])["loads"]
+    assert torch.equal(run["loads"], whole_batch), (run["loads"], whole_batch)
+    assert int(run["loads"][0].sum()) == job4_module.GLOBAL_BATCH * job4_module.TOP_K
 
 
 def test_on_4_processes_the_layouts_place_the_experts_as_asked(job4):

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from lite_core.errors import ConfigurationError, MisuseError
 
-__all__ = ["ExpertParallel", "check_experts_averaged", "expert_load"]
+__all__ = ["ExpertParallel", "check_experts_averaged", "count_loads_over", "expert_load"]
 
 
 class ExpertParallel(ParallelStyle):
@@ -99,6 +99,16 @@ def check_experts_averaged(model: nn.Module, device_mesh: DeviceMesh) -> None:
             )
 
 
+def count_loads_over(model: nn.Module, data_parallel: DeviceMesh) -> None:
+    """Make `expert_load` of every experts module in `model` count the tokens of every process of
+    `data_parallel` (the strategy's `"data_parallel"` dimension: every process with its own data),
+    so that the statistic is the global batch's under every layout, not its expert-parallel group's."""
+    for module in model.modules():
+        dispatch = module.__dict__.get(_DISPATCH)
+        if dispatch is not None:
+            dispatch.data_parallel = data_parallel
+
+
 def _check_stacked(module: nn.Module, size: int) -> None:
     """Refuse an experts module whose parameters are not stacked `[num_experts, ...]` (at least 2-D,
     one first size) or whose number of experts the mesh dimension does not divide, in one sentence."""
@@ -146,9 +156,13 @@ class _Routed:
 
 
 def expert_load(module: nn.Module) -> torch.Tensor:
-    """The tokens each expert of `module` received, over every process of its mesh dimension,
-    since the previous call (or since `ExpertParallel` was applied): `[num_experts]` integers, the
-    same on every process. A collective of that dimension: call it on each of its processes.
+    """The tokens each expert of `module` received over the global batch since the previous call
+    (or since `ExpertParallel` was applied): `[num_experts]` integers, the same on every process.
+
+    Under `ModelParallelStrategy` it counts every data-parallel process's tokens, whatever the
+    layout (with `MeshLayout(shard=4, expert=2)` the two expert-parallel groups' together), so it
+    does not depend on the layout; with `ExpertParallel` applied on a mesh of your own, the
+    processes of the mesh dimension it shards over. A collective: call it on every process.
 
     Each forward call counts (a forward that activation checkpointing runs again counts twice).
     Log it, or its imbalance (`load.max() / load.float().mean()`), to see how the router spreads
@@ -179,10 +193,21 @@ class _Dispatch:
         self._routes: list[_Route] = []
         #: Tokens this process's experts received from every process since `take_load`.
         self._load = torch.zeros(experts // mesh.size(), dtype=torch.int64, device=device)
+        #: Every process with its own data, where a strategy said (`count_loads_over`): `take_load`
+        #: then counts the global batch; otherwise the processes of `mesh`.
+        self.data_parallel: DeviceMesh | None = None
 
     def take_load(self) -> torch.Tensor:
         """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""
         local, self._load = self._load, torch.zeros_like(self._load)
+        if self.data_parallel is not None and self.data_parallel.size() > self._mesh.size():
+            # This process's experts' counts in their places; the other expert-parallel groups hold
+            # the same experts for other data, so the sum over every data-parallel process is global.
+            whole = torch.zeros(self._experts, dtype=local.dtype, device=local.device)
+            start = self._mesh.get_local_rank() * local.numel()
+            whole[start:start + local.numel()] = local
+            torch.distributed.all_reduce(whole, group=self.data_parallel.get_group())
+            return whole
         gathered = [torch.empty_like(local) for _ in range(self._mesh.size())]
         torch.distributed.all_gather(gathered, local, group=self._mesh.get_group())
         return torch.cat(gathered)

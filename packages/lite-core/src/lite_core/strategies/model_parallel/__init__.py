@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core._experts import check_experts_averaged
+from lite_core._experts import check_experts_averaged, count_loads_over
 from lite_core.checkpoint import is_sharded
 from lite_core.checkpoint._store import is_file
 from lite_core.errors import ConfigurationError, MisuseError
@@ -277,6 +277,7 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         _check_even_tensor_parallel_shards(parallelised)
         check_experts_averaged(parallelised, self.device_mesh)
+        count_loads_over(parallelised, self.device_mesh["data_parallel"])
         if on_meta:
             _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
         return parallelised
