@@ -90,6 +90,8 @@ class DiLoCo(Algorithm):
                          "should_quantize": should_quantize}
         self._manager: Any = None
         self._torchft: Any = None
+        self._fragment_modules: list[nn.Module] = []  # what `build` gave torchft, in its order
+        self._outer_optimizers: list[Optimizer] = []
 
     def check(self, strategy: str, accelerator: str) -> None:
         if self._options["should_quantize"]:
@@ -98,10 +100,10 @@ class DiLoCo(Algorithm):
     def build(self, manager: Any, model: nn.Module, optimizer: Optimizer) -> Any:
         from torchft.local_sgd import DiLoCo as TorchftDiLoCo
 
-        fragments = _split(model, self.fragments)
         self._manager = manager
-        self._torchft = TorchftDiLoCo(manager, fragments, optimizer,
-                                      [self._outer(list(f.parameters())) for f in fragments],
+        self._fragment_modules = _split(model, self.fragments)
+        self._outer_optimizers = [self._outer(list(f.parameters())) for f in self._fragment_modules]
+        self._torchft = TorchftDiLoCo(manager, self._fragment_modules, optimizer, self._outer_optimizers,
                                       sync_every=self.sync_every, backup_device=None, pin_memory=False,
                                       **self._options)
         return self._torchft
@@ -113,22 +115,22 @@ class DiLoCo(Algorithm):
     # under another layout, and `load` takes this rank's part.
     def state_dict(self) -> dict[str, Any]:
         states = {}
-        for index, fragment in enumerate(self._torchft._fragments):  # torchft 0.2.0's fragments
+        for index, fragment in enumerate(self._fragment_modules):
             key = f"StreamingDiLoCoFragment_{index}"
-            state = self._manager._user_state_dicts[key]()
-            layouts = dict(fragment._model_fragment.named_parameters())
+            state = self._manager._user_state_dicts[key]()  # torchft 0.2.0's registry of them
+            layouts = dict(fragment.named_parameters())
             weights = {name: _whole(local, layouts[name]) for name, local in state["original_parameters"].items()}
             outer = tree_map_only(DTensor, lambda tensor: tensor.full_tensor(), state["outer_optimizer"])
             states[key] = {"original_parameters": weights, "outer_optimizer": outer}
         return {"fragments": states, "local_step": self._torchft._local_step}  # torchft 0.2.0's counter
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for index, fragment in enumerate(self._torchft._fragments):
+        for index, (fragment, outer_optimizer) in enumerate(zip(self._fragment_modules, self._outer_optimizers)):
             key = f"StreamingDiLoCoFragment_{index}"
             saved = state["fragments"][key]
-            layouts = dict(fragment._model_fragment.named_parameters())
+            layouts = dict(fragment.named_parameters())
             weights = {name: _local(_part(whole, layouts[name])) for name, whole in saved["original_parameters"].items()}
-            parameters = [p for group in fragment._outer_optimizer.param_groups for p in group["params"]]
+            parameters = [p for group in outer_optimizer.param_groups for p in group["params"]]
             outer = {**saved["outer_optimizer"], "state": {
                 slot: {name: _part(value, parameters[slot]) for name, value in values.items()}
                 for slot, values in saved["outer_optimizer"]["state"].items()}}
