@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
 from lite_core._suggest import closest
 from lite_core._user_frame import warn_user
 from lite_core.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from lite_core.precision.precision import Precision
+from lite_core.precision.fp8 import Float8Precision
+from lite_core.precision.nf4 import TorchaoNF4Precision
+from lite_core.precision.precision import MixedPrecision, Precision, TruePrecision
+from lite_core.precision.quantized import MODES, QuantizedPrecision
 
 #: How a precision treats the model: its weights in one dtype (`true`), float32 weights under
 #: autocast (`mixed`), torchao's FP8 matrix products (`fp8`), bitsandbytes' frozen quantized
@@ -99,38 +100,26 @@ class SupportedPrecisions:
 
 
 def _true(name: str, device_type: str) -> Precision:
-    from lite_core.precision.precision import TruePrecision
-
     return TruePrecision(name, precision_entry(name).dtype)  # type: ignore[arg-type]
 
 
 def _mixed(name: str, device_type: str) -> Precision:
-    from lite_core.precision.precision import MixedPrecision
-
     return MixedPrecision(name, device_type)
 
 
 def _fp8(name: str, device_type: str) -> Precision:
-    from lite_core.precision.fp8 import Float8Precision
-
     return Float8Precision(name.removeprefix("fp8-"), device_type=device_type)
 
 
 def _bitsandbytes(name: str, device_type: str) -> Precision:
-    from lite_core.precision.quantized import QuantizedPrecision
-
     return QuantizedPrecision(name)
 
 
 def _torchao_nf4(name: str, device_type: str) -> Precision:
-    from lite_core.precision.nf4 import TorchaoNF4Precision
-
     return TorchaoNF4Precision()
 
 
 def _plain(name: str, device_type: str) -> Precision:
-    from lite_core.precision.precision import Precision
-
     return Precision()
 
 
@@ -144,7 +133,7 @@ _TABLE: dict[str, PrecisionEntry] = {row.name: row for row in [
     PrecisionEntry("bf16-mixed", "mixed", torch.bfloat16, "bf16", _mixed),
     PrecisionEntry("fp8-tensorwise", "fp8", None, "fp8", _fp8, needs=_FP8),
     PrecisionEntry("fp8-rowwise", "fp8", None, "fp8", _fp8, needs=_FP8),
-    *[PrecisionEntry(mode, "quantized", None, None, _bitsandbytes) for mode in ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")],
+    *[PrecisionEntry(mode, "quantized", None, None, _bitsandbytes) for mode in MODES],
     PrecisionEntry("nf4-torchao", "sharded-quantized", None, None, _torchao_nf4),
 ]}
 

@@ -11,10 +11,11 @@ from torch import nn
 
 from lite_core._install import install_hint
 from lite_core.errors import ConfigurationError, MissingDependencyError
-from lite_core.precision.names import precision_names
 from lite_core.precision.precision import Precision
 
 ModuleFilter = Callable[[nn.Module, str], bool]
+#: bitsandbytes' modes, each a precision name of its own (rows of `lite_core.precision.names`).
+MODES = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
 
 #: The names of peft's adapter modules, which train and so stay in full precision.
 _ADAPTER_NAMES = frozenset({"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save"})
@@ -56,9 +57,8 @@ class QuantizedPrecision(Precision):
 
     def __init__(self, mode: str = "nf4", compute_dtype: torch.dtype | None = None,
                  module_filter_fn: ModuleFilter | None = None) -> None:
-        modes = precision_names("quantized")
-        if mode not in modes:
-            raise ConfigurationError(f"QuantizedPrecision(mode={mode!r}) is not a mode: pass one of {sorted(modes)}.")
+        if mode not in MODES:
+            raise ConfigurationError(f"QuantizedPrecision(mode={mode!r}) is not a mode: pass one of {sorted(MODES)}.")
         _require_bitsandbytes()
         self.name = mode
         self.compute_dtype = compute_dtype
