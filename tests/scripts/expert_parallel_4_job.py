@@ -12,6 +12,10 @@ them, the others reuse the process group):
   embedding and the router tensor parallel over `"tensor_parallel"` (the experts whole on both of
   its processes), FSDP2 over `"data_parallel"`.
 
+Then `pp2_ep2`: `MeshLayout(pipeline=2, shard=2, expert=2)`, a model of two MoE blocks cut into 2
+pipeline stages (the embedding and the first block, the second block and the head), each stage's
+experts sharded over its 2 processes of `"expert_parallel"`, trained with `loss = model(x, target=y)`.
+
 Then the checkpoint `ep4` saved (`OUT/ckpt_ep4`), loaded into a differently initialised model under
 `ep2_dp2` and trained one more step (`moved`); last, what is refused (`refusals`: experts that do
 not divide over 4 processes, `expert=3`, experts that do not span the data-parallel processes).
@@ -20,8 +24,9 @@ not divide over 4 processes, `expert=3`, experts that do not span the data-paral
 
 Rank 0 writes `OUT_DIR/results.pt`: per layout the initial weights, the first step's whole
 gradients (before clipping), the norms, the losses, rank 0's `expert_load` per step with the
-data-parallel ranks whose tokens it counts, and the final whole weights; the probe's logits; and
-the messages of what is refused.
+data-parallel ranks whose tokens it counts, and the final whole weights (under the pipeline every
+stage's, and each block's `expert_load` from a process of its stage); the probe's logits; and the
+messages of what is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ MAX_NORM = 0.3
 IN, HIDDEN, FFN, EXPERTS, TOP_K = 4, 8, 16, 8, 2
 LAYOUTS = {"ep2_dp2": MeshLayout(shard=4, tensor=1, expert=2), "ep4": MeshLayout(shard=4, tensor=1, expert=4),
            "ep2_tp2": MeshLayout(shard=2, tensor=2, expert=2)}
+#: A 2-stage pipeline, each stage's experts over its 2 data-parallel processes.
+PIPELINE_LAYOUT = MeshLayout(pipeline=2, shard=2, tensor=1, expert=2)
 
 
 class Experts(nn.Module):
@@ -65,6 +72,16 @@ class Experts(nn.Module):
     def forward(self, tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         chunks = torch.split(tokens, num_tokens_per_expert.tolist())
         return torch.cat([torch.tanh(chunk @ self.w1[e]) @ self.w2[e] for e, chunk in enumerate(chunks)])
+
+
+def mixed(router: nn.Module, experts: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """Each token's top-2 experts' outputs weighted by the router's softmax, summed."""
+    weights, chosen = torch.softmax(router(h), dim=-1).topk(TOP_K, dim=-1)
+    flat = chosen.flatten()                                  # one (token, slot) per row
+    order = torch.argsort(flat, stable=True)                 # grouped by expert
+    routed = experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(flat, minlength=EXPERTS))
+    unsorted = torch.empty_like(routed).index_copy(0, order, routed)
+    return (unsorted.view(len(h), TOP_K, HIDDEN) * weights.unsqueeze(-1)).sum(1)
 
 
 class MoE(nn.Module):
@@ -82,13 +99,43 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
-        weights, chosen = torch.softmax(self.router(h), dim=-1).topk(TOP_K, dim=-1)
-        flat = chosen.flatten()                                  # one (token, slot) per row
-        order = torch.argsort(flat, stable=True)                 # grouped by expert
-        routed = self.experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(flat, minlength=EXPERTS))
-        unsorted = torch.empty_like(routed).index_copy(0, order, routed)
-        mixed = (unsorted.view(len(x), TOP_K, HIDDEN) * weights.unsqueeze(-1)).sum(1)
-        return self.head(h + mixed)
+        return self.head(h + mixed(self.router, self.experts, h))
+
+
+class MoEBlock(nn.Module):
+    """A residual MoE block: a router and its experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.experts = Experts()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + mixed(self.router, self.experts, h)
+
+
+class StackedMoE(nn.Module):
+    """An embedding, two MoE blocks and a head: cut into pipeline stages at `"blocks.1"`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(IN, HIDDEN)
+        self.blocks = nn.ModuleList([MoEBlock(), MoEBlock()])
+        self.head = nn.Linear(HIDDEN, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)  # on the second stage a stand-in that hands its input on
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+    def loads(self, x: torch.Tensor) -> torch.Tensor:
+        """How many (token, slot) pairs of `x` each block's router sends to each expert: `[blocks, EXPERTS]`."""
+        counts, h = [], self.embed(x)
+        for block in self.blocks:
+            counts.append(torch.bincount(block.router(h).topk(TOP_K, dim=-1).indices.flatten(), minlength=EXPERTS))
+            h = block(h)
+        return torch.stack(counts)
 
 
 def parallelize(model: MoE, device_mesh) -> nn.Module:
@@ -103,6 +150,16 @@ def parallelize(model: MoE, device_mesh) -> nn.Module:
     if device_mesh["expert_data_parallel"].size() > 1:
         fully_shard(model.experts, mesh=device_mesh["expert_data_parallel"])
     return fully_shard(model, mesh=device_mesh["data_parallel"], ignored_params=set(model.experts.parameters()))
+
+
+def parallelize_stage(model: StackedMoE, device_mesh) -> nn.Module:
+    """The user's function under the pipeline, applied to each stage's part (which holds its own
+    blocks only): each block's experts over `"expert_parallel"`, the rest FSDP2 over `"data_parallel"`."""
+    experts = [module for module in model.modules() if isinstance(module, Experts)]
+    for module in experts:
+        parallelize_module(module, device_mesh["expert_parallel"], ExpertParallel())
+    return fully_shard(model, mesh=device_mesh["data_parallel"], ignored_params={p for m in experts
+                                                                                for p in m.parameters()})
 
 
 def make_model(seed: int = 0) -> MoE:
@@ -165,6 +222,67 @@ def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) ->
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item()
     optimizer.step()
     return loss.item(), norm, gradients
+
+
+def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
+    """One plain process over the whole global batches, as `pipelined` trains them: the reference."""
+    torch.manual_seed(0)
+    model = StackedMoE()
+    model.load_state_dict(initial)
+    optimizer = make_optimizer(model)
+    x, y = make_data()
+    losses, norms, loads, gradients = [], [], [], {}
+    for step in range(STEPS):
+        batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        with torch.no_grad():
+            loads.append(model.loads(x[batch]))
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+        loss.backward()
+        gradients = gradients or {k: p.grad.clone() for k, p in model.named_parameters()}
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
+        optimizer.step()
+        losses.append(loss.item())
+    return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
+            "norms": norms, "gradients": gradients, "loads": torch.stack(loads, dim=1)}
+
+
+def pipelined() -> dict:
+    """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step;
+    every stage's whole weights and first gradients, and each block's load per step."""
+    strategy = ModelParallelStrategy(parallelize_stage, mesh=PIPELINE_LAYOUT, split_points=["blocks.1"],
+                                     microbatches=2, loss_fn=nn.functional.mse_loss)
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=WORLD)
+    lite.launch()
+    torch.manual_seed(0)
+    model = StackedMoE()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model, optimizer = lite.setup(model, make_optimizer(model))
+    mesh = lite.strategy.device_mesh
+    replica, replicas = mesh["data_parallel"].get_local_rank(), mesh["data_parallel"].size()
+    per_replica = GLOBAL_BATCH // replicas
+    x, y = make_data()
+    losses, norms, loads, gradients = [], [], [], {}
+    for step in range(STEPS):
+        part = slice(step * GLOBAL_BATCH + replica * per_replica, step * GLOBAL_BATCH + (replica + 1) * per_replica)
+        optimizer.zero_grad()
+        loss = model(x[part], target=y[part])  # the schedule: every micro-batch's forward and backward
+        lite.backward(loss)
+        gradients = gradients or full_gradients(model)
+        norms.append(lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
+        optimizer.step()
+        losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
+        # This stage's blocks (a ModuleList keeps the whole model's keys): their loads by block index.
+        loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
+    every_stage = [None] * WORLD
+    dist.all_gather_object(every_stage, (full_weights(model), gradients, loads))
+    block_loads = {block: torch.stack([step[block] for step in stage_loads])
+                   for _, _, stage_loads in every_stage for block in stage_loads[0]}
+    return {"initial": initial, "losses": losses, "norms": norms,
+            "final": {k: v for weights, _, _ in every_stage for k, v in weights.items()},
+            "gradients": {k: v for _, grads, _ in every_stage for k, v in grads.items()},
+            "loads": torch.stack([block_loads[block] for block in sorted(block_loads)]),
+            "local_keys": sorted(model.state_dict()), "experts": placements(next(iter(model.blocks)).experts.w1)}
 
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -290,6 +408,7 @@ def main(out: Path) -> None:
     # One more step on global batch 0 from the loaded weights and momentum.
     moved["loss"], moved["norm"], _ = train_step(lite, model, optimizer, 0)
     results["moved"] = {**moved, "final": full_weights(model)}
+    results["pp2_ep2"] = pipelined()
     results["refusals"] = refusals()
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")

@@ -7,7 +7,8 @@ Face Qwen3-MoE whose experts module (transformers' own) is called as transformer
 
 On 4 processes (`tests/scripts/expert_parallel_4_job.py`, one launch): EP 2 x data 2, EP 4 and EP 2 x
 tensor 2, trained with gradient accumulation and clipping, end where one plain process ends (SGD with
-momentum, fp32, 1e-6); a checkpoint saved under EP 4 loads under EP 2 and on one plain process."""
+momentum, fp32, 1e-6), and so does EP 2 under a 2-stage pipeline; a checkpoint saved under EP 4
+loads under EP 2 and on one plain process."""
 
 from __future__ import annotations
 
@@ -211,6 +212,40 @@ def test_on_4_processes_the_layouts_place_the_experts_as_asked(job4):
     # EP 2 x tensor 2: the experts whole on both processes of each tensor-parallel pair.
     assert job4["ep2_tp2"]["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
                                           "local": [4, job4_module.HIDDEN, job4_module.FFN]}
+
+
+def test_on_4_processes_ep_under_a_2_stage_pipeline_trains_to_one_plain_process(job4, assert_weights_match):
+    # MeshLayout(pipeline=2, shard=2, expert=2): each stage's experts over its 2 processes, the
+    # user's loop as under any pipeline; losses, clipped norms, first gradients and final weights of
+    # every stage are those of one plain process on the same global batches (fp32, 1e-6).
+    run = job4["pp2_ep2"]
+    expected = job4_module.plain_pipelined(run["initial"])
+    assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    assert run["norms"] == pytest.approx(expected["norms"], abs=1e-6)
+    assert min(expected["norms"]) > job4_module.MAX_NORM, "no step was clipped; the test would prove little"
+    assert run["gradients"].keys() == expected["gradients"].keys()
+    for name, gradient in expected["gradients"].items():
+        torch.testing.assert_close(run["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
+    assert_weights_match(run["final"], expected["final"], run["initial"])
+
+
+def test_on_4_processes_ep_under_a_pipeline_places_each_stages_experts_on_its_own_processes(job4):
+    run = job4["pp2_ep2"]
+    # Rank 0 holds the first stage (the embedding and block 0), half of block 0's experts.
+    assert run["local_keys"] == ["blocks.0.experts.w1", "blocks.0.experts.w2", "blocks.0.router.weight",
+                                 "embed.bias", "embed.weight"]
+    assert run["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
+                              "local": [job4_module.EXPERTS // 2, job4_module.HIDDEN, job4_module.FFN]}
+
+
+def test_on_4_processes_expert_load_under_a_pipeline_counts_each_blocks_global_batch(job4):
+    # torch's stages infer their shapes by running each part once before the micro-batches (the
+    # second stage on uninitialised tensors): that pass must not count in the first step's load.
+    run = job4["pp2_ep2"]
+    expected = job4_module.plain_pipelined(run["initial"])["loads"]
+    assert run["loads"].shape == (2, job4_module.STEPS, job4_module.EXPERTS)
+    assert torch.equal(run["loads"], expected), (run["loads"], expected)
+    assert int(run["loads"][1, 0].sum()) == job4_module.GLOBAL_BATCH * job4_module.TOP_K
 
 
 def test_on_4_processes_every_data_parallel_process_sends_tokens_to_every_expert_process(job4):

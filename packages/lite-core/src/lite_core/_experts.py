@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from lite_core.errors import ConfigurationError, MisuseError
 
-__all__ = ["ExpertParallel", "check_experts_averaged", "count_loads_over", "expert_load"]
+__all__ = ["ExpertParallel", "check_experts_averaged", "count_loads_over", "expert_load", "load_counters"]
 
 
 class ExpertParallel(ParallelStyle):
@@ -109,6 +109,14 @@ def count_loads_over(model: nn.Module, data_parallel: DeviceMesh) -> None:
             dispatch.data_parallel = data_parallel
 
 
+def load_counters(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors in which the experts modules of `model` under `ExpertParallel` count their tokens
+    (see `expert_load`), updated in place by each forward: a caller that runs a forward that must
+    not count (torch's pipeline stages infer their shapes by running a part once) saves them before
+    and puts them back after it, as it does with the buffers."""
+    return [module.__dict__[_DISPATCH].counter for module in model.modules() if _DISPATCH in module.__dict__]
+
+
 def _check_stacked(module: nn.Module, size: int) -> None:
     """Refuse an experts module whose parameters are not stacked `[num_experts, ...]` (at least 2-D,
     one first size) or whose number of experts the mesh dimension does not divide, in one sentence."""
@@ -196,6 +204,11 @@ class _Dispatch:
         #: Every process with its own data, where a strategy said (`count_loads_over`): `take_load`
         #: then counts the global batch; otherwise the processes of `mesh`.
         self.data_parallel: DeviceMesh | None = None
+
+    @property
+    def counter(self) -> torch.Tensor:
+        """The tokens counted since `take_load` (`load_counters`)."""
+        return self._load
 
     def take_load(self) -> torch.Tensor:
         """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lite_core._experts import load_counters
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.strategies.model_parallel._pipeline_backward import StepGradients, run_apart
 from lite_core.strategies.model_parallel._rehearsal import Rehearsal
@@ -151,8 +152,9 @@ class PipelineForward:
         """On a plan's first call, put the buffers back as they were before torch's shape inference:
         each stage learns its shapes by running its part once before the micro-batches (on the
         batch, or on uninitialised tensors of the shapes it receives), in the model's mode, which
-        would count that pass in a BatchNorm's running statistics; it is each part's first forward,
-        and the buffers are put back before the second (the first micro-batch's)."""
+        would count that pass in a BatchNorm's running statistics and in `expert_load`'s tokens per
+        expert; it is each part's first forward, and the buffers and the token counts are put back
+        before the second (the first micro-batch's)."""
         if not plan.fresh:
             yield
             return
@@ -289,10 +291,10 @@ class PipelineForward:
 
 
 def _restore_after_first_forward(module: nn.Module) -> Any:
-    """A hook that puts `module`'s buffers back as they are now just before its second forward pass
-    (once, when the first one's graph is gone: a BatchNorm's backward checks its buffers'
-    versions); its handle."""
-    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    """A hook that puts `module`'s buffers and its experts' token counts (`load_counters`) back as
+    they are now just before its second forward pass (once, when the first one's graph is gone: a
+    BatchNorm's backward checks its buffers' versions); its handle."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in (*module.buffers(), *load_counters(module))]
     calls: list[bool] = []
 
     def restore(*_: Any) -> None:
