@@ -225,7 +225,7 @@ def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) ->
 
 
 def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
-    """One plain process over the whole global batches, as `pipelined` trains them: the reference."""
+    """One plain process over the whole global batches, as `pipelined` trains and evaluates them: the reference."""
     torch.manual_seed(0)
     model = StackedMoE()
     model.load_state_dict(initial)
@@ -243,13 +243,17 @@ def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
         optimizer.step()
         losses.append(loss.item())
+    with torch.no_grad():
+        evaluation = (nn.functional.mse_loss(model(x[:GLOBAL_BATCH]), y[:GLOBAL_BATCH]).item(),
+                      model.loads(x[:GLOBAL_BATCH]))
     return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
-            "norms": norms, "gradients": gradients, "loads": torch.stack(loads, dim=1)}
+            "norms": norms, "gradients": gradients, "loads": torch.stack(loads, dim=1), "evaluation": evaluation}
 
 
 def pipelined() -> dict:
-    """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step;
-    every stage's whole weights and first gradients, and each block's load per step."""
+    """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step,
+    then an evaluation under `torch.no_grad()`; every stage's whole weights and first gradients, and
+    each block's load per step (the evaluation's last)."""
     strategy = ModelParallelStrategy(parallelize_stage, mesh=PIPELINE_LAYOUT, split_points=["blocks.1"],
                                      microbatches=2, loss_fn=nn.functional.mse_loss)
     lite = LightningLite(accelerator="cpu", strategy=strategy, devices=WORLD)
@@ -274,11 +278,15 @@ def pipelined() -> dict:
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
         # This stage's blocks (a ModuleList keeps the whole model's keys): their loads by block index.
         loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
+    with torch.no_grad():  # a forward-only schedule of its own: global batch 0's loss and loads
+        part = slice(replica * per_replica, (replica + 1) * per_replica)
+        evaluation = lite.all_reduce(model(x[part], target=y[part]), reduce_op="mean").item()
+        loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
     every_stage = [None] * WORLD
     dist.all_gather_object(every_stage, (full_weights(model), gradients, loads))
     block_loads = {block: torch.stack([step[block] for step in stage_loads])
                    for _, _, stage_loads in every_stage for block in stage_loads[0]}
-    return {"initial": initial, "losses": losses, "norms": norms,
+    return {"initial": initial, "losses": losses, "norms": norms, "evaluation": evaluation,
             "final": {k: v for weights, _, _ in every_stage for k, v in weights.items()},
             "gradients": {k: v for _, grads, _ in every_stage for k, v in grads.items()},
             "loads": torch.stack([block_loads[block] for block in sorted(block_loads)]),

@@ -227,6 +227,8 @@ def test_on_4_processes_ep_under_a_2_stage_pipeline_trains_to_one_plain_process(
     for name, gradient in expected["gradients"].items():
         torch.testing.assert_close(run["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
     assert_weights_match(run["final"], expected["final"], run["initial"])
+    # Then a forward-only schedule (under torch.no_grad()) on global batch 0.
+    assert run["evaluation"] == pytest.approx(expected["evaluation"][0], abs=1e-6)
 
 
 def test_on_4_processes_ep_under_a_pipeline_places_each_stages_experts_on_its_own_processes(job4):
@@ -240,10 +242,12 @@ def test_on_4_processes_ep_under_a_pipeline_places_each_stages_experts_on_its_ow
 
 def test_on_4_processes_expert_load_under_a_pipeline_counts_each_blocks_global_batch(job4):
     # torch's stages infer their shapes by running each part once before the micro-batches (the
-    # second stage on uninitialised tensors): that pass must not count in the first step's load.
+    # second stage on uninitialised tensors): that pass must not count in the first step's load,
+    # nor in the evaluation's (a schedule of its own, the last row).
     run = job4["pp2_ep2"]
-    expected = job4_module.plain_pipelined(run["initial"])["loads"]
-    assert run["loads"].shape == (2, job4_module.STEPS, job4_module.EXPERTS)
+    plain = job4_module.plain_pipelined(run["initial"])
+    expected = torch.cat([plain["loads"], plain["evaluation"][1].unsqueeze(1)], dim=1)
+    assert run["loads"].shape == (2, job4_module.STEPS + 1, job4_module.EXPERTS)
     assert torch.equal(run["loads"], expected), (run["loads"], expected)
     assert int(run["loads"][1, 0].sum()) == job4_module.GLOBAL_BATCH * job4_module.TOP_K
 
