@@ -299,7 +299,8 @@ def main() -> int:
     if args.calls:
         entry.update(call_record(arms, batches))
     result = {"threads": torch.get_num_threads(), "world_size": dist.get_world_size(), "device": str(device),
-              "ranks_share_device_0": is_node(), "timer_floor_ns": timer_floor_ns(), "models": {"moe": entry}}
+              "ranks_share_device_0": is_node(),
+              "lite_core": str(Path(sys.modules["lite_core"].__file__).parent), "timer_floor_ns": timer_floor_ns(), "models": {"moe": entry}}
     if lite.is_global_zero:
         write_json(args.out, result)
     return 0
