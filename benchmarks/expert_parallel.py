@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[args.device]
     if args.gpu_style and args.device == "cpu":
         shape = ["--hidden", "128", "--ffn", "256", "--tokens", "128", "--dtype", "bfloat16", "--grouped"]
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(0) < (9, 0):
+            shape = [arg for arg in shape if arg != "--grouped"]  # grouped_mm wants sm90+: the loop instead
+            print("expert parallel: below compute capability 9.0, the experts loop instead of torch._grouped_mm")
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="lite-bench-ep-") as workdir:
         out = Path(workdir) / "ep.json"

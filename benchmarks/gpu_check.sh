@@ -22,7 +22,10 @@
 #      fsdp with a compiled model (the set-up model is the user's), ddp_ft with two replica groups
 #      over torchft's NCCL process group (skipped without the torchft wheels in $DS_WHEELS), a
 #      2-stage pipeline on NCCL.
-#   The two-rank cells (4, 6, and 7's ddp_ft and pipeline) run on one GPU too: their two ranks
+#   8. expert parallelism: Lite's ExpertParallel step against the same MoE job written by hand
+#      (distribute_tensor, all_to_all_single_autograd, fully_shard) over NCCL, bf16, torch._grouped_mm,
+#      after a check that both give the same losses (benchmarks/expert_parallel.py).
+#   The two-rank cells (4, 6, 7's ddp_ft and pipeline, and 8) run on one GPU too: their two ranks
 #   share it as two one-process nodes, each its own NCCL host (benchmarks/_two_ranks.py).
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]
@@ -30,8 +33,8 @@
 # RESULTS_DIR defaults to $OUT/gpu_check when $OUT is set, else benchmarks/results/gpu_check. It
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
 # deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json, fp8.txt,
-# gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json, paths.txt, gpu_paths.json and
-# summary.txt.
+# gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json, paths.txt, gpu_paths.json,
+# expert_parallel.txt, gpu_expert_parallel.md/.json and summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -126,6 +129,13 @@ timeout -k 5 240 "$PY" benchmarks/gpu_paths.py --device "$DEVICE" --out "$RESULT
 PATHS_RC=$?
 grep -E "^gpu paths|Error" "$RESULTS/paths.txt" | tail -n 10
 
+EP_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_expert_parallel" --quick)
+[ "$DEVICE" = cpu ] && EP_ARGS=(--device cpu --out "$RESULTS/gpu_expert_parallel" --smoke --gpu-style)
+echo "== expert parallel, Lite vs by hand (at most 150 s)"
+timeout -k 5 150 "$PY" benchmarks/expert_parallel.py "${EP_ARGS[@]}" > "$RESULTS/expert_parallel.txt" 2>&1
+EP_RC=$?
+grep -E "^expert parallel|FAILED|MISMATCH" "$RESULTS/expert_parallel.txt" | tail -n 5
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
@@ -135,6 +145,7 @@ grep -E "^gpu paths|Error" "$RESULTS/paths.txt" | tail -n 10
   echo "fp8: exit $FP8_RC ($(grep -E '^\| fp8 / bf16|^fp8: skipped|^== FP8: skipped' "$RESULTS/fp8.txt" | tail -n 1))"
   echo "context parallel: exit $CP_RC ($(grep -E '^context parallel' "$RESULTS/context_parallel.txt" | tail -n 1))"
   echo "gpu paths: exit $PATHS_RC ($(grep -cE '^gpu paths .*: ok' "$RESULTS/paths.txt") ok, $(grep -cE '^gpu paths .*: skipped' "$RESULTS/paths.txt") skipped)"
+  echo "expert parallel: exit $EP_RC ($(grep -E '^expert parallel' "$RESULTS/expert_parallel.txt" | tail -n 1))"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ] && [ "$PATHS_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ] && [ "$PATHS_RC" -eq 0 ] && [ "$EP_RC" -eq 0 ]

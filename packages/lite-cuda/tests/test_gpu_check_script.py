@@ -27,13 +27,15 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == [
         "tests", "benchmark", "deepspeed tests", "deepspeed parity and step time", "model parallel", "fp8",
-        "context parallel", "gpu paths"]
+        "context parallel", "gpu paths", "expert parallel"]
     assert all(": exit 0" in line for line in summary), summary
     assert "passed" in summary[0] and "failed" not in summary[0]
-    assert "model parallel dp1 x tp2 (two nodes sharing device 0)" in summary[-4]  # over gloo
-    assert summary[-4].endswith(": ok)"), summary[-4]
-    assert "context parallel: skipped, the ring needs a GPU" in summary[-2]  # the script ran, saw no GPU
-    assert summary[-1].endswith("(4 ok, 0 skipped)"), summary[-1]  # on the CPU ddp_ft and the pipeline run over gloo
+    assert "model parallel dp1 x tp2 (two nodes sharing device 0)" in summary[-5]  # over gloo
+    assert summary[-5].endswith(": ok)"), summary[-5]
+    assert "context parallel: skipped, the ring needs a GPU" in summary[-3]  # the script ran, saw no GPU
+    assert summary[-2].endswith("(4 ok, 0 skipped)"), summary[-2]  # on the CPU ddp_ft and the pipeline run over gloo
+    # Lite's expert-parallel step against the job by hand (bf16, grouped_mm, over gloo): the same losses.
+    assert "expert parallel (cpu, smoke): Lite / by hand" in summary[-1] and summary[-1].endswith("losses equal: ok)")
     assert json.loads((tmp_path / "gpu_bench.json").read_text())
     fp8 = json.loads((tmp_path / "gpu_fp8.json").read_text())
     # Uncompiled on the CPU, Lite's FP8 arm computes exactly what torchao by hand does.
