@@ -231,6 +231,29 @@ def check_same(arms: list[Arm], batches, steps: int, tolerance: float, rank: int
     return report
 
 
+def cpu_blocks(arms: list[Arm], batches, reps: int, steps: int, before_block) -> dict[str, list[float]]:
+    """Like `run_interleaved`, but each block's CPU time of this process (`time.process_time_ns`)
+    per step: the work this process did, without the time it waited for the other process or for a
+    core another job held, so it moves far less with the machine's load than wall time does."""
+    import gc
+    import time
+
+    per_step: dict[str, list[float]] = {arm.name: [] for arm in arms}
+    for rep in range(reps):
+        shift = rep % len(arms)
+        for arm in arms[shift:] + arms[:shift]:
+            gc.collect()
+            before_block()
+            gc.disable()
+            try:
+                start = time.process_time_ns()
+                arm.steps(batches, steps)
+                per_step[arm.name].append((time.process_time_ns() - start) / steps)
+            finally:
+                gc.enable()
+    return per_step
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -248,6 +271,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check-steps", type=int, default=3, help="steps of the equality check before timing")
     parser.add_argument("--tolerance", type=float, default=None, help="default 1e-6 (float32), 2e-2 (bfloat16)")
     parser.add_argument("--calls", action="store_true", help="also count Python calls per step (sys.setprofile)")
+    parser.add_argument("--cpu-time", action="store_true", help="also time blocks by this process's CPU time")
     parser.add_argument("--control", action="store_true", help="add a second hand-written arm (A/A noise control)")
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
     return parser.parse_args()
@@ -298,6 +322,8 @@ def main() -> int:
              "tolerance": tolerance}
     if args.calls:
         entry.update(call_record(arms, batches))
+    if args.cpu_time:
+        entry["cpu_ns_per_step"] = cpu_blocks(arms, batches, reps, steps, before_block)
     result = {"threads": torch.get_num_threads(), "world_size": dist.get_world_size(), "device": str(device),
               "ranks_share_device_0": is_node(),
               "lite_core": str(Path(sys.modules["lite_core"].__file__).parent), "timer_floor_ns": timer_floor_ns(), "models": {"moe": entry}}

@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _common import bootstrap_ratio_ci, ratio_of_medians  # noqa: E402
 from run import BenchmarkError, Row, child_env, render_table, run_child, step_rows  # noqa: E402
 
 TARGET = 1.02
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lite-bench-ep-") as workdir:
         out = Path(workdir) / "ep.json"
         command = [sys.executable, str(HERE / "_ep_worker.py"), "--device", args.device, "--out", str(out),
-                   "--reps", reps, "--steps", steps, "--warmup", warmup, "--control", "--calls", *shape]
+                   "--reps", reps, "--steps", steps, "--warmup", warmup, "--control", "--calls", "--cpu-time", *shape]
         try:
             wall_s, stdout, stderr = run_child(command, args.timeout, child_env(1))
         except BenchmarkError as err:
@@ -85,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = step_rows(result, "ep", f"Step, 2-proc expert parallel ({result['device']}), rank 0")
     for row in rows:
         row.target = TARGET
+    cpu = {name: [v / 1e3 for v in values] for name, values in data["cpu_ns_per_step"].items()}
+    cpu_row = Row("ep-cpu:moe", "CPU time per step of rank 0 (process_time; waits for the other rank excluded)",
+                  "µs/step", plain=statistics.median(cpu["plain"]), lite=statistics.median(cpu["lite"]),
+                  ratio=ratio_of_medians(cpu["plain"], cpu["lite"]), ci=bootstrap_ratio_ci(cpu["plain"], cpu["lite"]),
+                  control=ratio_of_medians(cpu["plain"], cpu["control"]), target=TARGET, reps=len(cpu["plain"]))
+    cpu_row.note = f"{cpu_row.lite - cpu_row.plain:+.1f} µs/step; {data['reps']}x{data['steps_per_block']} steps per arm"
+    rows.append(cpu_row)
     calls = data["calls_per_step"]
     rows.append(Row("ep-calls:moe", "Calls per step (deterministic, sys.setprofile), rank 0", "calls",
                     plain=calls["plain"], lite=calls["lite"], ratio=calls["lite"] / calls["plain"],
