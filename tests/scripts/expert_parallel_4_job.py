@@ -16,6 +16,8 @@ Then `pp2_ep2`: `MeshLayout(pipeline=2, shard=2, expert=2)`, a model of two MoE 
 pipeline stages (the embedding and the first block, the second block and the head), each stage's
 experts sharded over its 2 processes of `"expert_parallel"`, trained with `loss = model(x, target=y)`.
 
+It saves a checkpoint (`OUT/ckpt_pp2_ep2`).
+
 Then the checkpoint `ep4` saved (`OUT/ckpt_ep4`), loaded into a differently initialised model under
 `ep2_dp2` and trained one more step (`moved`); last, what is refused (`refusals`: experts that do
 not divide over 4 processes, `expert=3`, experts that do not span the data-parallel processes).
@@ -250,10 +252,10 @@ def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
             "norms": norms, "gradients": gradients, "loads": torch.stack(loads, dim=1), "evaluation": evaluation}
 
 
-def pipelined() -> dict:
+def pipelined(out: Path) -> dict:
     """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step,
-    then an evaluation under `torch.no_grad()`; every stage's whole weights and first gradients, and
-    each block's load per step (the evaluation's last)."""
+    then an evaluation under `torch.no_grad()` and a save to `out`; every stage's whole weights and
+    first gradients, and each block's load per step (the evaluation's last)."""
     strategy = ModelParallelStrategy(parallelize_stage, mesh=PIPELINE_LAYOUT, split_points=["blocks.1"],
                                      microbatches=2, loss_fn=nn.functional.mse_loss)
     lite = LightningLite(accelerator="cpu", strategy=strategy, devices=WORLD)
@@ -282,6 +284,7 @@ def pipelined() -> dict:
         part = slice(replica * per_replica, (replica + 1) * per_replica)
         evaluation = lite.all_reduce(model(x[part], target=y[part]), reduce_op="mean").item()
         loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
+    lite.save({"model": model, "optimizer": optimizer}, out)
     every_stage = [None] * WORLD
     dist.all_gather_object(every_stage, (full_weights(model), gradients, loads))
     block_loads = {block: torch.stack([step[block] for step in stage_loads])
@@ -416,7 +419,7 @@ def main(out: Path) -> None:
     # One more step on global batch 0 from the loaded weights and momentum.
     moved["loss"], moved["norm"], _ = train_step(lite, model, optimizer, 0)
     results["moved"] = {**moved, "final": full_weights(model)}
-    results["pp2_ep2"] = pipelined()
+    results["pp2_ep2"] = {**pipelined(out / "ckpt_pp2_ep2"), "checkpoint": str(out / "ckpt_pp2_ep2")}
     results["refusals"] = refusals()
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")

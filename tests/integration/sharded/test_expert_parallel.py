@@ -252,6 +252,23 @@ def test_on_4_processes_expert_load_under_a_pipeline_counts_each_blocks_global_b
     assert int(run["loads"][1, 0].sum()) == job4_module.GLOBAL_BATCH * job4_module.TOP_K
 
 
+def test_a_checkpoint_saved_under_ep_and_a_pipeline_loads_on_one_plain_process(job4):
+    from lite_core import LightningLite
+
+    # Each stage's experts were sharded over its processes: the checkpoint holds every stage's
+    # weights whole under the whole model's keys, and the optimizer's momentum for each of them.
+    run = job4["pp2_ep2"]
+    lite = LightningLite(accelerator="cpu", devices=1)
+    torch.manual_seed(5)  # other weights than those saved: the load must replace every one
+    model = job4_module.StackedMoE()
+    model, optimizer = lite.setup(model, job4_module.make_optimizer(model))
+    lite.load(run["checkpoint"], {"model": model, "optimizer": optimizer})
+    assert model.state_dict().keys() == run["final"].keys()
+    for name, value in run["final"].items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert len(optimizer.state_dict()["state"]) == len(run["final"])
+
+
 def test_on_4_processes_every_data_parallel_process_sends_tokens_to_every_expert_process(job4):
     # Otherwise the all-to-all would skip a pair of processes and the comparison would prove less.
     model = job4_module.make_model()
