@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(workdir) / "ep.json"
         command = [sys.executable, str(HERE / "_ep_worker.py"), "--device", args.device, "--out", str(out),
                    "--reps", reps, "--steps", steps, "--warmup", warmup, "--control", "--calls", "--cpu-time", *shape]
+        if mode == "smoke":
+            command += ["--check-steps", "2"]
         try:
             wall_s, stdout, stderr = run_child(command, args.timeout, child_env(1))
         except BenchmarkError as err:
