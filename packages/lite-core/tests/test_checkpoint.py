@@ -286,28 +286,34 @@ class _Versioned(LightningLite):
         return {}
 
 
-@pytest.mark.timeout(120)
-def test_a_sharded_save_that_died_between_its_renames_leaves_the_previous_checkpoint_to_load(tmp_path: Path) -> None:
-    # A folder cannot replace another in one rename: the old checkpoint is moved aside first. A
-    # process killed right then left nothing at the path, and a restarted job began from scratch.
-    path = tmp_path / "ckpt"
-    _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 1)
+def _dies_between_the_renames(path: Path, call: str) -> int:
+    """The exit code of a process that runs `call` (this module's names, `PATH` for `path`) and is
+    killed right after a save moved the checkpoint at `path` aside, before the new one is in place."""
     script = textwrap.dedent(
         f"""
         import os, sys
+        from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_checkpoint import _Versioned
+        from test_checkpoint import _Resume, _Versioned
         real_replace = os.replace
         def dying_replace(source, destination):
             real_replace(source, destination)
             if os.fspath(source) == {str(path)!r}:  # the old checkpoint is aside, the new one not in place
                 os._exit(9)
         os.replace = dying_replace
-        from pathlib import Path
-        _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(Path({str(path)!r}), 2)
+        PATH = Path({str(path)!r})
         """
-    )
-    assert subprocess.run([sys.executable, "-c", script], timeout=100).returncode == 9
+    ) + call
+    return subprocess.run([sys.executable, "-c", script], timeout=100).returncode
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_save_that_died_between_its_renames_leaves_the_previous_checkpoint_to_load(tmp_path: Path) -> None:
+    # A folder cannot replace another in one rename: the old checkpoint is moved aside first. A
+    # process killed right then left nothing at the path, and a restarted job began from scratch.
+    path = tmp_path / "ckpt"
+    _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 1)
+    assert _dies_between_the_renames(path, '_Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(PATH, 2)') == 9
     assert not path.exists()
     with pytest.warns(UserWarning, match="a save that was replacing it was interrupted"):
         loaded = _Versioned(accelerator="cpu", strategy="fsdp", devices=1).run(path, 0, load=True)
@@ -348,22 +354,7 @@ def test_a_checkpoint_path_keeps_working_when_the_strategy_changes(tmp_path: Pat
 def test_a_one_file_save_that_died_replacing_a_sharded_checkpoint_leaves_it_to_load(tmp_path: Path) -> None:
     path = tmp_path / "last"
     assert _Resume(accelerator="cpu", strategy="fsdp", devices=1).run(path) == 1
-    script = textwrap.dedent(
-        f"""
-        import os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_checkpoint import _Resume
-        real_replace = os.replace
-        def dying_replace(source, destination):
-            real_replace(source, destination)
-            if os.fspath(source) == {str(path)!r}:  # the folder is aside, the new file not in place
-                os._exit(9)
-        os.replace = dying_replace
-        from pathlib import Path
-        _Resume(accelerator="cpu", strategy="ddp", devices=1).run(Path({str(path)!r}))
-        """
-    )
-    assert subprocess.run([sys.executable, "-c", script], timeout=100).returncode == 9
+    assert _dies_between_the_renames(path, '_Resume(accelerator="cpu", strategy="ddp", devices=1).run(PATH)') == 9
     assert not path.exists()
     with pytest.warns(UserWarning, match="a save that was replacing it was interrupted"):
         assert _Resume(accelerator="cpu", strategy="ddp", devices=1).run(path) == 2  # resumed from step 1
