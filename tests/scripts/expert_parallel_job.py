@@ -4,7 +4,8 @@ capacity factor so no token is dropped), its 4 experts sharded over `ModelParall
 data-parallel dimension (EP 2), each process training on its own half of every global batch with
 an ordinary AdamW loop. Twice: the experts sharded over the data-parallel dimension
 itself, and over the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`. Then a tiny
-Hugging Face Qwen3-MoE (transformers' code unchanged) with every layer's experts under EP 2.
+Hugging Face MoE of each family in `HF_FAMILIES` (Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE,
+DeepSeek-V3, gpt-oss; transformers' code unchanged) with every layer's experts under EP 2.
 
     python expert_parallel_job.py OUT_DIR
 
@@ -212,18 +213,48 @@ def refusals(lite: LightningLite) -> dict[str, str]:
 
 QWEN_STEPS, QWEN_BATCH, QWEN_VOCAB, QWEN_SEQUENCE = 3, 8, 32, 6
 
+#: Tiny Hugging Face MoE families whose experts module keeps transformers 5.x's stacked layout
+#: (`gate_up_proj [E, 2*ffn, hidden]`, `down_proj [E, hidden, ffn]`, called
+#: `experts(hidden_states, top_k_index, top_k_weights)`): per family, its config and model classes
+#: and what differs from the shared sizes (2 layers of 4 experts, top 2). Each has its own router:
+#: Qwen3-MoE's and OLMoE's softmax top-k, Mixtral's, Qwen2-MoE's beside a gated shared expert,
+#: DeepSeek-V3's sigmoid scores with a correction bias and a shared expert, gpt-oss's (whose experts
+#: also hold stacked biases `[E, ...]` and a clamped SwiGLU).
+HF_FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(intermediate_size=32, moe_intermediate_size=8, head_dim=8, num_experts=EXPERTS,
+                       decoder_sparse_step=1, norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(intermediate_size=8, head_dim=8, num_local_experts=EXPERTS)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=8, num_experts=EXPERTS, eos_token_id=QWEN_VOCAB - 1)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(intermediate_size=32, moe_intermediate_size=8, shared_expert_intermediate_size=8,
+                       num_experts=EXPERTS, decoder_sparse_step=1)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(intermediate_size=32, moe_intermediate_size=8, n_routed_experts=EXPERTS, n_group=1,
+                         topk_group=1, first_k_dense_replace=0, n_shared_experts=1, q_lora_rank=None,
+                         kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=2)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=8, head_dim=8, num_local_experts=EXPERTS, sliding_window=4)),
+}
 
-def make_qwen3_moe() -> nn.Module:
-    """A tiny Hugging Face Qwen3-MoE from a config (no download): 2 layers of 4 stacked experts,
-    top-2 routing, transformers' own code unchanged."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+def hf_model_class(family: str) -> type:
+    import transformers
+
+    return getattr(transformers, HF_FAMILIES[family][1])
+
+
+def make_hf_moe(family: str = "qwen3_moe") -> nn.Module:
+    """A tiny Hugging Face MoE of `family` from a config (no download), transformers' own code
+    unchanged."""
+    import transformers
+
+    config_class, _, sizes = HF_FAMILIES[family]
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=QWEN_VOCAB, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                            num_experts=EXPERTS, num_experts_per_tok=TOP_K, decoder_sparse_step=1,
-                            max_position_embeddings=16, norm_topk_prob=True)
-    return Qwen3MoeForCausalLM(config)
+    config = getattr(transformers, config_class)(**{
+        "vocab_size": QWEN_VOCAB, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 16, "num_experts_per_tok": TOP_K, **sizes})
+    return hf_model_class(family)(config)
 
 
 def qwen_tokens() -> torch.Tensor:
@@ -237,7 +268,7 @@ def qwen_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def parallelize_qwen3_moe(model: nn.Module, device_mesh) -> nn.Module:
+def parallelize_hf_moe(model: nn.Module, device_mesh) -> nn.Module:
     """Every layer's `mlp.experts` (transformers' module, as it is) over the data-parallel dimension."""
     dp = device_mesh["data_parallel"]
     experts = [layer.mlp.experts for layer in model.model.layers]
@@ -246,9 +277,9 @@ def parallelize_qwen3_moe(model: nn.Module, device_mesh) -> nn.Module:
     return fully_shard(model, mesh=dp, ignored_params={p for module in experts for p in module.parameters()})
 
 
-def plain_qwen3_moe(initial: dict[str, torch.Tensor]) -> dict:
-    """One plain process over the whole batches: the reference for `qwen3_moe`."""
-    model = make_qwen3_moe()
+def plain_hf_moe(initial: dict[str, torch.Tensor], family: str = "qwen3_moe") -> dict:
+    """One plain process over the whole batches: the reference for `hf_moe`."""
+    model = make_hf_moe(family)
     model.load_state_dict(initial)
     optimizer = qwen_optimizer(model)
     tokens, losses = qwen_tokens(), []
@@ -262,10 +293,11 @@ def plain_qwen3_moe(initial: dict[str, torch.Tensor]) -> dict:
     return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
 
 
-def qwen3_moe(lite: LightningLite, out: Path) -> dict:
-    """The user's loop over a Hugging Face Qwen3-MoE, this process on its half of every batch; then
-    its checkpoint (`OUT/qwen_ep2`) and its Hugging Face export (`OUT/qwen_hf`, with the config)."""
-    model = make_qwen3_moe()
+def hf_moe(lite: LightningLite, out: Path, family: str) -> dict:
+    """The user's loop over a Hugging Face MoE of `family`, this process on its half of every batch;
+    then its checkpoint (`OUT/FAMILY_ep2`) and its Hugging Face export (`OUT/FAMILY_hf`, with the
+    config)."""
+    model = make_hf_moe(family)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = qwen_optimizer(model)
     model, optimizer = lite.setup(model, optimizer)
@@ -279,12 +311,12 @@ def qwen3_moe(lite: LightningLite, out: Path) -> dict:
         optimizer.step()
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
     local = model.model.layers[0].mlp.experts.gate_up_proj.to_local().shape
-    lite.save({"model": model, "optimizer": optimizer}, out / "qwen_ep2")
-    lite.export_safetensors(model, out / "qwen_hf")
+    lite.save({"model": model, "optimizer": optimizer}, out / f"{family}_ep2")
+    lite.export_safetensors(model, out / f"{family}_hf")
     if lite.is_global_zero:
-        model.config.save_pretrained(out / "qwen_hf")
+        model.config.save_pretrained(out / f"{family}_hf")
     return {"initial": initial, "final": full_weights(model), "losses": losses, "local_experts": local[0],
-            "checkpoint": str(out / "qwen_ep2"), "export": str(out / "qwen_hf")}
+            "checkpoint": str(out / f"{family}_ep2"), "export": str(out / f"{family}_hf")}
 
 
 def launched(strategy: ModelParallelStrategy) -> LightningLite:
@@ -299,8 +331,9 @@ def main(out: Path) -> None:
     lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
                                           mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
     results["expert_parallel"] = train(lite)
-    lite = launched(ModelParallelStrategy(parallelize_qwen3_moe, data_parallel_size=WORLD, tensor_parallel_size=1))
-    results["qwen3_moe"] = qwen3_moe(lite, out)
+    for family in HF_FAMILIES:
+        lite = launched(ModelParallelStrategy(parallelize_hf_moe, data_parallel_size=WORLD, tensor_parallel_size=1))
+        results[family] = hf_moe(lite, out, family)
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
 

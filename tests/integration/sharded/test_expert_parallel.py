@@ -3,7 +3,10 @@
 data-parallel dimension (EP 2), each process on its own half of the global batch, ends where one
 plain PyTorch process ends on the whole batch (AdamW, fp32, 1e-6); so does the same job with the
 experts on the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`, and a tiny Hugging
-Face Qwen3-MoE whose experts module (transformers' own) is called as transformers calls it.
+Face MoE of each family in `HF_FAMILIES` (Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3,
+gpt-oss) whose
+experts module (transformers' own) is called as transformers calls it; each one's checkpoint loads
+whole on one process and its export in transformers' `from_pretrained`.
 
 On 4 processes (`tests/scripts/expert_parallel_4_job.py`, one launch): EP 2 x data 2, EP 4 and EP 2 x
 tensor 2, trained with gradient accumulation and clipping, end where one plain process ends (SGD with
@@ -111,33 +114,37 @@ def test_experts_computed_by_grouped_mm_give_under_ep2_what_they_give_whole(job)
     torch.testing.assert_close(result["sharded_grad"], result["whole_grad"])
 
 
-def test_a_hugging_face_qwen3_moe_under_ep2_trains_as_one_plain_process(job, assert_weights_match):
-    # transformers' Qwen3MoeExperts is called experts(hidden_states, top_k_index, top_k_weights) and
-    # loops over its stacked experts itself: ExpertParallel takes that call as it is.
-    run = job["qwen3_moe"]
+_FAMILIES = list(job_module.HF_FAMILIES)
+
+
+@pytest.mark.parametrize("family", _FAMILIES)
+def test_a_hugging_face_moe_under_ep2_trains_as_one_plain_process(job, family, assert_weights_match):
+    # transformers' experts modules (Qwen3MoeExperts, MixtralExperts, ...) are called
+    # experts(hidden_states, top_k_index, top_k_weights) and loop over their stacked experts
+    # themselves: ExpertParallel takes that call as it is, whatever router feeds it.
+    run = job[family]
     assert run["local_experts"] == job_module.EXPERTS // job_module.WORLD  # each process holds half the experts
-    expected = job_module.plain_qwen3_moe(run["initial"])
+    expected = job_module.plain_hf_moe(run["initial"], family)
     assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
     assert_weights_match(run["final"], expected["final"], run["initial"])
 
 
-def test_an_ep2_checkpoint_loads_whole_on_one_process_and_its_export_in_transformers(job):
+@pytest.mark.parametrize("family", _FAMILIES)
+def test_an_ep2_checkpoint_loads_whole_on_one_process_and_its_export_in_transformers(job, family):
     # The experts were DTensors sharded over the processes; the checkpoint holds them whole under
     # the model's own keys, and the export in Hugging Face's layout (stacked experts) loads in
     # transformers' own from_pretrained.
-    from transformers import Qwen3MoeForCausalLM
-
     from lite_core import LightningLite
 
-    run = job["qwen3_moe"]
+    run = job[family]
     lite = LightningLite(accelerator="cpu", devices=1)
-    model = lite.setup(job_module.make_qwen3_moe())
+    model = lite.setup(job_module.make_hf_moe(family))
     lite.load(run["checkpoint"], {"model": model})
     loaded = model.state_dict()
     assert loaded.keys() == run["final"].keys()
     for name, value in run["final"].items():
         assert torch.equal(loaded[name], value), name
-    exported = Qwen3MoeForCausalLM.from_pretrained(run["export"])
+    exported = job_module.hf_model_class(family).from_pretrained(run["export"])
     tokens = job_module.qwen_tokens()[:2]
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=tokens).logits, model(input_ids=tokens).logits, atol=0, rtol=0)
