@@ -28,8 +28,11 @@ What is here, by purpose:
   `on_rank_zero` (a rank-0 write whose failure every rank raises), `on_writing_ranks` (the
   same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose
-  `read_whole_checkpoint` lets every strategy load that directory), `is_url` (whether a
-  checkpoint path is an fsspec URL, which every node sees, rather than a local path),
+  `read_whole_checkpoint` lets every strategy load that directory), `store_for` (the `Store` that
+  keeps a checkpoint path, with its commit rule: `LocalStore` for local paths, `FsspecStore` for
+  fsspec URLs; its `shared` says whether every node sees the same checkpoint there),
+  `register_store` (a `Store` of a backend's own for a URL protocol), `is_url` (whether a path is
+  an fsspec URL),
   `check_weights_fit` (the one sentence for a checkpoint whose keys or shapes do not fit the model,
   for an engine that loads weights its own way, with `shapes_of` for a state dict's shapes), and `enum_getattr` (the `getattr` a restricted
   unpickler allows so that members of the enums it allows, and nothing else, load).
@@ -71,6 +74,9 @@ if TYPE_CHECKING:
         PRECISION_KEY,
         READER_FILE,
         CheckpointIO,
+        FsspecStore,
+        LocalStore,
+        Store,
         TorchCheckpointIO,
         TrainableState,
         check_weights_fit,
@@ -81,10 +87,12 @@ if TYPE_CHECKING:
         on_rank_zero,
         on_writing_ranks,
         read_checkpoint,
+        register_store,
         restore,
         shapes_of,
         stage_to_host,
         staging_folder,
+        store_for,
         to_state,
     )
     from lite_core.environ import export_environ, restore_environ

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import LiteError, is_url
+from lite_core.plugins import LiteError, store_for
 from lite_torchft._healing import HealingState
 from lite_torchft._stream import LoaderStream
 from lite_torchft._variables import check_lighthouse, read_variables
@@ -255,7 +255,7 @@ class ReplicaGroups:
         """Whether another group writes the checkpoint at `path`: at a URL, which every group sees,
         only the first group of the last quorum writes (the others would upload the same bytes to
         the same keys at the same time); a local path is each group's own (each node its copy)."""
-        return type(self)._groups_agree_at_save and is_url(path) and not self._first_in_quorum()
+        return type(self)._groups_agree_at_save and store_for(path).shared and not self._first_in_quorum()
 
     def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
         if self._manager is None:

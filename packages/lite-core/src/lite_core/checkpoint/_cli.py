@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
 
 def _consolidate(args: argparse.Namespace) -> int:
     from lite_core.checkpoint._sharded import consolidate
-    from lite_core.checkpoint._store import as_local, check_path
+    from lite_core.checkpoint.stores import as_local, check_path
 
     source, out = as_local(args.checkpoint), as_local(args.out)
     for path in (source, out):  # a URL's fsspec back end must be there before anything is read or written

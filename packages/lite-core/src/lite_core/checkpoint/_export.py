@@ -4,14 +4,12 @@ checkpoint's `HuggingFaceStorageWriter`: the files and index that `transformers`
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from typing import Any
 
 import torch
 
-from lite_core.checkpoint import _store
+from lite_core.checkpoint.stores import store_for
 
 #: The files' size limit when the caller gives none: `transformers`' own default shard size.
 DEFAULT_FILE_BYTES = 5 * 10**9
@@ -31,17 +29,10 @@ def export(state: dict[str, Any], path: str, max_file_bytes: int = DEFAULT_FILE_
     """`write_safetensors` of `state` without the `tied` names into `path`, a local folder or an
     fsspec URL. For a URL the files are written into a local temporary folder and put into the
     store by its fsspec file system, the index last, so that a folder without its index is never
-    taken for a whole export."""
+    taken for a whole export (`Store.write_folder`)."""
     state = {name: value for name, value in state.items() if name not in tied}
-    if not _store.is_url(path):
-        return write_safetensors(state, path, max_file_bytes)
-    with tempfile.TemporaryDirectory(prefix="lite-export-") as local:
-        left_out = write_safetensors(state, local, max_file_bytes)
-        fs, key = _store.filesystem(path)
-        names = sorted(os.listdir(local), key=lambda name: name == INDEX_FILE)
-        for name in names:
-            fs.put_file(os.path.join(local, name), f"{key.rstrip('/')}/{name}")
-    return left_out
+    return store_for(path).write_folder(path, lambda folder: write_safetensors(state, folder, max_file_bytes),
+                                        last=INDEX_FILE)
 
 
 def write_safetensors(state: dict[str, Any], folder: str, max_file_bytes: int = DEFAULT_FILE_BYTES) -> list[str]:

@@ -4,18 +4,14 @@ full file, both read back at any process count. The formats are described in `li
 from __future__ import annotations
 
 import inspect
-import os
 import time
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lite_core.checkpoint._background import Write, checkpoint_process_group, nothing, stage_to_host
-from lite_core.checkpoint import _store
-from lite_core.checkpoint._io import commit_folder, staging_folder
 from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._sharded import (
     EXTRA_FILE,
@@ -23,10 +19,8 @@ from lite_core.checkpoint._sharded import (
     read_sharded,
     reading_metadata_once,
     storage_reader,
-    storage_writer,
 )
 from lite_core.checkpoint._rank_zero import _describe, first_failure, on_rank_zero, shard_failure
-from lite_core.checkpoint._store import is_url
 from lite_core.checkpoint._state import (
     PRECISION_KEY,
     check_module_keys,
@@ -38,6 +32,7 @@ from lite_core.checkpoint._state import (
     shapes_of,
     state_of,
 )
+from lite_core.checkpoint.stores import Store, store_for
 from lite_core._user_frame import warn_user
 from lite_core.errors import CheckpointError
 from lite_core.model.optimizer import unwrap_optimizer
@@ -177,12 +172,13 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
     from torch.distributed.checkpoint.api import CheckpointException
 
     started = time.time()
-    state, extra, staging = _prepare_sharded(strategy, path, content)
+    store = store_for(path)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content)
     try:
-        dcp.save(state, storage_writer=storage_writer(staging))
+        dcp.save(state, storage_writer=store.shard_writer(folder))
     except CheckpointException as err:  # raised on every rank; a BaseException
         raise shard_failure(path, err) from None
-    on_rank_zero(strategy, path, lambda: _finish_sharded(strategy, staging, extra, path, started))
+    on_rank_zero(strategy, path, lambda: store.commit_sharded(folder, path, extra, strategy.checkpoint_io, started))
 
 
 def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
@@ -197,9 +193,10 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
     from torch.distributed.checkpoint.api import CheckpointException
 
     started = time.time()
-    state, extra, staging = _prepare_sharded(strategy, path, content)
+    store = store_for(path)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content)
     extra = stage_to_host(extra)
-    written = dcp.async_save(state, storage_writer=storage_writer(staging), process_group=checkpoint_process_group())
+    written = dcp.async_save(state, storage_writer=store.shard_writer(folder), process_group=checkpoint_process_group())
 
     def write() -> None:
         try:
@@ -207,14 +204,15 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
         except CheckpointException as err:  # a BaseException: the writer thread would not report it
             raise shard_failure(path, err) from None
         if strategy.global_rank == 0:
-            _finish_sharded(strategy, staging, extra, path, started)
+            store.commit_sharded(folder, path, extra, strategy.checkpoint_io, started)
 
     return write
 
 
-def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+def _prepare_sharded(strategy: Any, store: Store, path: str,
+                     content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(the sharded state of the modules, the optimizers and the values that hold `DTensor`s, the
-    other values, the staging directory)."""
+    other values, the folder every rank writes its shards into: `store.start_sharded`'s, on rank 0)."""
     from torch.distributed.tensor import DTensor
 
     _warn_of_a_file_name(strategy, path)
@@ -222,11 +220,8 @@ def _prepare_sharded(strategy: Any, path: str, content: dict[str, Any]) -> tuple
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     state.update({key: value for key, value in plain.items() if _holds(value, DTensor)})
     extra = _extra(strategy, {key: value for key, value in plain.items() if key not in state})
-    if is_url(path):  # written in place, `.metadata` last (see `lite_core.checkpoint._store`)
-        on_rank_zero(strategy, path, lambda: _start_at_url(strategy, path, extra))
-        return state, extra, path
-    staging = on_rank_zero(strategy, path, lambda: staging_folder(Path(path)))
-    return state, extra, staging
+    folder = on_rank_zero(strategy, path, lambda: store.start_sharded(path, extra, strategy.checkpoint_io))
+    return state, extra, folder
 
 
 #: The suffixes of a one-file checkpoint's name: a sharded save to such a name says it writes a folder.
@@ -250,32 +245,14 @@ def _warn_of_a_file_name(strategy: Any, path: str) -> None:
               " suffix to keep the shards.")
 
 
-def _start_at_url(strategy: Any, url: str, extra: dict[str, Any]) -> None:
-    """Rank 0, before the shards: the pending marker, the previous checkpoint at `url` removed,
-    the values besides modules and optimizers written."""
-    _store.begin(url)
-    _store.clear_sharded(url)
-    strategy.checkpoint_io.save_part(extra, _store.join(url, EXTRA_FILE))
-
-
-def _finish_sharded(strategy: Any, staging: str, extra: dict[str, Any], path: str, started: float) -> None:
-    if is_url(path):  # torch wrote `.metadata`: the checkpoint is complete
-        _store.end(path)
-        return
-    target = Path(path)
-    strategy.checkpoint_io.save(extra, os.path.join(staging, EXTRA_FILE))
-    commit_folder(Path(staging), target, started)
-
-
 # -- load ---------------------------------------------------------------------------------------
 def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
          weights_only: bool) -> dict[str, Any]:
     """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
+    store = store_for(path)
     sharded = is_sharded(path)  # first: a sharded checkpoint needs no other check (one request at a URL)
-    if not sharded and not _store.exists(path):
-        if is_url(path):
-            raise _store.missing(path)
-        raise CheckpointError(f"No checkpoint at '{path}': check the path you passed to load().")
+    if not sharded and not store.exists(path):
+        raise store.missing(path)
     if state is None:
         if sharded:
             return read_sharded(path, strategy.checkpoint_io, weights_only)
@@ -300,9 +277,9 @@ def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.api import CheckpointException
 
-    extra_file = _store.join(path, EXTRA_FILE) if is_url(path) else os.path.join(path, EXTRA_FILE)
-    content = strategy.checkpoint_io.load(extra_file, weights_only=weights_only)
-    reader = reading_metadata_once(storage_reader(path, weights_only))
+    store = store_for(path)
+    content = strategy.checkpoint_io.load(store.join(path, EXTRA_FILE), weights_only=weights_only)
+    reader = reading_metadata_once(storage_reader(path, weights_only, store))
     metadata = reader.read_metadata().state_dict_metadata
     saved = set(metadata)
     top_level = {fqn.split(".", 1)[0] for fqn in saved}

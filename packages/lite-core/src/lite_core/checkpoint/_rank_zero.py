@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import torch
 
+from lite_core.checkpoint.stores import store_for
 from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -82,24 +83,8 @@ def _raise_for(path: str, rank: int, failure: str, error: Exception | None) -> N
 
 
 def _error_for(path: str, rank: int, failure: str, error: BaseException | None) -> CheckpointError:
-    from lite_core.checkpoint._store import is_url
-
-    if is_url(path):
-        fix = _hint_from(failure)  # from the text every rank has, so that every rank says the same
-        return CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.")
-    return CheckpointError(
-        f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: fix that cause (free disk"
-        " space, remove what is in the way, or save only tensors, plain values and objects with"
-        " state_dict()) and save again."
-    )
-
-
-def _hint_from(failure: str) -> str:
-    """`store_hint` on a rank that got only the failing rank's description."""
-    from lite_core.checkpoint._store import store_hint
-
-    kinds = {"PermissionError": PermissionError(), "FileNotFoundError": FileNotFoundError()}
-    return store_hint(kinds.get(failure.split(" ", 1)[0], OSError()))
+    fix = store_for(path).save_failure_fix(failure)  # from the text every rank has, so that every rank says the same
+    return CheckpointError(f"Saving the checkpoint '{path}' failed on rank {rank} with {failure}: {fix}.")
 
 
 def _describe(error: BaseException) -> str:

@@ -6,34 +6,26 @@ from __future__ import annotations
 import functools
 import os
 import re
-from pathlib import Path
 from typing import Any
 
-from lite_core.checkpoint._store import is_file, is_url, join
+from lite_core.checkpoint._store import EXTRA_FILE, METADATA_FILE
+from lite_core.checkpoint.stores import Store, store_for
 from lite_core.errors import CheckpointError
 
-#: The file inside a sharded checkpoint that holds everything except module and optimizer tensors.
-EXTRA_FILE = "lite_extra.pt"
-_METADATA_FILE = ".metadata"
+__all__ = ["EXTRA_FILE", "consolidate", "is_sharded", "read_sharded"]
+
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
     """Whether `path` (a local path or an fsspec URL) is a sharded (directory) checkpoint written by Lite."""
-    if isinstance(path, str) and is_url(path):
-        return is_file(join(path, _METADATA_FILE))
-    return (Path(path) / _METADATA_FILE).is_file()
+    store = store_for(path)
+    return store.is_file(store.join(os.fspath(path), METADATA_FILE))
 
 
-def storage_reader(path: str, weights_only: bool = True) -> Any:
-    """Torch distributed checkpoint's reader for `path` (`FsspecReader` for a URL); with
-    `weights_only`, its `.metadata` is read without running code (see `_safe_metadata`)."""
-    if is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        reader = FsspecReader(path)
-    else:
-        from torch.distributed.checkpoint import FileSystemReader
-
-        reader = FileSystemReader(path)
+def storage_reader(path: str, weights_only: bool = True, store: Store | None = None) -> Any:
+    """Torch distributed checkpoint's reader for `path` (`FsspecReader` for a URL: the reader of
+    `store`, by default the path's); with `weights_only`, its `.metadata` is read without running
+    code (see `_safe_metadata`)."""
+    reader = (store or store_for(path)).shard_reader(path)
     if not weights_only:
         return reader
     from lite_core.checkpoint._safe_metadata import refuse_code_in_metadata
@@ -46,18 +38,6 @@ def reading_metadata_once(reader: Any) -> Any:
     and torch's loading both ask for it (at a URL, two requests each time)."""
     reader.read_metadata = functools.cache(reader.read_metadata)
     return reader
-
-
-def storage_writer(path: str) -> Any:
-    """Torch distributed checkpoint's writer for `path`: `FsspecWriter` for a URL (no fsync: an
-    object store has none, and torch would fall back to syncing this machine's every disk)."""
-    if is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        return FsspecWriter(path, sync_files=False)
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    return FileSystemWriter(path)
 
 
 def consolidate(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
@@ -99,7 +79,8 @@ def read_sharded(path: str | os.PathLike[str], io: Any, weights_only: bool = Tru
         raise
     except (Exception, CheckpointException) as err:  # DCP's own exception is a BaseException
         raise read_failure(path, err) from err
-    extra = join(path, EXTRA_FILE) if isinstance(path, str) and is_url(path) else Path(path) / EXTRA_FILE
+    store = store_for(path)
+    extra = store.join(os.fspath(path), EXTRA_FILE)
     return {**io.load(extra, weights_only=weights_only), **tensors}
 
 

@@ -1,7 +1,8 @@
 """Checkpoints at fsspec URLs (`s3://bucket/run/step-100`, `gs://...`, `az://...`, `memory://...`):
 how Lite tells a URL from a local path, checks that its fsspec back end is installed, writes a
 one-file checkpoint so that it is complete or absent, and tells an unfinished upload from a
-missing checkpoint.
+missing checkpoint. `lite_core.checkpoint.stores.FsspecStore` is this rule behind the `Store`
+interface; nothing outside the store modules asks whether a path is a URL.
 
 The commit rule (object stores have no atomic rename):
 
@@ -57,6 +58,8 @@ _CHAINED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*)::")
 #: What `pathlib.Path` makes of a URL: `s3://b/k` -> `s3:/b/k`.
 _FLATTENED_URL = re.compile(r"(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*):/(?!/)")
 _LOCAL_PROTOCOLS = ("file", "local")
+#: The file of a sharded checkpoint that holds everything except module and optimizer tensors.
+EXTRA_FILE = "lite_extra.pt"
 
 
 def is_url(path: str) -> bool:
@@ -76,24 +79,14 @@ def as_local(path: str) -> str:
     return path
 
 
-def check_path(path: str, strategy: Any = None) -> None:
-    """Refuse, before anything is written or read, a URL that `strategy` cannot write
-    (`Strategy.checkpoint_urls`) or whose fsspec back end is missing, and a URL that
-    `pathlib.Path` has flattened into a local path (`s3:/bucket/key`)."""
-    if not is_url(path):
-        _refuse_flattened_url(path)
-        return
-    if strategy is not None and not type(strategy).checkpoint_urls:
-        raise CheckpointError(
-            f"strategy={strategy.name!r} writes and reads checkpoints on the local file system only, so it"
-            f" cannot use '{path}': save to a local path (and copy it to the store yourself) or choose a"
-            " strategy whose checkpoints go to URLs (single_device, ddp, fsdp, model_parallel)."
-        )
-    for protocol in _protocols(path):
-        _check_backend(path, protocol)
+def check_url(url: str) -> None:
+    """Refuse, before anything is written or read, a URL whose fsspec back end is missing."""
+    for protocol in protocols(url):
+        _check_backend(url, protocol)
 
 
-def _refuse_flattened_url(path: str) -> None:
+def refuse_flattened_url(path: str) -> None:
+    """Refuse a local path that is a URL `pathlib.Path` has flattened (`s3:/bucket/key`)."""
     match = _FLATTENED_URL.match(path)
     if match is None or match["protocol"] in _LOCAL_PROTOCOLS or not _known(match["protocol"]):
         return
@@ -103,7 +96,7 @@ def _refuse_flattened_url(path: str) -> None:
     )
 
 
-def _protocols(url: str) -> list[str]:
+def protocols(url: str) -> list[str]:
     """The protocols of a (possibly chained) URL: `simplecache::s3://b/k` -> `["simplecache", "s3"]`."""
     return [part.split("://", 1)[0] for part in url.split("::") if part]
 
@@ -177,21 +170,6 @@ def _name(url: str) -> str:
 
 def pending_marker(url: str) -> str:
     return _beside(url, f".{_name(url)}{PENDING_SUFFIX}")
-
-
-def exists(path: str) -> bool:
-    """Whether anything is at `path` (a local path or a URL)."""
-    if not is_url(path):
-        return os.path.exists(path)
-    fs, key = filesystem(path)
-    return fs.exists(key)
-
-
-def is_file(path: str) -> bool:
-    if not is_url(path):
-        return os.path.isfile(path)
-    fs, key = filesystem(path)
-    return fs.isfile(key)
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -374,75 +352,3 @@ def store_hint(err: BaseException) -> str:
 def describe(error: BaseException) -> str:
     message = " ".join(str(error).split()).rstrip(".")
     return f"{type(error).__name__} ({message})" if message else type(error).__name__
-
-
-# -- finding the latest --------------------------------------------------------------------------
-def latest(prefix: str) -> str | None:
-    """The latest complete checkpoint directly under `prefix` (a local folder or an fsspec URL),
-    or `None` when there is none.
-
-    Complete means: a sharded checkpoint directory with its `.metadata` (torch writes it last), or
-    a one-file checkpoint written by `torch.save` (a temporary file or key, whose name starts with
-    a dot, is never one). Unfinished uploads, other files (logs, metrics) and hidden names are
-    passed over. The latest is the one committed last (the time of its `.metadata`, or of the
-    file), names in natural order ("step-9" before "step-10") breaking ties.
-
-    Example:
-        >>> path = latest("s3://bucket/run1")  # doctest: +SKIP
-        >>> state = self.load(path, state) if path else {}  # doctest: +SKIP
-    """
-    prefix = as_local(prefix)
-    fs, folder = filesystem(prefix) if is_url(prefix) else _local_filesystem(prefix)
-    try:
-        entries = fs.ls(folder, detail=True)
-    except FileNotFoundError:
-        return None
-    except Exception as err:
-        raise unreachable(prefix, "Listing", err) from err
-    found = [(when, _natural(name), name) for name, when in _complete(fs, entries)]
-    if not found:
-        return None
-    name = max(found)[2]
-    return join(prefix, name) if is_url(prefix) else str(_join_local(prefix, name))
-
-
-def _local_filesystem(path: str) -> tuple[AbstractFileSystem, str]:
-    from fsspec.implementations.local import LocalFileSystem
-
-    return LocalFileSystem(), path
-
-
-def _join_local(folder: str, name: str) -> str:
-    return os.path.join(folder, name)
-
-
-def _complete(fs: AbstractFileSystem, entries: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """(name, commit time) of each complete checkpoint among `entries`."""
-    complete = []
-    for entry in entries:
-        path = entry["name"].rstrip("/")
-        name = path.rpartition("/")[2]
-        if name.startswith("."):
-            continue
-        try:
-            if entry["type"] == "directory":
-                when = fs.modified(join(path, METADATA_FILE))
-            elif _written_by_torch(fs, path):
-                when = fs.modified(path)
-            else:
-                continue
-        except FileNotFoundError:  # a directory without `.metadata`: an unfinished upload
-            continue
-        complete.append((name, when.timestamp()))
-    return complete
-
-
-def _written_by_torch(fs: AbstractFileSystem, path: str) -> bool:
-    """Whether the file at `path` starts as `torch.save` files do (a zip archive)."""
-    with fs.open(path, "rb") as handle:
-        return handle.read(4) == b"PK\x03\x04"
-
-
-def _natural(name: str) -> list[Any]:
-    """`name` split into text and numbers, so that "step-9" sorts before "step-10"."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]

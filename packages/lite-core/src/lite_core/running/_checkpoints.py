@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from lite_core._user_frame import warn_user
-from lite_core.checkpoint import _store
 from lite_core.checkpoint._background import BackgroundSaves
+from lite_core.checkpoint.stores import as_local, store_for
 from lite_core.errors import CheckpointError, ConfigurationError, MissingDependencyError
 from lite_core.running._collectives import require_processes
 from lite_core.strategies.strategy import Strategy
@@ -57,8 +57,8 @@ class Checkpoints:
     def _checked(self, filepath: str | os.PathLike[str]) -> str:
         """`filepath` as a str (`file://` URLs as local paths), refused before any write or read if it
         is a URL this strategy cannot use or whose fsspec back end is missing."""
-        path = _store.as_local(os.fspath(filepath))
-        _store.check_path(path, self._strategy)
+        path = as_local(os.fspath(filepath))
+        store_for(path).check(path, self._strategy)
         return path
 
     def wait(self) -> None:
@@ -72,7 +72,7 @@ class Checkpoints:
         require_processes(self._strategy, "load_safetensors")
         _require_safetensors("load_safetensors")
         path = os.fspath(folder)
-        if _store.is_url(path):
+        if not store_for(path).local:
             raise CheckpointError(f"load_safetensors reads a local folder, not '{path}': download the files first"
                                   " (huggingface_hub's snapshot_download, or the store's fsspec `get`) on every node.")
         if not type(self._strategy).loads_safetensors:
@@ -95,8 +95,8 @@ class Checkpoints:
         _require_safetensors("export_safetensors")
         if max_file_bytes <= 0:
             raise ConfigurationError(f"max_file_bytes={max_file_bytes} is not a size: pass a positive number of bytes.")
-        path = _store.as_local(os.fspath(folder))
-        _store.check_path(path)  # every strategy can export to a URL: rank 0 writes the whole state
+        path = as_local(os.fspath(folder))
+        store_for(path).check(path)  # every strategy can export to a URL: rank 0 writes the whole state
         self.wait()
         tied = tied_names(module)
         if holder is None:
@@ -111,15 +111,13 @@ class Checkpoints:
 
     def load(self, filepath: str | os.PathLike[str], state: dict[str, Any] | None, strict: bool,
              weights_only: bool, missing_ok: bool) -> dict[str, Any]:
-        from lite_core.checkpoint._io import existing_or_previous
-
         self.wait()
         path = self._checked(filepath)
-        if _store.is_url(path):
-            _store.require_complete(path)  # an unfinished upload is refused, not taken for "missing"
-        else:
-            path = existing_or_previous(path)
-        if missing_ok and not _store.exists(path):
+        store = store_for(path)
+        # An unfinished upload is refused, not taken for "missing"; on a local disk, the previous
+        # checkpoint that a save interrupted between its renames left aside is read.
+        path = store.to_read(path)
+        if missing_ok and not store.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 

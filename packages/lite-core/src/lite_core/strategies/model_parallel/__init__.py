@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 
 from lite_core._experts import check_experts_averaged, count_loads_over
 from lite_core.checkpoint import is_sharded
-from lite_core.checkpoint._store import is_file
+from lite_core.checkpoint.stores import store_for
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.model._meta import meta_copy
 from lite_core.parallel import (
@@ -391,7 +391,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
                         weights_only: bool = True) -> dict[str, Any]:
-        if self._pipeline is not None and state is not None and is_file(path) and not is_sharded(path):
+        if self._pipeline is not None and state is not None and store_for(path).is_file(path) and not is_sharded(path):
             return _pipeline_load.load_full(self, path, state, strict, weights_only)
         return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
