@@ -2,8 +2,10 @@
 Mixture-of-Experts (router, top-2 softmax routing, stacked experts run by a per-expert loop, no
 capacity factor so no token is dropped), its 4 experts sharded over `ModelParallelStrategy`'s
 data-parallel dimension (EP 2), each process training on its own half of every global batch with
-an ordinary AdamW loop. Twice: the experts sharded over the data-parallel dimension
-itself, and over the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`. Then a tiny
+an ordinary AdamW loop. Three times: the experts sharded over the data-parallel dimension
+itself, over the `"expert_parallel"` dimension of `MeshLayout(shard=2, expert=2)`, and the latter
+with the router's load-balancing loss over the global batch (`load_balancing_loss`) added to each
+step's loss. Then a tiny
 Hugging Face MoE of each family in `HF_FAMILIES` (Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE,
 DeepSeek-V3, gpt-oss; transformers' code unchanged) with every layer's experts under EP 2.
 
@@ -27,7 +29,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from lite_core import LightningLite
 from lite_core.errors import LiteError
-from lite_core.parallel import ExpertParallel, MeshLayout, expert_load
+from lite_core.parallel import ExpertParallel, MeshLayout, expert_load, load_balancing_loss
 from lite_core.strategies import ModelParallelStrategy
 
 torch.set_num_threads(1)
@@ -36,6 +38,7 @@ WORLD = 2
 GLOBAL_BATCH = 16
 STEPS = 4
 LR = 0.05
+BALANCE = 0.5  # the router's load-balancing loss's weight, where a way adds it
 IN, HIDDEN, FFN, EXPERTS, TOP_K = 4, 8, 16, 4, 2
 
 
@@ -64,7 +67,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
-        weights, chosen = torch.softmax(self.router(h), dim=-1).topk(TOP_K, dim=-1)
+        probs = torch.softmax(self.router(h), dim=-1)
+        weights, chosen = probs.topk(TOP_K, dim=-1)
+        self.routing = (probs, chosen)  # for the router's load-balancing loss, if the loop adds one
         flat = chosen.flatten()                                  # one (token, slot) per row
         order = torch.argsort(flat, stable=True)                 # grouped by expert
         routed = self.experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(flat, minlength=EXPERTS))
@@ -98,8 +103,9 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(STEPS * GLOBAL_BATCH, 1, generator=generator))
 
 
-def plain_pytorch(initial: dict[str, torch.Tensor]) -> dict:
-    """One plain process over the whole global batches: the reference."""
+def plain_pytorch(initial: dict[str, torch.Tensor], balance: float = 0.0) -> dict:
+    """One plain process over the whole global batches: the reference (with `balance` times the
+    router's load-balancing loss added, as `train` adds it)."""
     model = make_model()
     model.load_state_dict(initial)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -112,6 +118,8 @@ def plain_pytorch(initial: dict[str, torch.Tensor]) -> dict:
         loads.append(torch.bincount(chosen.flatten(), minlength=EXPERTS))
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+        if balance:
+            loss = loss + balance * load_balancing_loss(*model.routing)
         loss.backward()
         gradients = gradients or full_gradients(model)
         optimizer.step()
@@ -131,8 +139,9 @@ def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
             for k, p in model.named_parameters()}
 
 
-def train(lite: LightningLite) -> dict:
-    """The user's loop on this process's half of every global batch."""
+def train(lite: LightningLite, balance: float = 0.0) -> dict:
+    """The user's loop on this process's half of every global batch (with `balance` times the
+    router's load-balancing loss over the global batch added to each step's loss)."""
     model = make_model()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -145,6 +154,8 @@ def train(lite: LightningLite) -> dict:
         start = step * GLOBAL_BATCH + rank * half
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x[start:start + half]), y[start:start + half])
+        if balance:
+            loss = loss + balance * load_balancing_loss(*model.routing, model.experts)
         lite.backward(loss)
         gradients = gradients or full_gradients(model)
         optimizer.step()
@@ -331,6 +342,9 @@ def main(out: Path) -> None:
     lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
                                           mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
     results["expert_parallel"] = train(lite)
+    lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
+                                          mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
+    results["balanced"] = train(lite, balance=BALANCE)
     for family in HF_FAMILIES:
         lite = launched(ModelParallelStrategy(parallelize_hf_moe, data_parallel_size=WORLD, tensor_parallel_size=1))
         results[family] = hf_moe(lite, out, family)

@@ -38,35 +38,54 @@ def job(run_script, output_of, tmp_path_factory):
     return torch.load(out_dir / "results.pt", weights_only=True)
 
 
-_WAYS = ["data_parallel", "expert_parallel"]
+_WAYS = ["data_parallel", "expert_parallel", "balanced"]
+#: The weight of the router's load-balancing loss in each way's loss (`balanced`: global, computed
+#: over both processes' tokens by `lite_core.parallel.load_balancing_loss`).
+_BALANCE = {"data_parallel": 0.0, "expert_parallel": 0.0, "balanced": job_module.BALANCE}
 
 
 @pytest.mark.parametrize("way", _WAYS)
 def test_ep2_trains_to_the_weights_of_one_plain_process(job, way, assert_weights_match):
-    job = job[way]
-    expected = job_module.plain_pytorch(job["initial"])
-    assert_weights_match(job["final"], expected["final"], job["initial"])
-    assert job["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    run = job[way]
+    expected = job_module.plain_pytorch(run["initial"], _BALANCE[way])
+    assert_weights_match(run["final"], expected["final"], run["initial"])
+    assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
 
 
 @pytest.mark.parametrize("way", _WAYS)
 def test_ep2_gradients_are_those_of_one_plain_process(job, way):
-    job = job[way]
+    run = job[way]
     # Expert gradients are summed over the tokens of both processes and non-expert ones averaged:
     # both must come out as one process's gradient over the whole batch (AdamW would hide a factor).
-    expected = job_module.plain_pytorch(job["initial"])["gradients"]
-    assert job["gradients"].keys() == expected.keys()
+    # With the load-balancing loss, so must the router's share of it.
+    expected = job_module.plain_pytorch(run["initial"], _BALANCE[way])["gradients"]
+    assert run["gradients"].keys() == expected.keys()
     for name, gradient in expected.items():
-        torch.testing.assert_close(job["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
+        torch.testing.assert_close(run["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("way", _WAYS)
 def test_expert_load_counts_each_experts_tokens_over_every_process_as_one_process_sees_them(job, way):
     run = job[way]
-    expected = job_module.plain_pytorch(run["initial"])["loads"]
+    expected = job_module.plain_pytorch(run["initial"], _BALANCE[way])["loads"]
     assert run["loads"].shape == (job_module.STEPS, job_module.EXPERTS)
     assert torch.equal(run["loads"], expected), (run["loads"], expected)
     assert int(run["loads"][0].sum()) == job_module.GLOBAL_BATCH * job_module.TOP_K
+
+
+def test_the_load_balancing_loss_moves_the_router_and_one_process_computes_transformers_value(job):
+    # Under EP 2 the balanced run must differ from the unbalanced one, or matching one process
+    # would prove nothing about the loss; on one process it is transformers' own loss.
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from lite_core.parallel import load_balancing_loss
+
+    moved = (job["balanced"]["final"]["router.weight"] - job["expert_parallel"]["final"]["router.weight"]).abs().max()
+    assert moved > 1e-3, moved
+    logits = tuple(torch.randn(10, job_module.EXPERTS, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    probs = torch.softmax(torch.cat(logits), dim=-1)
+    torch.testing.assert_close(load_balancing_loss(probs, probs.topk(job_module.TOP_K, dim=-1).indices),
+                               load_balancing_loss_func(logits, job_module.EXPERTS, job_module.TOP_K), atol=0, rtol=0)
 
 
 def test_an_expert_layout_hands_parallelize_fn_a_named_expert_dimension(job):

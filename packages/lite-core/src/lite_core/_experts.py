@@ -210,6 +210,14 @@ class _Dispatch:
         """The tokens counted since `take_load` (`load_counters`)."""
         return self._load
 
+    @property
+    def batch_group(self) -> torch.distributed.ProcessGroup:
+        """The processes that hold the global batch between them, each its own part: every
+        data-parallel process where a strategy said (`count_loads_over`), else those of `mesh`."""
+        if self.data_parallel is not None and self.data_parallel.size() > self._mesh.size():
+            return self.data_parallel.get_group()
+        return self._mesh.get_group()
+
     def take_load(self) -> torch.Tensor:
         """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""
         local, self._load = self._load, torch.zeros_like(self._load)

@@ -1,7 +1,8 @@
 """The vocabulary of model parallelism that a user's `parallelize_fn` speaks: `MeshLayout`, the
 sizes of `ModelParallelStrategy`'s device mesh, checked in one place, and the mesh built from them;
-`ExpertParallel`, the style that shards a Mixture-of-Experts layer's stacked experts, and
-`expert_load`, the tokens its experts received.
+`ExpertParallel`, the style that shards a Mixture-of-Experts layer's stacked experts,
+`expert_load`, the tokens its experts received, and `load_balancing_loss`, its router's auxiliary
+loss over the global batch.
 
 This module owns the sizes and the names of the mesh's dimensions; the strategy owns the processes.
 """
@@ -13,13 +14,15 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar, Literal, Union
 
 from lite_core._experts import ExpertParallel, expert_load
+from lite_core._router_loss import load_balancing_loss
 from lite_core.errors import ConfigurationError, MisuseError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "EXPERT_DATA_DIM_NAME", "EXPERT_DIM_NAME",
-           "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout", "expert_load"]
+           "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout", "expert_load",
+           "load_balancing_loss"]
 
 #: The names of the mesh's dimensions, as Lightning Fabric names them, so a function written for
 #: Fabric's `ModelParallelStrategy` works unchanged.
