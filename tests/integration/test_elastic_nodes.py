@@ -43,12 +43,17 @@ def assert_uninterrupted(record: dict, shuffle: bool = False, stream: bool = Fal
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
 
 
+def node_options(port: int, node: int, nnodes: str, restarts: int, conf: str = RDZV_CONF) -> tuple[str, ...]:
+    """The Python arguments of one node's `lite run` (one rank a node): node 0 hosts the rendezvous
+    store (`is_host=1`), the others only join it."""
+    return ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
+            "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
+            f"{conf},is_host={int(node == 0)}", "--max-restarts", str(restarts))
+
+
 def start_node(start_script, port: int, out: Path, how: str, node: int, nnodes: str = "2", restarts: int = 0,
                env: dict[str, str] | None = None):
-    """Node 0 hosts the rendezvous store (`is_host=1`), the others only join it."""
-    options = ("-m", "lite_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
-               "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--rdzv-conf",
-               f"{RDZV_CONF},is_host={int(node == 0)}", "--max-restarts", str(restarts))
+    options = node_options(port, node, nnodes, restarts)
     # The script names no accelerator, like the torchrun tests' (tests/integration/elastic).
     return start_script("elastic_job.py", out, how, env={"LITE_ACCELERATOR": "cpu", **(env or {})}, python_args=options)
 
