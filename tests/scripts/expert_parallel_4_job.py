@@ -12,6 +12,10 @@ them, the others reuse the process group):
   embedding and the router tensor parallel over `"tensor_parallel"` (the experts whole on both of
   its processes), FSDP2 over `"data_parallel"`.
 
+And `ep2_dp2_balanced`: `ep2_dp2` with the router's load-balancing loss over the global batch
+(`load_balancing_loss`, whose processes are the 4 data-parallel ones, not the experts' 2) added to
+each micro-batch's loss.
+
 Then `pp2_ep2`: `MeshLayout(pipeline=2, shard=2, expert=2)`, a model of two MoE blocks cut into 2
 pipeline stages (the embedding and the first block, the second block and the head), each stage's
 experts sharded over its 2 processes of `"expert_parallel"`, trained with `loss = model(x, target=y)`.
@@ -45,7 +49,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 
 from lite_core import LightningLite
 from lite_core.errors import LiteError
-from lite_core.parallel import ExpertParallel, MeshLayout, expert_load
+from lite_core.parallel import ExpertParallel, MeshLayout, expert_load, load_balancing_loss
 from lite_core.strategies import ModelParallelStrategy
 
 torch.set_num_threads(1)
@@ -56,6 +60,7 @@ ACCUMULATE = 2  # micro-batches per optimizer step on every data-parallel proces
 STEPS = 3
 LR, MOMENTUM = 0.1, 0.9
 MAX_NORM = 0.3
+BALANCE = 0.5  # the weight of the router's load-balancing loss in `ep2_dp2_balanced`
 IN, HIDDEN, FFN, EXPERTS, TOP_K = 4, 8, 16, 8, 2
 LAYOUTS = {"ep2_dp2": MeshLayout(shard=4, tensor=1, expert=2), "ep4": MeshLayout(shard=4, tensor=1, expert=4),
            "ep2_tp2": MeshLayout(shard=2, tensor=2, expert=2)}
@@ -78,7 +83,12 @@ class Experts(nn.Module):
 
 def mixed(router: nn.Module, experts: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """Each token's top-2 experts' outputs weighted by the router's softmax, summed."""
-    weights, chosen = torch.softmax(router(h), dim=-1).topk(TOP_K, dim=-1)
+    return mixed_by(torch.softmax(router(h), dim=-1), experts, h)
+
+
+def mixed_by(probs: torch.Tensor, experts: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """`mixed` from the router's probabilities."""
+    weights, chosen = probs.topk(TOP_K, dim=-1)
     flat = chosen.flatten()                                  # one (token, slot) per row
     order = torch.argsort(flat, stable=True)                 # grouped by expert
     routed = experts(h.repeat_interleave(TOP_K, dim=0)[order], torch.bincount(flat, minlength=EXPERTS))
@@ -101,7 +111,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
-        return self.head(h + mixed(self.router, self.experts, h))
+        probs = torch.softmax(self.router(h), dim=-1)
+        self.routing = (probs, probs.topk(TOP_K, dim=-1).indices)  # for a load-balancing loss
+        return self.head(h + mixed_by(probs, self.experts, h))
 
 
 class MoEBlock(nn.Module):
@@ -193,9 +205,10 @@ def rows(step: int, replica: int, replicas: int, micro: int) -> slice:
 
 
 def plain_pytorch(initial: dict[str, torch.Tensor], load_replicas: list[int] | None = None,
-                  replicas: int = WORLD) -> dict:
+                  replicas: int = WORLD, balance: float = 0.0) -> dict:
     """One plain process over the whole global batches, clipped with `clip_grad_norm_`: the
-    reference. `loads` counts the router's choices over the rows of `load_replicas` (all by default)."""
+    reference. `loads` counts the router's choices over the rows of `load_replicas` (all by default);
+    `balance` weighs the load-balancing loss as `train_step` adds it."""
     model = make_model()
     model.load_state_dict(initial)
     optimizer = make_optimizer(model)
@@ -205,7 +218,7 @@ def plain_pytorch(initial: dict[str, torch.Tensor], load_replicas: list[int] | N
         counted = [rows(step, r, replicas, m) for r in (load_replicas or range(replicas)) for m in range(ACCUMULATE)]
         with torch.no_grad():
             loads.append(sum(torch.bincount(model.chosen(x[part]).flatten(), minlength=EXPERTS) for part in counted))
-        loss, norm, first = plain_step(model, optimizer, step)
+        loss, norm, first = plain_step(model, optimizer, step, replicas, balance)
         gradients = gradients or first
         losses.append(loss)
         norms.append(norm)
@@ -213,12 +226,20 @@ def plain_pytorch(initial: dict[str, torch.Tensor], load_replicas: list[int] | N
             "gradients": gradients, "norms": norms, "loads": torch.stack(loads)}
 
 
-def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> tuple[float, float, dict]:
-    """One plain step over global batch `step`, clipped: its loss, the norm and the gradients before clipping."""
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, replicas: int = WORLD,
+               balance: float = 0.0) -> tuple[float, float, dict]:
+    """One plain step over global batch `step`, clipped: its loss, the norm and the gradients before
+    clipping. With `balance`, the load-balancing loss of each micro-batch round (the rows every
+    replica trains on in micro-batch `m`, as `train_step` computes it over the processes), averaged."""
     x, y = make_data()
     batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
     optimizer.zero_grad()
     loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+    if balance:
+        probs, chosen = model.routing
+        for micro in range(ACCUMULATE):
+            taken = torch.cat([torch.arange(GLOBAL_BATCH)[rows(0, r, replicas, micro)] for r in range(replicas)])
+            loss = loss + balance * load_balancing_loss(probs[taken], chosen[taken]) / ACCUMULATE
     loss.backward()
     gradients = {k: p.grad.clone() for k, p in model.named_parameters()}
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item()
@@ -314,7 +335,7 @@ def launched(layout: MeshLayout) -> LightningLite:
 
 
 def train_step(lite: LightningLite, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-               gradients: bool = False) -> tuple[float, float, dict]:
+               gradients: bool = False, balance: float = 0.0) -> tuple[float, float, dict]:
     """One optimizer step on this process's part of global batch `step`: `ACCUMULATE` micro-batches
     (the gradients synchronised on the last), clipping, the step. Returns the global batch's loss,
     the norm before clipping and (if asked) the whole gradients before clipping."""
@@ -327,6 +348,8 @@ def train_step(lite: LightningLite, model: nn.Module, optimizer: torch.optim.Opt
         part = rows(step, replica, replicas, micro)
         with lite.no_backward_sync(model, enabled=micro < ACCUMULATE - 1):
             loss = nn.functional.mse_loss(model(x[part]), y[part]) / ACCUMULATE
+            if balance:  # over every data-parallel process's micro-batch, not this process's tokens
+                loss = loss + balance * load_balancing_loss(*model.routing, model.experts) / ACCUMULATE
             lite.backward(loss)
         total += loss.detach()
     whole = full_gradients(model) if gradients else {}
@@ -335,8 +358,9 @@ def train_step(lite: LightningLite, model: nn.Module, optimizer: torch.optim.Opt
     return lite.all_reduce(total, reduce_op="mean").item(), norm, whole
 
 
-def train(lite: LightningLite) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
-    """The user's loop: `STEPS` steps of `train_step`, the load per expert after each."""
+def train(lite: LightningLite, balance: float = 0.0) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
+    """The user's loop: `STEPS` steps of `train_step` (`balance`: the load-balancing loss's weight),
+    the load per expert after each."""
     model = make_model()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     model, optimizer = lite.setup(model, make_optimizer(model))
@@ -344,7 +368,7 @@ def train(lite: LightningLite) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
     replica, replicas = mesh["data_parallel"].get_local_rank(), mesh["data_parallel"].size()
     losses, gradients, norms, loads = [], {}, [], []
     for step in range(STEPS):
-        loss, norm, first = train_step(lite, model, optimizer, step, gradients=not gradients)
+        loss, norm, first = train_step(lite, model, optimizer, step, gradients=not gradients, balance=balance)
         gradients = gradients or first
         losses.append(loss)
         norms.append(norm)
@@ -354,7 +378,7 @@ def train(lite: LightningLite) -> tuple[dict, nn.Module, torch.optim.Optimizer]:
     dist.all_gather_object(members, replica, group=mesh["expert_parallel"].get_group())
     result = {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients,
               "norms": norms, "loads": torch.stack(loads), "load_replicas": sorted(members), "replicas": replicas,
-              "dim_names": list(mesh.mesh_dim_names), "experts": placements(model.experts.w1)}
+              "dim_names": list(mesh.mesh_dim_names), "experts": placements(model.experts.w1), "balance": balance}
     return result, model, optimizer
 
 
@@ -405,6 +429,7 @@ def main(out: Path) -> None:
     results: dict = {}
     for name in ("ep2_dp2", "ep2_tp2"):
         results[name], _, _ = train(launched(LAYOUTS[name]))
+    results["ep2_dp2_balanced"], _, _ = train(launched(LAYOUTS["ep2_dp2"]), balance=BALANCE)
     lite = launched(LAYOUTS["ep4"])
     results["ep4"], model, optimizer = train(lite)
     results["ep4"]["logits"] = logits(model, lite.global_rank)

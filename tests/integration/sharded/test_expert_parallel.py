@@ -180,6 +180,9 @@ job4_module = importlib.util.module_from_spec(_spec_4)
 _spec_4.loader.exec_module(job4_module)
 
 _LAYOUTS_4 = ["ep2_dp2", "ep4", "ep2_tp2"]
+#: The layouts' runs and `ep2_dp2` with the router's load-balancing loss (over the 4 data-parallel
+#: processes' micro-batch, where the experts' own group has 2).
+_TRAINED_4 = [*_LAYOUTS_4, "ep2_dp2_balanced"]
 
 
 @pytest.fixture(scope="module")
@@ -191,10 +194,10 @@ def job4(run_script, output_of, tmp_path_factory):
 
 
 def _plain_4(run: dict) -> dict:
-    return job4_module.plain_pytorch(run["initial"], run["load_replicas"], run["replicas"])
+    return job4_module.plain_pytorch(run["initial"], run["load_replicas"], run["replicas"], run["balance"])
 
 
-@pytest.mark.parametrize("layout", _LAYOUTS_4)
+@pytest.mark.parametrize("layout", _TRAINED_4)
 def test_on_4_processes_ep_trains_with_accumulation_and_clipping_to_the_weights_of_one_plain_process(
         job4, layout, assert_weights_match):
     run = job4[layout]
@@ -206,7 +209,7 @@ def test_on_4_processes_ep_trains_with_accumulation_and_clipping_to_the_weights_
     assert min(expected["norms"]) > job4_module.MAX_NORM, "no step was clipped; the test would prove little"
 
 
-@pytest.mark.parametrize("layout", _LAYOUTS_4)
+@pytest.mark.parametrize("layout", _TRAINED_4)
 def test_on_4_processes_ep_gradients_are_those_of_one_plain_process(job4, layout):
     run = job4[layout]
     expected = _plain_4(run)["gradients"]
