@@ -179,23 +179,17 @@ def test_a_bad_command_line_is_refused_in_one_sentence(capsys: pytest.CaptureFix
 
 
 @pytest.mark.timeout(60)
-def test_an_endpoint_nobody_serves_is_named_after_the_rendezvous_timeout(capsys, free_tcp_port) -> None:
-    endpoint = f"127.0.0.1:{free_tcp_port()}"
+@pytest.mark.parametrize(("conf", "message"), [
     # is_host=0: this node only joins (on loopback it would otherwise host the endpoint itself).
-    assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-conf", "is_host=0,read_timeout=1", __file__]) == 2
-    assert capsys.readouterr().err == (
-        f"lite run: error: Nobody answered at the rendezvous endpoint {endpoint} before the rendezvous timeout:"
-        " start the node that hosts it (node 0, or the host named in --rdzv-endpoint) or fix the address and port"
-        " on this one.\n")
-
-
-@pytest.mark.timeout(60)
-def test_nodes_that_never_join_are_named_after_the_join_timeout(capsys, free_tcp_port) -> None:
+    ("is_host=0,read_timeout=1",
+     "Nobody answered at the rendezvous endpoint {endpoint} before the rendezvous timeout: start the node that hosts"
+     " it (node 0, or the host named in --rdzv-endpoint) or fix the address and port on this one."),
+    ("join_timeout=1",
+     "Fewer than 2 node(s) joined the rendezvous at {endpoint} before its timeout: start every node with the same"
+     " --rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise --rdzv-conf join_timeout=SECONDS."),
+], ids=["an-endpoint-nobody-serves", "nodes-that-never-join"])
+def test_a_rendezvous_that_fails_is_named_after_its_timeout(capsys, free_tcp_port, conf: str, message: str) -> None:
     endpoint = f"127.0.0.1:{free_tcp_port()}"
     assert main(["run", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-conf", "join_timeout=1", __file__]) == 2
-    assert capsys.readouterr().err == (
-        f"lite run: error: Fewer than 2 node(s) joined the rendezvous at {endpoint} before its timeout: start every"
-        " node with the same --rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise --rdzv-conf"
-        " join_timeout=SECONDS.\n")
+                 "--rdzv-conf", conf, __file__]) == 2
+    assert capsys.readouterr().err == f"lite run: error: {message.format(endpoint=endpoint)}\n"
