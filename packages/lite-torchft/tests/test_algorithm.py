@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch.nn.functional import mse_loss
-from torch.utils.data import DataLoader, TensorDataset
 
-from lite_core import LightningLite
 from lite_core.plugins import ConfigurationError
 from lite_torchft import Algorithm, AlgorithmStrategy
 
@@ -30,6 +28,7 @@ def _module(path: Path) -> Any:
 
 _diloco = _module(Path(__file__).with_name("test_diloco.py"))  # the DiLoCo tests' two-group runner and helpers
 SCRIPTS, _distance, _load, _run_groups = _diloco.SCRIPTS, _diloco._distance, _diloco._load, _diloco._run_groups
+_saved_between_syncs_and_resumed = _diloco._saved_between_syncs_and_resumed
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -75,43 +74,13 @@ def test_the_toy_algorithms_state_resumes_between_syncs(lighthouse: str, tmp_pat
                                                          monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
     """A checkpoint after inner step 6 (a sync at 4) holds the algorithm's `state_dict`; loading it
     and training on ends where the run that went straight on ended (the next sync at 8, not 10)."""
-    monkeypatch.setenv("REPLICA_GROUP_ID", "0")
-    monkeypatch.setenv("NUM_REPLICA_GROUPS", "1")
-    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", lighthouse)
-    path = str(tmp_path / "ckpt.pt")
-    x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
     algorithm = _load("pull_to_average").PullToAverage(sync_every=4, pull=0.5)
     syncs = []
     sync = algorithm.after_step
     algorithm.after_step = lambda: (syncs.append(algorithm.inner_steps + 1 == 4), sync())[1]  # type: ignore[method-assign]
-
-    def train(lite: LightningLite) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        net, optimizer = lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-        loader = lite.setup_dataloaders(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2))
-
-        def steps(batches: Any, count: int) -> None:
-            for _ in range(count):
-                xs, ys = next(batches)
-                optimizer.zero_grad()
-                lite.backward(mse_loss(net(xs), ys))
-                optimizer.step()
-
-        batches = iter(loader)
-        steps(batches, 6)
-        lite.save({"model": net, "optimizer": optimizer}, path)
-        steps(batches, 5)
-        straight = {k: v.clone() for k, v in net.state_dict().items()}
-        lite.load(path, {"model": net, "optimizer": optimizer})
-        steps(iter(loader), 5)
-        return straight, {k: v.clone() for k, v in net.state_dict().items()}
-
-    strategy = AlgorithmStrategy(algorithm, ft_timeout=5)
-    try:
-        straight, resumed = LightningLite(accelerator="cpu", strategy=strategy).launch(train)
-    finally:
-        strategy.teardown()  # the Manager would go on heartbeating to this test's lighthouse
+    path = str(tmp_path / "ckpt.pt")
+    (straight, _), (resumed, _) = _saved_between_syncs_and_resumed(lambda: AlgorithmStrategy(algorithm, ft_timeout=5),
+                                                                   path, lighthouse, monkeypatch)
     assert len(syncs) == 16  # the hook ran at each inner step
     # syncs at 4 and 8, then at 8 again after the load (2 inner steps in); one group's sync leaves
     # its weights as they are, so only the count sees a lost `inner_steps`

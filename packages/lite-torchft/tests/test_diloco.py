@@ -241,18 +241,19 @@ def _batches(out: Path, group: int) -> list[int]:
     return [batch for batch, _, _ in _records(out, group)]
 
 
-# One group in this process: a few seconds when idle; 90 s is a hang guard only.
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", [DiLoCoStrategy, LocalSGDStrategy])
-def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_path: Path, kind: type,
-                                                          monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
+def _saved_between_syncs_and_resumed(strategy: Callable[[], Any], path: str, lighthouse: str,
+                                     monkeypatch: pytest.MonkeyPatch
+                                     ) -> tuple[tuple[dict[str, torch.Tensor], int], tuple[dict[str, torch.Tensor], int]]:
+    """One group in this process under `strategy()` (a sync every 4 inner steps) trains 6 steps, saves
+    to `path` and trains 5 more; then loads `path` and trains those 5 again. The weights and the
+    strategy's `step` where it went straight on, and where it resumed."""
     monkeypatch.setenv("REPLICA_GROUP_ID", "0")
     monkeypatch.setenv("NUM_REPLICA_GROUPS", "1")
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", lighthouse)
-    path = str(tmp_path / "ckpt.pt")
     x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
+    made = strategy()
 
-    def train(lite: LightningLite) -> tuple[dict[str, torch.Tensor], ...]:
+    def train(lite: LightningLite) -> tuple[tuple[dict[str, torch.Tensor], int], tuple[dict[str, torch.Tensor], int]]:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
         net, optimizer = lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
@@ -266,19 +267,28 @@ def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_p
                 optimizer.step()
 
         batches = iter(loader)
-        steps(batches, 6)  # an outer step at 4, two inner steps since
+        steps(batches, 6)  # a sync at 4, two inner steps since
         lite.save({"model": net, "optimizer": optimizer}, path)
-        steps(batches, 5)  # the next outer step at 8, three inner steps since (not two, as saved)
+        steps(batches, 5)  # the next sync at 8, three inner steps since (not two, as saved)
         straight = {k: v.clone() for k, v in net.state_dict().items()}, lite.strategy.step
         lite.load(path, {"model": net, "optimizer": optimizer})
         steps(iter(loader), 5)
         return straight, ({k: v.clone() for k, v in net.state_dict().items()}, lite.strategy.step)
 
-    strategy = kind(sync_every=4, ft_timeout=5)
     try:
-        (straight, straight_steps), (resumed, resumed_steps) = LightningLite(accelerator="cpu", strategy=strategy).launch(train)
+        return LightningLite(accelerator="cpu", strategy=made).launch(train)
     finally:
-        strategy.teardown()  # the Manager would go on heartbeating to this test's lighthouse
+        made.teardown()  # the Manager would go on heartbeating to this test's lighthouse
+
+
+# One group in this process: a few seconds when idle; 90 s is a hang guard only.
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", [DiLoCoStrategy, LocalSGDStrategy])
+def test_a_checkpoint_between_outer_syncs_resumes_exactly(lighthouse: str, tmp_path: Path, kind: type,
+                                                          monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
+    path = str(tmp_path / "ckpt.pt")
+    (straight, straight_steps), (resumed, resumed_steps) = _saved_between_syncs_and_resumed(
+        lambda: kind(sync_every=4, ft_timeout=5), path, lighthouse, monkeypatch)
     assert straight_steps == resumed_steps == 2
     assert _distance(straight, resumed) == 0.0
     # the checkpoint loads under `ddp` for evaluation: the group's weights, the torchft state left over
