@@ -16,8 +16,8 @@ from lite_core.precision.precision import Precision
 from lite_core.strategies import SingleDeviceStrategy
 
 
-class _LoggingStrategy(SingleDeviceStrategy):
-    """Overrides every routed method only to log the call; declares nothing."""
+class _LogsBackwardAndStep:
+    """Overrides `backward` and `optimizer_step` (a strategy's or a precision's) only to log the call."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -25,11 +25,15 @@ class _LoggingStrategy(SingleDeviceStrategy):
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         self.log.append("backward")
-        super().backward(tensor, module, *args, **kwargs)
+        super().backward(tensor, module, *args, **kwargs)  # type: ignore[misc]
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> Any:
         self.log.append("optimizer_step")
-        return super().optimizer_step(optimizer, **kwargs)
+        return super().optimizer_step(optimizer, **kwargs)  # type: ignore[misc]
+
+
+class _LoggingStrategy(_LogsBackwardAndStep, SingleDeviceStrategy):
+    """Overrides every routed method only to log the call; declares nothing."""
 
     def batch_to_device(self, batch: Any) -> Any:
         self.log.append("batch_to_device")
@@ -51,19 +55,8 @@ class _LoggingStrategy(SingleDeviceStrategy):
         return super().module_named_parameters(module, forward_module, prefix, recurse, remove_duplicate)
 
 
-class _LoggingPrecision(Precision):
+class _LoggingPrecision(_LogsBackwardAndStep, Precision):
     """`32-true` whose backward and step log the call; declares nothing."""
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-
-    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        self.log.append("backward")
-        super().backward(tensor, module, *args, **kwargs)
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> Any:
-        self.log.append("optimizer_step")
-        return super().optimizer_step(optimizer, **kwargs)
 
 
 class _Net(nn.Linear):

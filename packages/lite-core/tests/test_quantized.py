@@ -5,6 +5,7 @@ checkpoints, is in tests/integration/test_qlora.py."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 
 from lite_core import LightningLite, QuantizedPrecision, TorchaoNF4Precision
 from lite_core.errors import ConfigurationError, MisuseError, MissingDependencyError
+from lite_core.precision import Precision
 
 bnb = pytest.importorskip("bitsandbytes", reason="needs lite-core[bnb] (bitsandbytes), which the test environment"
                                                  " installs")
@@ -164,16 +166,23 @@ def test_the_user_filter_chooses_the_layers() -> None:
     assert quantized_names(model, bnb.nn.Linear4bit) == {"head", "trained"}
 
 
+def _refused_by_name_and_as_an_object(strategy: str, name: str, precision: Callable[[], Precision],
+                                      message: str) -> None:
+    """`precision=name` under `strategy` on two CPU processes is refused with `message`, and so is the
+    object `precision()` makes (the object is checked by its name too)."""
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=name)
+    with pytest.raises(ConfigurationError, match=message):
+        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=precision())
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
 def test_a_strategy_that_shards_parameters_refuses_it_in_one_sentence(strategy: str) -> None:
     message = (rf"^precision='nf4-dq' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
                r" \[[^]]*\]; 'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards"
                r" or copies parameters cannot carry: choose strategy='ddp' or 'single_device', or"
                r" precision='nf4-torchao' \(torchao's NF4, which fsdp and model_parallel shard\)\.$")
-    with pytest.raises(ConfigurationError, match=message):
-        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-dq")
-    with pytest.raises(ConfigurationError, match=message):  # the object is checked by its name too
-        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=QuantizedPrecision("nf4-dq"))
+    _refused_by_name_and_as_an_object(strategy, "nf4-dq", lambda: QuantizedPrecision("nf4-dq"), message)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
@@ -182,10 +191,7 @@ def test_torchaos_nf4_is_refused_where_ddp_broadcasts_the_parameters(strategy: s
                r" one of \[[^]]*\]; 'nf4-torchao' is torchao's NF4 for the strategies that shard parameters with"
                r" FSDP2 \(DDP's broadcast of the parameters corrupts its statistics\): choose strategy='fsdp',"
                r" 'model_parallel' or 'single_device', or precision='nf4' \(bitsandbytes\) under ddp\.$")
-    with pytest.raises(ConfigurationError, match=message):
-        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision="nf4-torchao")
-    with pytest.raises(ConfigurationError, match=message):
-        LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=TorchaoNF4Precision())
+    _refused_by_name_and_as_an_object(strategy, "nf4-torchao", TorchaoNF4Precision, message)
 
 
 def test_a_wrong_mode_is_refused_and_a_misspelt_name_guessed() -> None:
