@@ -197,12 +197,18 @@ def test_a_logged_csv_logger_refuses_to_load_another_folder(tmp_path: Path) -> N
         logger.load_state_dict({"version": "version_7", "last_step": 3})
 
 
+def _killed_after_a_checkpoint_and_resumed(run_script, output_of, tmp_path: Path, logger: str) -> None:
+    """Run kill_after_checkpoint.py with `logger` until it is killed, two steps after its checkpoint
+    at step 10; then again, resuming from that checkpoint to its end."""
+    killed = run_script("kill_after_checkpoint.py", str(tmp_path), logger)
+    assert killed.returncode == -signal.SIGKILL, output_of(killed)
+    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), logger)
+    assert resumed.returncode == 0, output_of(resumed)
+
+
 def test_a_job_killed_after_a_checkpoint_resumes_its_csv_folder_with_each_step_once(run_script, output_of,
                                                                                        tmp_path: Path) -> None:
-    killed = run_script("kill_after_checkpoint.py", str(tmp_path), "csv")
-    assert killed.returncode == -signal.SIGKILL, output_of(killed)  # two steps after its checkpoint at step 10
-    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), "csv")
-    assert resumed.returncode == 0, output_of(resumed)
+    _killed_after_a_checkpoint_and_resumed(run_script, output_of, tmp_path, "csv")
     assert [p.name for p in (tmp_path / "csv" / "lite_logs").iterdir()] == ["version_0"]  # one run per job
     columns, rows = read_csv(tmp_path / "csv" / "lite_logs" / "version_0" / "metrics.csv")
     assert columns == ["step", "value", "attempt"]  # one row per step: `attempt` was a second call
@@ -224,10 +230,7 @@ def tensorboard_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
 @needs_tensorboard
 def test_a_job_killed_after_a_checkpoint_resumes_its_tensorboard_folder_with_each_step_once(run_script, output_of,
                                                                                               tmp_path: Path) -> None:
-    killed = run_script("kill_after_checkpoint.py", str(tmp_path), "tensorboard")
-    assert killed.returncode == -signal.SIGKILL, output_of(killed)  # two steps after its checkpoint at step 10
-    resumed = run_script("kill_after_checkpoint.py", str(tmp_path), "tensorboard")
-    assert resumed.returncode == 0, output_of(resumed)
+    _killed_after_a_checkpoint_and_resumed(run_script, output_of, tmp_path, "tensorboard")
     folders = list((tmp_path / "tb" / "lite_logs").iterdir())
     assert [p.name for p in folders] == ["version_0"]  # one run per job
     attempts = [0 if step <= 10 else 1 for step in range(16)]  # the checkpoint's steps, then the resumed job's

@@ -79,7 +79,10 @@ def install_fake_old(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requires: 
                     module_source=_OLD_STRATEGY)
 
 
-def assert_one_sentence(message: str) -> None:
+def assert_one_sentence(message: str, *parts: str) -> None:
+    """`message` is one sentence, and every one of `parts` is in it."""
+    for part in parts:
+        assert part in message
     assert "\n" not in message
     assert message.endswith(".")
 
@@ -142,11 +145,8 @@ def test_known_but_missing_backend_names_the_install_line(registry: _registry.Re
     with pytest.raises(BackendNotInstalledError) as info:
         registry.load(name)
 
-    message = str(info.value)
     # the README's route from a clone: `pip install 'lite-core[EXTRA]'` fails while Lite is not on the index
-    assert f"pip install './packages/lite-core[{extra}]' ./packages/{package}" in message
-    assert package in message
-    assert_one_sentence(message)
+    assert_one_sentence(str(info.value), f"pip install './packages/lite-core[{extra}]' ./packages/{package}", package)
 
 
 @pytest.mark.parametrize(
@@ -170,10 +170,7 @@ def test_misspelt_name_suggests_the_closest_and_lists_valid_names(registry: _reg
     with pytest.raises(UnknownNameError) as info:
         registry.load(name)
 
-    message = str(info.value)
-    assert f"did you mean {guess!r}?" in message
-    assert f"valid names are {', '.join(registry.names())}." in message
-    assert_one_sentence(message)
+    assert_one_sentence(str(info.value), f"did you mean {guess!r}?", f"valid names are {', '.join(registry.names())}.")
 
 
 @pytest.mark.parametrize(
@@ -211,12 +208,8 @@ def test_backend_needing_a_newer_core_is_refused_with_both_versions(tmp_path: Pa
     with pytest.raises(IncompatibleBackendError) as info:
         STRATEGIES.load("fake_old")
 
-    message = str(info.value)
-    assert "lite-fake-old 0.0.1" in message
-    assert "lite-core 0.1.0" in message
-    assert ">=9.0" in message
-    assert "pip install --upgrade 'lite-core>=9.0'" in message
-    assert_one_sentence(message)
+    assert_one_sentence(str(info.value), "lite-fake-old 0.0.1", "lite-core 0.1.0", ">=9.0",
+                        "pip install --upgrade 'lite-core>=9.0'")
     assert "lite_fake_old" not in sys.modules  # refused before its module was imported
 
 
@@ -227,11 +220,8 @@ def test_backend_needing_an_older_core_says_to_upgrade_the_backend(tmp_path: Pat
     with pytest.raises(IncompatibleBackendError) as info:
         LightningLite(strategy="fake_old")
 
-    message = str(info.value)
-    assert "lite-fake-old 0.0.1" in message
-    assert "lite-core 0.1.0" in message
-    assert "pip install --upgrade lite-fake-old" in message
-    assert_one_sentence(message)
+    assert_one_sentence(str(info.value), "lite-fake-old 0.0.1", "lite-core 0.1.0",
+                        "pip install --upgrade lite-fake-old")
 
 
 def test_requirement_spelt_with_another_name_form_is_still_checked(tmp_path: Path,
@@ -303,11 +293,7 @@ def test_broken_backend_names_the_strategy_and_distribution() -> None:
     with pytest.raises(BackendImportError) as info:
         STRATEGIES.load("fake_broken")
 
-    message = str(info.value)
-    assert "'fake_broken'" in message
-    assert "lite-fake-backend" in message
-    assert "simulated broken backend" in message
-    assert_one_sentence(message)
+    assert_one_sentence(str(info.value), "'fake_broken'", "lite-fake-backend", "simulated broken backend")
     assert isinstance(info.value.__cause__, ImportError)
     assert str(info.value.__cause__) == "simulated broken backend"
 

@@ -79,8 +79,8 @@ def test_the_toy_algorithms_state_resumes_between_syncs(lighthouse: str, tmp_pat
     sync = algorithm.after_step
     algorithm.after_step = lambda: (syncs.append(algorithm.inner_steps + 1 == 4), sync())[1]  # type: ignore[method-assign]
     path = str(tmp_path / "ckpt.pt")
-    (straight, _), (resumed, _) = _saved_between_syncs_and_resumed(lambda: AlgorithmStrategy(algorithm, ft_timeout=5),
-                                                                   path, lighthouse, monkeypatch)
+    (straight, _), (resumed, _) = _saved_between_syncs_and_resumed(
+        lambda: AlgorithmStrategy(algorithm, ft_timeout=5), path, lighthouse, monkeypatch)
     assert len(syncs) == 16  # the hook ran at each inner step
     # syncs at 4 and 8, then at 8 again after the load (2 inner steps in); one group's sync leaves
     # its weights as they are, so only the count sees a lost `inner_steps`

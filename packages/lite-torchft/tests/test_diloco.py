@@ -253,7 +253,7 @@ def _saved_between_syncs_and_resumed(strategy: Callable[[], Any], path: str, lig
     x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
     made = strategy()
 
-    def train(lite: LightningLite) -> tuple[tuple[dict[str, torch.Tensor], int], tuple[dict[str, torch.Tensor], int]]:
+    def train(lite: LightningLite) -> tuple[tuple[dict[str, torch.Tensor], int], ...]:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
         net, optimizer = lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
