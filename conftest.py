@@ -361,6 +361,21 @@ def scripts_env() -> Callable[..., dict[str, str]]:
     return script_env
 
 
+def mse_steps(model: Any, optimizer: Any, batches: Any, backward: Callable[[Any], None]) -> list[float]:
+    """One training step per `(x, y)` of `batches` (the MSE of `model(x)` against `y`, `backward(loss)`,
+    the optimizer's step); the losses, in order."""
+    import torch
+
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def _assert_weights_match(actual: dict[str, Any], expected: dict[str, Any], initial: dict[str, Any]) -> None:
     import torch
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import mse_steps  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.errors import MisuseError
 
@@ -25,29 +26,14 @@ def _model() -> nn.Module:
 
 def _plain_loop(model: nn.Module, steps_data: DataLoader) -> list[float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for x, y in steps_data:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return mse_steps(model, optimizer, steps_data, lambda loss: loss.backward())
 
 
 class _Loop(LightningLite):
     def run(self, model: nn.Module, loader: DataLoader) -> list[float]:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         model, optimizer = self.setup(model, optimizer)
-        loader = self.setup_dataloaders(loader)
-        losses = []
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            self.backward(loss)
-            optimizer.step()
-            losses.append(loss.item())
-        return losses
+        return mse_steps(model, optimizer, self.setup_dataloaders(loader), self.backward)
 
 
 def test_32_true_matches_plain_pytorch_bit_for_bit() -> None:
