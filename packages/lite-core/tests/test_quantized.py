@@ -167,9 +167,12 @@ def test_the_user_filter_chooses_the_layers() -> None:
 
 
 def _refused_by_name_and_as_an_object(strategy: str, name: str, precision: Callable[[], Precision],
-                                      message: str) -> None:
-    """`precision=name` under `strategy` on two CPU processes is refused with `message`, and so is the
-    object `precision()` makes (the object is checked by its name too)."""
+                                      reason: str) -> None:
+    """`precision=name` under `strategy` on two CPU processes is refused in one sentence: not supported,
+    the supported names, then `reason` (a pattern); and so is the object `precision()` makes (the
+    object is checked by its name too)."""
+    message = (rf"^precision='{name}' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
+               rf" \[[^]]*\]; {reason}")
     with pytest.raises(ConfigurationError, match=message):
         LightningLite(accelerator="cpu", strategy=strategy, devices=2, precision=name)
     with pytest.raises(ConfigurationError, match=message):
@@ -178,20 +181,20 @@ def _refused_by_name_and_as_an_object(strategy: str, name: str, precision: Calla
 
 @pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
 def test_a_strategy_that_shards_parameters_refuses_it_in_one_sentence(strategy: str) -> None:
-    message = (rf"^precision='nf4-dq' is not supported by strategy='{strategy}' on accelerator='cpu': choose one of"
-               r" \[[^]]*\]; 'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards"
-               r" or copies parameters cannot carry: choose strategy='ddp' or 'single_device', or"
-               r" precision='nf4-torchao' \(torchao's NF4, which fsdp and model_parallel shard\)\.$")
-    _refused_by_name_and_as_an_object(strategy, "nf4-dq", lambda: QuantizedPrecision("nf4-dq"), message)
+    _refused_by_name_and_as_an_object(
+        strategy, "nf4-dq", lambda: QuantizedPrecision("nf4-dq"),
+        r"'nf4-dq' keeps whole quantized weights on each process, which a strategy that shards or copies parameters"
+        r" cannot carry: choose strategy='ddp' or 'single_device', or precision='nf4-torchao' \(torchao's NF4, which"
+        r" fsdp and model_parallel shard\)\.$")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_torchaos_nf4_is_refused_where_ddp_broadcasts_the_parameters(strategy: str) -> None:
-    message = (rf"^precision='nf4-torchao' is not supported by strategy='{strategy}' on accelerator='cpu': choose"
-               r" one of \[[^]]*\]; 'nf4-torchao' is torchao's NF4 for the strategies that shard parameters with"
-               r" FSDP2 \(DDP's broadcast of the parameters corrupts its statistics\): choose strategy='fsdp',"
-               r" 'model_parallel' or 'single_device', or precision='nf4' \(bitsandbytes\) under ddp\.$")
-    _refused_by_name_and_as_an_object(strategy, "nf4-torchao", TorchaoNF4Precision, message)
+    _refused_by_name_and_as_an_object(
+        strategy, "nf4-torchao", TorchaoNF4Precision,
+        r"'nf4-torchao' is torchao's NF4 for the strategies that shard parameters with FSDP2 \(DDP's broadcast of the"
+        r" parameters corrupts its statistics\): choose strategy='fsdp', 'model_parallel' or 'single_device', or"
+        r" precision='nf4' \(bitsandbytes\) under ddp\.$")
 
 
 def test_a_wrong_mode_is_refused_and_a_misspelt_name_guessed() -> None:
