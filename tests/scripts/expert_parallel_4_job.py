@@ -12,6 +12,10 @@ them, the others reuse the process group):
   embedding and the router tensor parallel over `"tensor_parallel"` (the experts whole on both of
   its processes), FSDP2 over `"data_parallel"`.
 
+Under context parallelism, `ep2_cp2` and `ep4_cp2` (`CONTEXT_LAYOUTS`): sequences cut in two
+along their positions by the set-up loader, the experts over each context group's 2 processes or
+over all 4.
+
 And `ep2_dp2_balanced`: `ep2_dp2` with the router's load-balancing loss over the global batch
 (`load_balancing_loss`, whose processes are the 4 data-parallel ones, not the experts' 2) added to
 each micro-batch's loss.
@@ -46,6 +50,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.utils.data import DataLoader, TensorDataset
 
 from lite_core import LightningLite
 from lite_core.errors import LiteError
@@ -64,6 +69,11 @@ BALANCE = 0.5  # the weight of the router's load-balancing loss in `ep2_dp2_bala
 IN, HIDDEN, FFN, EXPERTS, TOP_K = 4, 8, 16, 8, 2
 LAYOUTS = {"ep2_dp2": MeshLayout(shard=4, tensor=1, expert=2), "ep4": MeshLayout(shard=4, tensor=1, expert=4),
            "ep2_tp2": MeshLayout(shard=2, tensor=2, expert=2)}
+#: Context parallelism (each sequence cut in 2, head-tail) with the experts over the 2 processes of
+#: each context group (`ep2_cp2`) and over all 4 (`ep4_cp2`: both context groups of a data pair).
+CONTEXT_LAYOUTS = {"ep2_cp2": MeshLayout(shard=2, context=2, tensor=1, expert=2),
+                   "ep4_cp2": MeshLayout(shard=2, context=2, tensor=1, expert=4)}
+SEQUENCES, LENGTH = 4, 8  # a global batch of 4 sequences of 8 positions: 32 tokens, as above
 #: A 2-stage pipeline, each stage's experts over its 2 data-parallel processes.
 PIPELINE_LAYOUT = MeshLayout(pipeline=2, shard=2, tensor=1, expert=2)
 
@@ -110,10 +120,10 @@ class MoE(nn.Module):
         return torch.softmax(self.router(self.embed(x)), dim=-1).topk(TOP_K, dim=-1).indices
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
+        h = self.embed(x).reshape(-1, HIDDEN)  # one row a token (a sequence's positions too)
         probs = torch.softmax(self.router(h), dim=-1)
         self.routing = (probs, probs.topk(TOP_K, dim=-1).indices)  # for a load-balancing loss
-        return self.head(h + mixed_by(probs, self.experts, h))
+        return self.head(h + mixed_by(probs, self.experts, h)).reshape(*x.shape[:-1], 1)
 
 
 class MoEBlock(nn.Module):
@@ -273,6 +283,72 @@ def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
             "norms": norms, "gradients": gradients, "loads": torch.stack(loads, dim=1), "evaluation": evaluation}
 
 
+def sequences() -> tuple[torch.Tensor, torch.Tensor]:
+    """`STEPS` global batches of `SEQUENCES` sequences `[LENGTH, IN]` and their targets `[LENGTH, 1]`."""
+    generator = torch.Generator().manual_seed(7)
+    return (torch.randn(STEPS * SEQUENCES, LENGTH, IN, generator=generator),
+            torch.randn(STEPS * SEQUENCES, LENGTH, 1, generator=generator))
+
+
+def parallelize_with_context(model: MoE, device_mesh) -> nn.Module:
+    """The user's function under context parallelism: the experts over `"expert_parallel"` (and
+    FSDP2 over `"expert_data_parallel"` where it has several processes), the rest FSDP2 over
+    `"data_context_parallel"`, which averages the gradients of every process's part of the batch."""
+    parallelize_module(model.experts, device_mesh["expert_parallel"], ExpertParallel())
+    if device_mesh["expert_data_parallel"].size() > 1:
+        fully_shard(model.experts, mesh=device_mesh["expert_data_parallel"])
+    return fully_shard(model, mesh=device_mesh["data_context_parallel"], ignored_params=set(model.experts.parameters()))
+
+
+def plain_with_context(initial: dict[str, torch.Tensor], batches: list[list[int]]) -> dict:
+    """One plain process over the whole sequences of each global batch (`batches`: their indices)."""
+    model = make_model()
+    model.load_state_dict(initial)
+    optimizer = make_optimizer(model)
+    x, y = sequences()
+    losses, gradients, loads = [], {}, []
+    for rows in batches:
+        with torch.no_grad():
+            loads.append(torch.bincount(model.chosen(x[rows]).flatten(), minlength=EXPERTS))
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        gradients = gradients or {k: p.grad.clone() for k, p in model.named_parameters()}
+        optimizer.step()
+        losses.append(loss.item())
+    return {"final": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
+            "gradients": gradients, "loads": torch.stack(loads)}
+
+
+def with_context(layout: MeshLayout) -> dict:
+    """The user's loop under `layout`: the set-up loader hands each process its data-parallel
+    replica's sequences, cut along the sequence for its context-parallel rank."""
+    lite = LightningLite(accelerator="cpu", devices=WORLD,
+                         strategy=ModelParallelStrategy(parallelize_with_context, mesh=layout))
+    lite.launch()
+    model = make_model()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model, optimizer = lite.setup(model, make_optimizer(model))
+    x, y = sequences()
+    replicas = lite.strategy.device_mesh["data_parallel"].size()
+    loader = lite.setup_dataloaders(DataLoader(TensorDataset(x, y, torch.arange(len(x))),
+                                               batch_size=SEQUENCES // replicas))
+    losses, gradients, loads, batches, tokens = [], {}, [], [], []
+    for part_x, part_y, index in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(part_x), part_y)
+        lite.backward(loss)
+        gradients = gradients or full_gradients(model)
+        optimizer.step()
+        losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
+        loads.append(expert_load(model.experts))
+        batches.append(sorted(lite.all_gather(index).flatten().unique().tolist()))
+        tokens.append(part_x.shape[1])
+    return {"initial": initial, "final": full_weights(model), "losses": losses, "gradients": gradients,
+            "loads": torch.stack(loads), "batches": batches, "positions": tokens,
+            "dim_names": list(lite.strategy.device_mesh.mesh_dim_names), "experts": placements(model.experts.w1)}
+
+
 def pipelined(out: Path) -> dict:
     """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step,
     then an evaluation under `torch.no_grad()` and a save to `out`; every stage's whole weights and
@@ -430,6 +506,8 @@ def main(out: Path) -> None:
     for name in ("ep2_dp2", "ep2_tp2"):
         results[name], _, _ = train(launched(LAYOUTS[name]))
     results["ep2_dp2_balanced"], _, _ = train(launched(LAYOUTS["ep2_dp2"]), balance=BALANCE)
+    for name, layout in CONTEXT_LAYOUTS.items():
+        results[name] = with_context(layout)
     lite = launched(LAYOUTS["ep4"])
     results["ep4"], model, optimizer = train(lite)
     results["ep4"]["logits"] = logits(model, lite.global_rank)

@@ -156,8 +156,11 @@ def test_the_repr_shows_the_sizes_asked_for(clean_env) -> None:
     ({"expert": 0}, "expert=0 is not valid: pass a positive integer."),
     ({"shard": 4, "expert": 3}, "expert=3 does not divide the 4 data-parallel processes it borrows from: choose an"
                                 " expert that divides shard."),
-    ({"context": 2, "expert": 2}, "expert=2 cannot be combined with context > 1 yet: pass context=1, and spread the"
-                                  " experts over data-parallel processes."),
+    ({"context": 2, "expert": 3}, "expert=3 is not a multiple of context=2: expert parallelism borrows whole"
+                                  " context-parallel groups, so choose an expert that context divides."),
+    ({"shard": 3, "context": 2, "expert": 4}, "expert=4 over context=2 borrows 2 data-parallel processes, which does"
+                                              " not divide the 3: choose an expert that makes expert / context divide"
+                                              " shard."),
 ])
 def test_an_expert_size_that_cannot_be_borrowed_is_refused_in_one_sentence(sizes, message) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -178,6 +181,11 @@ def test_an_expert_size_that_does_not_divide_the_resolved_data_size_is_refused()
     ({"shard": 2, "expert": 2}, 4, ("expert_data_parallel", "expert_parallel", "tensor_parallel"), (1, 2, 2)),
     ({"pipeline": 2, "expert": 2}, 8,
      ("pipeline_parallel", "expert_data_parallel", "expert_parallel", "tensor_parallel"), (2, 2, 2, 1)),
+    # Under context parallelism the experts borrow whole context groups and expert / context data processes.
+    ({"context": 2, "expert": 2}, 4,
+     ("expert_data_parallel", "data_in_expert_parallel", "context_parallel", "tensor_parallel"), (2, 1, 2, 1)),
+    ({"context": 2, "expert": 4}, 8,
+     ("expert_data_parallel", "data_in_expert_parallel", "context_parallel", "tensor_parallel"), (2, 2, 2, 1)),
 ])
 def test_experts_borrow_the_inner_data_parallel_processes_and_add_none(sizes, devices, names, shape) -> None:
     layout = MeshLayout(**sizes).resolve(devices)  # shard and tensor both automatic: the tensor dimension is 1

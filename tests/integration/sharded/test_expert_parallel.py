@@ -243,6 +243,36 @@ def test_on_4_processes_the_layouts_place_the_experts_as_asked(job4):
                                           "local": [4, job4_module.HIDDEN, job4_module.FFN]}
 
 
+_CONTEXT_4 = list(job4_module.CONTEXT_LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", _CONTEXT_4)
+def test_on_4_processes_ep_under_context_parallelism_trains_to_one_plain_process(job4, layout, assert_weights_match):
+    # MeshLayout(shard=2, context=2, expert=2 or 4): each process holds half of every position of its
+    # replica's sequences; the experts take the tokens of every part. Losses, first gradients, the
+    # global load per expert and the final weights are one plain process's on the whole sequences.
+    run = job4[layout]
+    assert run["positions"] == [job4_module.LENGTH // 2] * job4_module.STEPS  # each process half of each sequence
+    expected = job4_module.plain_with_context(run["initial"], run["batches"])
+    assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    assert run["gradients"].keys() == expected["gradients"].keys()
+    for name, gradient in expected["gradients"].items():
+        torch.testing.assert_close(run["gradients"][name], gradient, atol=1e-6, rtol=0, msg=name)
+    assert torch.equal(run["loads"], expected["loads"]), (run["loads"], expected["loads"])
+    assert_weights_match(run["final"], expected["final"], run["initial"])
+
+
+def test_on_4_processes_ep_under_context_parallelism_borrows_whole_context_groups(job4):
+    names = ["expert_data_parallel", "data_in_expert_parallel", "context_parallel", "tensor_parallel"]
+    assert job4["ep2_cp2"]["dim_names"] == names and job4["ep4_cp2"]["dim_names"] == names
+    # EP 2: 4 of the 8 experts on each process of a context group, FSDP2 halves them over the data pair.
+    assert job4["ep2_cp2"]["experts"] == {"dims": ["expert_data_parallel", "expert_parallel"],
+                                          "placements": ["_StridedShard(0)", "Shard(0)"],
+                                          "local": [2, job4_module.HIDDEN, job4_module.FFN]}
+    assert job4["ep4_cp2"]["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
+                                          "local": [2, job4_module.HIDDEN, job4_module.FFN]}
+
+
 def test_on_4_processes_ep_under_a_2_stage_pipeline_trains_to_one_plain_process(job4, assert_weights_match):
     # MeshLayout(pipeline=2, shard=2, expert=2): each stage's experts over its 2 processes, the
     # user's loop as under any pipeline; losses, clipped norms, first gradients and final weights of

@@ -75,18 +75,19 @@ class ExpertParallel(ParallelStyle):
         return module
 
 
-def check_experts_averaged(model: nn.Module, device_mesh: DeviceMesh) -> None:
+def check_experts_averaged(model: nn.Module, tokens: DeviceMesh) -> None:
     """Refuse, in one sentence, an experts module under `ExpertParallel` whose parameters do not
-    span every data-parallel process: with `MeshLayout(shard=4, expert=2)` the experts sharded over
-    `"expert_parallel"` alone get each expert-parallel group's gradient, and nothing averages it
-    over the groups of `"expert_data_parallel"` (the step would silently follow part of the batch).
-    `fully_shard` over `"expert_data_parallel"` puts them on both dimensions and averages them.
-    `device_mesh` is the strategy's, with a `"data_parallel"` dimension."""
+    span every process of `tokens` (those with tokens of their own: the strategy's
+    `"data_parallel"`, or `"data_context_parallel"` under context parallelism): with
+    `MeshLayout(shard=4, expert=2)` the experts sharded over `"expert_parallel"` alone get each
+    expert-parallel group's gradient, and nothing averages it over the groups of
+    `"expert_data_parallel"` (the step would silently follow part of the batch). `fully_shard` over
+    `"expert_data_parallel"` puts them on both dimensions and averages them."""
     ranks: set[int] = set()
     for name, module in model.named_modules():
         if _DISPATCH not in module.__dict__:
             continue
-        ranks = ranks or set(device_mesh["data_parallel"].mesh.flatten().tolist())
+        ranks = ranks or set(tokens.mesh.flatten().tolist())
         for param in module.parameters(recurse=False):
             spanned = set(param.device_mesh.mesh.flatten().tolist()) if isinstance(param, DTensor) else set()
             if ranks <= spanned:

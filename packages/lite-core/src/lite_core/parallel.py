@@ -20,7 +20,7 @@ from lite_core.errors import ConfigurationError, MisuseError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "EXPERT_DATA_DIM_NAME", "EXPERT_DIM_NAME",
+__all__ = ["CONTEXT_MESH_DIM_NAMES", "DATA_CONTEXT_DIM_NAME", "DATA_IN_EXPERT_DIM_NAME", "EXPERT_DATA_DIM_NAME", "EXPERT_DIM_NAME",
            "MESH_DIM_NAMES", "PIPELINE_MESH_DIM_NAMES", "ExpertParallel", "MeshLayout", "expert_load",
            "load_balancing_loss"]
 
@@ -40,6 +40,9 @@ EXPERT_DIM_NAME = "expert_parallel"
 #: With `expert > 1`: the outer part of the data-parallel dimension, over which each expert shard
 #: is replicated (`data_parallel` is the two flattened).
 EXPERT_DATA_DIM_NAME = "expert_data_parallel"
+#: With `expert > 1` and `context > 1`: the data-parallel processes inside one expert-parallel
+#: group, `expert / context` of them (`expert_parallel` is this and `context_parallel` flattened).
+DATA_IN_EXPERT_DIM_NAME = "data_in_expert_parallel"
 
 #: A size: a positive integer, or (for `shard` and `tensor`) `"auto"`, resolved at launch.
 Size = Union[int, Literal["auto"]]
@@ -68,7 +71,12 @@ class MeshLayout:
             the data-parallel dimension, so it must divide `shard` and adds nothing to the world size.
             The mesh then has `"expert_data_parallel"` and `"expert_parallel"` in place of
             `"data_parallel"`, which stays reachable as their flattening. With `tensor > 1` the
-            experts are whole on each process of `"tensor_parallel"`; not with `context > 1` yet.
+            experts are whole on each process of `"tensor_parallel"`. With `context > 1` it borrows
+            whole context-parallel groups and `expert / context` data-parallel processes (as
+            torchtitan composes them), so it must be a multiple of `context`; the mesh is then
+            `("expert_data_parallel", "data_in_expert_parallel", "context_parallel",
+            "tensor_parallel")`, with `"expert_parallel"`, `"data_parallel"` and
+            `"data_context_parallel"` reachable as flattenings.
 
     Example:
         >>> MeshLayout(pipeline=2, shard=2, tensor=2).resolve(devices=8, num_nodes=1).dim_names
@@ -164,6 +172,8 @@ class MeshLayout:
         `("data_parallel", "tensor_parallel")`, with `"pipeline_parallel"` in front under a pipeline,
         or with `"context_parallel"` between them under context parallelism."""
         if self.context_enabled:
+            if self.expert_enabled:
+                return (EXPERT_DATA_DIM_NAME, DATA_IN_EXPERT_DIM_NAME, *CONTEXT_MESH_DIM_NAMES[1:])
             return CONTEXT_MESH_DIM_NAMES
         names = PIPELINE_MESH_DIM_NAMES if self.pipeline_enabled else MESH_DIM_NAMES
         if self.expert_enabled:
@@ -176,7 +186,9 @@ class MeshLayout:
         """The `DeviceMesh`'s shape, in the order of `dim_names`."""
         tensor = self._number("tensor")
         if self.context_enabled:
-            return (self.data, self.context, tensor)
+            inside = self.expert // self.context if self.expert_enabled else 1  # data processes per expert group
+            data = (self.data // inside, inside) if self.expert_enabled else (self.data,)
+            return (*data, self.context, tensor)
         data = (self.data // self.expert, self.expert) if self.expert_enabled else (self.data,)
         return (self.pipeline, *data, tensor) if self.pipeline_enabled else (*data, tensor)
 
@@ -204,9 +216,13 @@ class MeshLayout:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
-        if self.context_enabled:
+        if self.context_enabled and self.expert_enabled:
+            mesh[EXPERT_DATA_DIM_NAME, DATA_IN_EXPERT_DIM_NAME]._flatten("data_parallel")
+            mesh[EXPERT_DATA_DIM_NAME, DATA_IN_EXPERT_DIM_NAME, "context_parallel"]._flatten(DATA_CONTEXT_DIM_NAME)
+            mesh[DATA_IN_EXPERT_DIM_NAME, "context_parallel"]._flatten(EXPERT_DIM_NAME)
+        elif self.context_enabled:
             mesh["data_parallel", "context_parallel"]._flatten(DATA_CONTEXT_DIM_NAME)
-        if self.expert_enabled:
+        elif self.expert_enabled:
             mesh[EXPERT_DATA_DIM_NAME, EXPERT_DIM_NAME]._flatten("data_parallel")
         return mesh
 
@@ -214,15 +230,31 @@ class MeshLayout:
     def _check_expert(self) -> None:
         labels = self._LABELS
         if self.expert > 1 and self.context > 1:
-            raise ConfigurationError(
-                f"{labels['expert']}={self.expert} cannot be combined with {labels['context']} > 1 yet: pass"
-                f" {labels['context']}=1, and spread the experts over data-parallel processes."
-            )
+            self._check_expert_with_context()
+            return
         shard = self.shard
         if self.expert > 1 and shard != "auto" and (self.replicate * shard) % self.expert:
             raise ConfigurationError(
                 f"{labels['expert']}={self.expert} does not divide the {self.replicate * shard} data-parallel"
                 f" processes it borrows from: choose an {labels['expert']} that divides {labels['shard']}."
+            )
+
+    def _check_expert_with_context(self) -> None:
+        """Under context parallelism the experts borrow whole context-parallel groups and
+        `expert / context` data-parallel processes."""
+        labels = self._LABELS
+        if self.expert % self.context:
+            raise ConfigurationError(
+                f"{labels['expert']}={self.expert} is not a multiple of {labels['context']}={self.context}: expert"
+                " parallelism borrows whole context-parallel groups, so choose an"
+                f" {labels['expert']} that {labels['context']} divides."
+            )
+        inside, shard = self.expert // self.context, self.shard
+        if shard != "auto" and (self.replicate * shard) % inside:
+            raise ConfigurationError(
+                f"{labels['expert']}={self.expert} over {labels['context']}={self.context} borrows {inside}"
+                f" data-parallel processes, which does not divide the {self.replicate * shard}: choose an"
+                f" {labels['expert']} that makes {labels['expert']} / {labels['context']} divide {labels['shard']}."
             )
 
     def _number(self, name: str) -> int:

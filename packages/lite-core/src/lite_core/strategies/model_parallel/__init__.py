@@ -276,8 +276,10 @@ class ModelParallelStrategy(FSDPStrategy):
                 " parallelised model from parallelize_fn(model, device_mesh)."
             )
         _check_even_tensor_parallel_shards(parallelised)
-        check_experts_averaged(parallelised, self.device_mesh)
-        count_loads_over(parallelised, self.device_mesh["data_parallel"])
+        # Every process with tokens of its own: the data-parallel ones, each cut in context-parallel parts.
+        tokens = self.device_mesh[DATA_CONTEXT_DIM_NAME if self._layout.context_enabled else "data_parallel"]
+        check_experts_averaged(parallelised, tokens)
+        count_loads_over(parallelised, tokens)
         if on_meta:
             _fsdp_init.materialise(parallelised, self.root_device, self.root_device, self._init_rng_state)
         return parallelised
