@@ -361,6 +361,13 @@ def scripts_env() -> Callable[..., dict[str, str]]:
     return script_env
 
 
+def run_fresh(code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in a fresh interpreter (not forked from the test session's server, which has
+    imported the backends already), its output captured; 120 s at the most."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, _FORK_SERVER: "0"})
+
+
 def mse_steps(model: Any, optimizer: Any, batches: Any, backward: Callable[[Any], None]) -> list[float]:
     """One training step per `(x, y)` of `batches` (the MSE of `model(x)` against `y`, `backward(loss)`,
     the optimizer's step); the losses, in order."""

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import run_fresh  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.errors import ConfigurationError
 
@@ -155,8 +154,7 @@ def test_missing_deepspeed_package_is_one_sentence():
         "try:\n    LightningLite(accelerator='cpu', strategy='deepspeed', devices=2)\n"
         "except Exception as err:\n    print(type(err).__name__, '|', err)\n"
     )
-    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads deepspeed
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
+    out = run_fresh(code)  # not forked from the test session's server: it preloads deepspeed
     name, message = out.stdout.strip().split(" | ", 1)
     assert name == "ConfigurationError", out.stdout + out.stderr
     assert "needs the deepspeed package" in message and "pip install --no-build-isolation deepspeed" in message
@@ -165,8 +163,7 @@ def test_missing_deepspeed_package_is_one_sentence():
 
 def test_importing_the_package_imports_no_deepspeed():
     code = "import sys, lite_deepspeed, lite_deepspeed.presets; print('deepspeed' in sys.modules)"
-    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads deepspeed
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
+    out = run_fresh(code)  # not forked from the test session's server: it preloads deepspeed
     assert out.stdout.strip() == "False", out.stderr
 
 

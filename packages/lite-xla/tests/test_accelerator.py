@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
+from conftest import run_fresh  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core._registry import ACCELERATORS, STRATEGIES
 from lite_core.errors import ConfigurationError
@@ -97,8 +95,7 @@ def test_neither_import_nor_construction_starts_the_xla_runtime() -> None:
         "assert 'torch_xla' not in sys.modules, 'construction imported torch_xla'\n"
         "print('ok')\n"
     )
-    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the test session's server: it preloads torch_xla
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=fresh)
+    proc = run_fresh(code)  # not forked from the test session's server: it preloads torch_xla
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
