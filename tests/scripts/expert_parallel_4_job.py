@@ -24,7 +24,8 @@ Then `pp2_ep2`: `MeshLayout(pipeline=2, shard=2, expert=2)`, a model of two MoE 
 pipeline stages (the embedding and the first block, the second block and the head), each stage's
 experts sharded over its 2 processes of `"expert_parallel"`, trained with `loss = model(x, target=y)`.
 
-It saves a checkpoint (`OUT/ckpt_pp2_ep2`).
+It saves a checkpoint (`OUT/ckpt_pp2_ep2`). Then `pp2x2_ep2`: 4 MoE blocks, a stage each, 2 stages on
+every process under interleaved 1F1B, each stage's experts over its 2 processes.
 
 Then the checkpoint `ep4` saved (`OUT/ckpt_ep4`), loaded into a differently initialised model under
 `ep2_dp2` and trained one more step (`moved`); last, what is refused (`refusals`: experts that do
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -76,6 +78,8 @@ CONTEXT_LAYOUTS = {"ep2_cp2": MeshLayout(shard=2, context=2, tensor=1, expert=2)
 SEQUENCES, LENGTH = 4, 8  # a global batch of 4 sequences of 8 positions: 32 tokens, as above
 #: A 2-stage pipeline, each stage's experts over its 2 data-parallel processes.
 PIPELINE_LAYOUT = MeshLayout(pipeline=2, shard=2, tensor=1, expert=2)
+#: `pp2x2_ep2`: 4 MoE blocks, a stage each, 2 stages on every process (interleaved 1F1B).
+INTERLEAVED_BLOCKS = 4
 
 
 class Experts(nn.Module):
@@ -139,12 +143,12 @@ class MoEBlock(nn.Module):
 
 
 class StackedMoE(nn.Module):
-    """An embedding, two MoE blocks and a head: cut into pipeline stages at `"blocks.1"`."""
+    """An embedding, `blocks` MoE blocks and a head: cut into pipeline stages at `"blocks.1"`, ..."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: int = 2) -> None:
         super().__init__()
         self.embed = nn.Linear(IN, HIDDEN)
-        self.blocks = nn.ModuleList([MoEBlock(), MoEBlock()])
+        self.blocks = nn.ModuleList([MoEBlock() for _ in range(blocks)])
         self.head = nn.Linear(HIDDEN, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -257,10 +261,10 @@ def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, re
     return loss.item(), norm, gradients
 
 
-def plain_pipelined(initial: dict[str, torch.Tensor]) -> dict:
+def plain_pipelined(initial: dict[str, torch.Tensor], blocks: int = 2) -> dict:
     """One plain process over the whole global batches, as `pipelined` trains and evaluates them: the reference."""
     torch.manual_seed(0)
-    model = StackedMoE()
+    model = StackedMoE(blocks)
     model.load_state_dict(initial)
     optimizer = make_optimizer(model)
     x, y = make_data()
@@ -349,16 +353,18 @@ def with_context(layout: MeshLayout) -> dict:
             "dim_names": list(lite.strategy.device_mesh.mesh_dim_names), "experts": placements(model.experts.w1)}
 
 
-def pipelined(out: Path) -> dict:
+def pipelined(out: Path | None, blocks: int = 2, **schedule: Any) -> dict:
     """`PIPELINE_LAYOUT`: the user's loop, `loss = model(x, target=y)`, backward, clipping, the step,
-    then an evaluation under `torch.no_grad()` and a save to `out`; every stage's whole weights and
-    first gradients, and each block's load per step (the evaluation's last)."""
-    strategy = ModelParallelStrategy(parallelize_stage, mesh=PIPELINE_LAYOUT, split_points=["blocks.1"],
-                                     microbatches=2, loss_fn=nn.functional.mse_loss)
+    then an evaluation under `torch.no_grad()` and (with `out`) a save there; every stage's whole
+    weights and first gradients, and each block's load per step (the evaluation's last). The model
+    has `blocks` MoE blocks, a stage each (`schedule`: e.g. 2 stages per process, interleaved)."""
+    strategy = ModelParallelStrategy(parallelize_stage, mesh=PIPELINE_LAYOUT,
+                                     split_points=[f"blocks.{b}" for b in range(1, blocks)],
+                                     microbatches=2, loss_fn=nn.functional.mse_loss, **schedule)
     lite = LightningLite(accelerator="cpu", strategy=strategy, devices=WORLD)
     lite.launch()
     torch.manual_seed(0)
-    model = StackedMoE()
+    model = StackedMoE(blocks)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     model, optimizer = lite.setup(model, make_optimizer(model))
     mesh = lite.strategy.device_mesh
@@ -375,13 +381,13 @@ def pipelined(out: Path) -> dict:
         norms.append(lite.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
         optimizer.step()
         losses.append(lite.all_reduce(loss.detach(), reduce_op="mean").item())
-        # This stage's blocks (a ModuleList keeps the whole model's keys): their loads by block index.
-        loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
+        loads.append(stage_loads(model))
     with torch.no_grad():  # a forward-only schedule of its own: global batch 0's loss and loads
         part = slice(replica * per_replica, (replica + 1) * per_replica)
         evaluation = lite.all_reduce(model(x[part], target=y[part]), reduce_op="mean").item()
-        loads.append({int(key): expert_load(block.experts) for key, block in model.blocks._modules.items()})
-    lite.save({"model": model, "optimizer": optimizer}, out)
+        loads.append(stage_loads(model))
+    if out is not None:
+        lite.save({"model": model, "optimizer": optimizer}, out)
     every_stage = [None] * WORLD
     dist.all_gather_object(every_stage, (full_weights(model), gradients, loads))
     block_loads = {block: torch.stack([step[block] for step in stage_loads])
@@ -391,6 +397,13 @@ def pipelined(out: Path) -> dict:
             "gradients": {k: v for _, grads, _ in every_stage for k, v in grads.items()},
             "loads": torch.stack([block_loads[block] for block in sorted(block_loads)]),
             "local_keys": sorted(model.state_dict()), "experts": placements(next(iter(model.blocks)).experts.w1)}
+
+
+def stage_loads(model: nn.Module) -> dict[int, torch.Tensor]:
+    """The loads of the blocks this process's stages hold, by block index (the stages keep the
+    whole model's names: `blocks.1.experts` on the second of two stages)."""
+    return {int(name.split(".")[1]): expert_load(module) for name, module in model.named_modules()
+            if name.startswith("blocks.") and name.endswith(".experts")}
 
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -523,6 +536,8 @@ def main(out: Path) -> None:
     moved["loss"], moved["norm"], _ = train_step(lite, model, optimizer, 0)
     results["moved"] = {**moved, "final": full_weights(model)}
     results["pp2_ep2"] = {**pipelined(out / "ckpt_pp2_ep2"), "checkpoint": str(out / "ckpt_pp2_ep2")}
+    results["pp2x2_ep2"] = pipelined(None, blocks=INTERLEAVED_BLOCKS, pipeline_schedule="Interleaved1F1B",
+                                     stages_per_rank=2)
     results["refusals"] = refusals()
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")

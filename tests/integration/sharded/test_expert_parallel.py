@@ -273,12 +273,18 @@ def test_on_4_processes_ep_under_context_parallelism_borrows_whole_context_group
                                           "local": [2, job4_module.HIDDEN, job4_module.FFN]}
 
 
-def test_on_4_processes_ep_under_a_2_stage_pipeline_trains_to_one_plain_process(job4, assert_weights_match):
+#: The pipelined runs and their MoE blocks: 2 stages of one block (1F1B), and 4 stages of one block,
+#: 2 on each process (interleaved 1F1B).
+_PIPELINED_4 = {"pp2_ep2": 2, "pp2x2_ep2": job4_module.INTERLEAVED_BLOCKS}
+
+
+@pytest.mark.parametrize("run_name", _PIPELINED_4)
+def test_on_4_processes_ep_under_a_pipeline_trains_to_one_plain_process(job4, run_name, assert_weights_match):
     # MeshLayout(pipeline=2, shard=2, expert=2): each stage's experts over its 2 processes, the
     # user's loop as under any pipeline; losses, clipped norms, first gradients and final weights of
     # every stage are those of one plain process on the same global batches (fp32, 1e-6).
-    run = job4["pp2_ep2"]
-    expected = job4_module.plain_pipelined(run["initial"])
+    run = job4[run_name]
+    expected = job4_module.plain_pipelined(run["initial"], _PIPELINED_4[run_name])
     assert run["losses"] == pytest.approx(expected["losses"], abs=1e-6)
     assert run["norms"] == pytest.approx(expected["norms"], abs=1e-6)
     assert min(expected["norms"]) > job4_module.MAX_NORM, "no step was clipped; the test would prove little"
@@ -297,16 +303,21 @@ def test_on_4_processes_ep_under_a_pipeline_places_each_stages_experts_on_its_ow
                                  "embed.bias", "embed.weight"]
     assert run["experts"] == {"dims": ["expert_parallel"], "placements": ["Shard(0)"],
                               "local": [job4_module.EXPERTS // 2, job4_module.HIDDEN, job4_module.FFN]}
+    # Interleaved: rank 0 holds stages 0 and 2 (the embedding, blocks 0 and 2), half of their experts.
+    assert job4["pp2x2_ep2"]["local_keys"] == [
+        f"blocks.{b}.{name}" for b in (0, 2) for name in ("experts.w1", "experts.w2", "router.weight")
+    ] + ["embed.bias", "embed.weight"]
 
 
-def test_on_4_processes_expert_load_under_a_pipeline_counts_each_blocks_global_batch(job4):
+@pytest.mark.parametrize("run_name", _PIPELINED_4)
+def test_on_4_processes_expert_load_under_a_pipeline_counts_each_blocks_global_batch(job4, run_name):
     # torch's stages infer their shapes by running each part once before the micro-batches (the
     # second stage on uninitialised tensors): that pass must not count in the first step's load,
     # nor in the evaluation's (a schedule of its own, the last row).
-    run = job4["pp2_ep2"]
-    plain = job4_module.plain_pipelined(run["initial"])
+    run, blocks = job4[run_name], _PIPELINED_4[run_name]
+    plain = job4_module.plain_pipelined(run["initial"], blocks)
     expected = torch.cat([plain["loads"], plain["evaluation"][1].unsqueeze(1)], dim=1)
-    assert run["loads"].shape == (2, job4_module.STEPS + 1, job4_module.EXPERTS)
+    assert run["loads"].shape == (blocks, job4_module.STEPS + 1, job4_module.EXPERTS)
     assert torch.equal(run["loads"], expected), (run["loads"], expected)
     assert int(run["loads"][1, 0].sum()) == job4_module.GLOBAL_BATCH * job4_module.TOP_K
 
