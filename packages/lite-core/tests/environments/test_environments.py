@@ -7,6 +7,7 @@ import socket
 import sys
 import types
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -35,6 +36,19 @@ def set_env(monkeypatch: pytest.MonkeyPatch, **values: object) -> None:
         monkeypatch.setenv(name, str(value))
 
 
+E = TypeVar("E", bound=ClusterEnvironment)
+
+
+def detected(environment: type[E], ranks: tuple[int, int, int, int]) -> E:
+    """`environment` detects itself, starts its processes outside Lite, and has `ranks` (this
+    process's global rank, local rank and node rank, and the world size)."""
+    assert environment.detect()
+    env = environment()
+    assert env.creates_processes_externally
+    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == ranks
+    return env
+
+
 # --- torchrun ---------------------------------------------------------------------------------
 
 def set_torchrun(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> None:
@@ -49,10 +63,7 @@ def set_torchrun(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> None:
 def test_torchelastic_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not TorchElasticEnvironment.detect()
     set_torchrun(monkeypatch)
-    assert TorchElasticEnvironment.detect()
-    env = TorchElasticEnvironment()
-    assert env.creates_processes_externally
-    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (5, 1, 1, 8)
+    env = detected(TorchElasticEnvironment, (5, 1, 1, 8))
     assert (env.main_address, env.main_port) == ("10.0.0.1", 29400)
     env.set_world_size(3)
     env.set_global_rank(0)
@@ -98,10 +109,7 @@ def test_ray_train_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "ray", raising=False)
     assert not RayTrainEnvironment.detect()  # torch's variables alone do not make a Ray worker
     monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))
-    assert RayTrainEnvironment.detect()
-    env = RayTrainEnvironment()
-    assert env.creates_processes_externally
-    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (5, 1, 1, 8)
+    env = detected(RayTrainEnvironment, (5, 1, 1, 8))
     assert (env.main_address, env.main_port, env.process_counts()) == ("10.0.0.1", 29400, (4, 2))
 
 
@@ -166,10 +174,7 @@ def test_slurm_hostlist_malformed(hostlist: str) -> None:
 def test_slurm_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not SLURMEnvironment.detect()
     set_slurm(monkeypatch)
-    assert SLURMEnvironment.detect()
-    env = SLURMEnvironment()
-    assert env.creates_processes_externally
-    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (6, 2, 1, 8)
+    env = detected(SLURMEnvironment, (6, 2, 1, 8))
     assert env.main_address == "node03"
     assert env.main_port == 15000 + 123456 % 20000 == 18456
 
@@ -339,10 +344,7 @@ def test_mpi_open_mpi(monkeypatch: pytest.MonkeyPatch) -> None:
     set_open_mpi(monkeypatch, rank=6, local_rank=2, size=8, local_size=4)
     # Open MPI's NODE_RANK counts processes on the node, not nodes: it must not be used.
     set_env(monkeypatch, OMPI_COMM_WORLD_NODE_RANK=2, MASTER_ADDR="head")
-    assert MPIEnvironment.detect()
-    env = MPIEnvironment()
-    assert env.creates_processes_externally
-    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (6, 2, 1, 8)
+    env = detected(MPIEnvironment, (6, 2, 1, 8))
     assert (env.main_address, env.main_port) == ("head", 29510)
     set_env(monkeypatch, MASTER_PORT=40000)
     assert env.main_port == 40000
@@ -390,10 +392,7 @@ def set_kubeflow(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kubeflow_detect_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not KubeflowEnvironment.detect()
     set_kubeflow(monkeypatch)
-    assert KubeflowEnvironment.detect()
-    env = KubeflowEnvironment()
-    assert env.creates_processes_externally
-    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (2, 0, 2, 3)
+    env = detected(KubeflowEnvironment, (2, 0, 2, 3))
     assert (env.main_address, env.main_port) == ("job-master-0", 23456)
 
 
