@@ -61,21 +61,31 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Any
     return losses
 
 
-# --- one GPU, in this process ------------------------------------------------------------------------
-
-@needs_gpus(1)
-def test_single_gpu_32_true_is_plain_pytorch_bit_for_bit() -> None:
+def _trained_plainly_and_by_lite(optimizer: Callable[[Any], torch.optim.Optimizer],
+                                 **lite_args: Any) -> tuple[LightningLite, nn.Module, nn.Module]:
+    """The same model and 20 batches trained by plain PyTorch on GPU 0, then by
+    `LightningLite(accelerator="cuda", **lite_args)`, each with `optimizer(parameters)`: the Lite
+    object, the model it trained and the plain one."""
     model, x, y = _model_and_data()
     batches = _batches(x, y, 20)
     device = torch.device("cuda", 0)
     plain = model.to(device)
-    _train(plain, torch.optim.Adam(plain.parameters(), lr=1e-2), batches, device, lambda loss: loss.backward())
+    _train(plain, optimizer(plain.parameters()), batches, device, lambda loss: loss.backward())
 
-    lite = LightningLite(accelerator="cuda", devices=1)
+    lite = LightningLite(accelerator="cuda", **lite_args)
     model, _, _ = _model_and_data()
-    wrapped, optimizer = lite.setup(model, torch.optim.Adam(model.parameters(), lr=1e-2))
-    _train(wrapped, optimizer, batches, lite.device, lite.backward)
+    wrapped, set_up_optimizer = lite.setup(model, optimizer(model.parameters()))
+    _train(wrapped, set_up_optimizer, batches, lite.device, lite.backward)
+    return lite, model, plain
 
+
+# --- one GPU, in this process ------------------------------------------------------------------------
+
+@needs_gpus(1)
+def test_single_gpu_32_true_is_plain_pytorch_bit_for_bit() -> None:
+    lite, model, plain = _trained_plainly_and_by_lite(lambda parameters: torch.optim.Adam(parameters, lr=1e-2),
+                                                      devices=1)
+    device = torch.device("cuda", 0)
     assert lite.device == device
     for mine, theirs in zip(model.parameters(), plain.parameters()):
         assert mine.device == device
@@ -154,17 +164,8 @@ def test_nvml_describes_each_gpu_as_torch_does() -> None:
 
 @needs_gpus(2)
 def test_dp_on_two_gpus_matches_one_gpu() -> None:
-    model, x, y = _model_and_data()
-    batches = _batches(x, y, 20)
-    device = torch.device("cuda", 0)
-    plain = model.to(device)
-    _train(plain, torch.optim.SGD(plain.parameters(), lr=0.05), batches, device, lambda loss: loss.backward())
-
-    lite = LightningLite(accelerator="cuda", strategy="dp", devices=2)
-    model, _, _ = _model_and_data()
-    wrapped, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    _train(wrapped, optimizer, batches, lite.device, lite.backward)
-
+    _, model, plain = _trained_plainly_and_by_lite(lambda parameters: torch.optim.SGD(parameters, lr=0.05),
+                                                   strategy="dp", devices=2)
     for mine, theirs in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE)
 
