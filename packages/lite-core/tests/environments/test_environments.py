@@ -49,6 +49,15 @@ def detected(environment: type[E], ranks: tuple[int, int, int, int]) -> E:
     return env
 
 
+def assert_validates(env: ClusterEnvironment, accepted: tuple[int, int], refused: dict[tuple[int, int], str]) -> None:
+    """`env.validate_settings` accepts the `accepted` (devices, nodes) and refuses each (devices,
+    nodes) of `refused` with a `ConfigurationError` matching its pattern."""
+    env.validate_settings(num_devices=accepted[0], num_nodes=accepted[1])
+    for (devices, nodes), pattern in refused.items():
+        with pytest.raises(ConfigurationError, match=pattern):
+            env.validate_settings(num_devices=devices, num_nodes=nodes)
+
+
 # --- torchrun ---------------------------------------------------------------------------------
 
 def set_torchrun(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> None:
@@ -78,21 +87,16 @@ def test_torchelastic_needs_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_torchelastic_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     set_torchrun(monkeypatch)
-    env = TorchElasticEnvironment()
-    env.validate_settings(num_devices=4, num_nodes=2)
-    expected = r"4 processes per node .*devices=2.*--nproc-per-node=2"
-    with pytest.raises(ConfigurationError, match=expected):
-        env.validate_settings(num_devices=2, num_nodes=2)
-    with pytest.raises(ConfigurationError, match=r"8 processes in total .*expects 12.*--nnodes=3"):
-        env.validate_settings(num_devices=4, num_nodes=3)
+    assert_validates(TorchElasticEnvironment(), accepted=(4, 2), refused={
+        (2, 2): r"4 processes per node .*devices=2.*--nproc-per-node=2",
+        (4, 3): r"8 processes in total .*expects 12.*--nnodes=3",
+    })
 
 
 def test_torchelastic_validate_without_local_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
     set_torchrun(monkeypatch)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    TorchElasticEnvironment().validate_settings(num_devices=2, num_nodes=4)
-    with pytest.raises(ConfigurationError, match="8 processes in total"):
-        TorchElasticEnvironment().validate_settings(num_devices=2, num_nodes=2)
+    assert_validates(TorchElasticEnvironment(), accepted=(2, 4), refused={(2, 2): "8 processes in total"})
 
 
 def test_bad_integer_is_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,23 +221,17 @@ def test_slurm_port_is_same_on_every_node(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_slurm_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     set_slurm(monkeypatch)
-    env = SLURMEnvironment()
-    env.validate_settings(num_devices=4, num_nodes=2)
-    expected = r"4 tasks per node .*devices=4 or sbatch --ntasks-per-node=2"
-    with pytest.raises(ConfigurationError, match=expected):
-        env.validate_settings(num_devices=2, num_nodes=2)
-    expected = r"allocated 2 nodes .*num_nodes=2 or sbatch --nodes=1"
-    with pytest.raises(ConfigurationError, match=expected):
-        env.validate_settings(num_devices=4, num_nodes=1)
+    assert_validates(SLURMEnvironment(), accepted=(4, 2), refused={
+        (2, 2): r"4 tasks per node .*devices=4 or sbatch --ntasks-per-node=2",
+        (4, 1): r"allocated 2 nodes .*num_nodes=2 or sbatch --nodes=1",
+    })
 
 
 def test_slurm_validate_total_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     set_slurm(monkeypatch)
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE")
     monkeypatch.delenv("SLURM_NNODES")
-    SLURMEnvironment().validate_settings(num_devices=2, num_nodes=4)
-    with pytest.raises(ConfigurationError, match=r"started 8 tasks .*expects 4"):
-        SLURMEnvironment().validate_settings(num_devices=2, num_nodes=2)
+    assert_validates(SLURMEnvironment(), accepted=(2, 4), refused={(2, 2): r"started 8 tasks .*expects 4"})
 
 
 def test_slurm_yields_to_mpirun_inside_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,9 +323,7 @@ def test_lsf_host_not_in_rankfile(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 def test_lsf_validate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     set_lsf(monkeypatch, tmp_path / "rankfile")
-    LSFEnvironment().validate_settings(num_devices=4, num_nodes=2)
-    with pytest.raises(ConfigurationError, match=r"jsrun started 8 processes .*expects 4"):
-        LSFEnvironment().validate_settings(num_devices=4, num_nodes=1)
+    assert_validates(LSFEnvironment(), accepted=(4, 2), refused={(4, 1): r"jsrun started 8 processes .*expects 4"})
 
 
 # --- MPI --------------------------------------------------------------------------------------
@@ -374,12 +370,10 @@ def test_mpi_round_robin_placement_rejected(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_mpi_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     set_open_mpi(monkeypatch, rank=0, local_rank=0, size=8, local_size=4)
-    env = MPIEnvironment()
-    env.validate_settings(num_devices=4, num_nodes=2)
-    with pytest.raises(ConfigurationError, match=r"4 processes per node .*devices=4"):
-        env.validate_settings(num_devices=2, num_nodes=4)
-    with pytest.raises(ConfigurationError, match=r"8 processes .*expects 12.*num_nodes=2"):
-        env.validate_settings(num_devices=4, num_nodes=3)
+    assert_validates(MPIEnvironment(), accepted=(4, 2), refused={
+        (2, 4): r"4 processes per node .*devices=4",
+        (4, 3): r"8 processes .*expects 12.*num_nodes=2",
+    })
 
 
 # --- Kubeflow ---------------------------------------------------------------------------------
@@ -408,12 +402,10 @@ def test_kubeflow_not_detected_off_k8s_or_under_torchrun(monkeypatch: pytest.Mon
 
 def test_kubeflow_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     set_kubeflow(monkeypatch)
-    env = KubeflowEnvironment()
-    env.validate_settings(num_devices=1, num_nodes=3)
-    with pytest.raises(ConfigurationError, match=r"one process per pod .*devices=2.*set devices=1"):
-        env.validate_settings(num_devices=2, num_nodes=3)
-    with pytest.raises(ConfigurationError, match=r"has 3 pods .*num_nodes=3"):
-        env.validate_settings(num_devices=1, num_nodes=2)
+    assert_validates(KubeflowEnvironment(), accepted=(1, 3), refused={
+        (2, 3): r"one process per pod .*devices=2.*set devices=1",
+        (1, 2): r"has 3 pods .*num_nodes=3",
+    })
 
 
 # --- detect_environment -----------------------------------------------------------------------
