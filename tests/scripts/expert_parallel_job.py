@@ -203,15 +203,23 @@ class _ThreeExperts(Experts):
         self.w2 = nn.Parameter(torch.zeros(3, FFN, HIDDEN))
 
 
+def _experts_sharded_over(model: MoE, mesh) -> MoE:
+    parallelize_module(model.experts, mesh, ExpertParallel())
+    return model
+
+
 def refusals(lite: LightningLite) -> dict[str, str]:
     """What `ExpertParallel` refuses, by case: its message."""
     dp = lite.strategy.device_mesh["data_parallel"]
+    under_ddp = LightningLite(accelerator="cpu", strategy="ddp", devices=WORLD)
+    under_ddp.launch()  # the processes are started: it joins them
     cases = {
         "uneven": lambda: parallelize_module(_ThreeExperts(), dp, ExpertParallel()),
         "not_stacked": lambda: parallelize_module(nn.Linear(HIDDEN, HIDDEN), dp, ExpertParallel()),
         "two_dims": lambda: parallelize_module(Experts(), lite.strategy.device_mesh, ExpertParallel()),
         "call": lambda: parallelize_module(Experts(), dp, ExpertParallel())(torch.zeros(2, HIDDEN)),
         "load_of_plain": lambda: expert_load(Experts()),
+        "ddp": lambda: under_ddp.setup(_experts_sharded_over(make_model(), dp)),
     }
     messages = {}
     for name, case in cases.items():

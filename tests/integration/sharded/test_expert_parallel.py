@@ -120,6 +120,9 @@ def test_every_process_routed_tokens_to_the_other_processes_experts(job):
              " top_k_index, top_k_weights): pass the tokens sorted by expert and their count per expert."),
     ("load_of_plain", "expert_load() takes an experts module under ExpertParallel, but Experts is not one: pass the"
                       " module you applied parallelize_module(..., ExpertParallel()) to."),
+    ("ddp", "strategy='ddp' cannot hold the experts of 'experts' under ExpertParallel, since each process keeps other"
+            " experts and their gradients would be averaged together: use ModelParallelStrategy(parallelize_fn,"
+            " mesh=MeshLayout(expert=...)) and apply ExpertParallel inside parallelize_fn."),
 ])
 def test_what_expert_parallel_cannot_shard_or_call_is_refused_in_one_sentence(job, case, message):
     assert job["refusals"][case] == message

@@ -19,7 +19,8 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from lite_core.errors import ConfigurationError, MisuseError
 
-__all__ = ["ExpertParallel", "check_experts_averaged", "count_loads_over", "expert_load", "load_counters"]
+__all__ = ["ExpertParallel", "check_experts_averaged", "check_experts_held", "count_loads_over", "expert_load",
+           "load_counters"]
 
 
 class ExpertParallel(ParallelStyle):
@@ -73,6 +74,23 @@ class ExpertParallel(ParallelStyle):
         module.register_forward_pre_hook(dispatch.send)
         module.register_forward_hook(dispatch.receive, always_call=True)
         return module
+
+
+def check_experts_held(model: nn.Module, strategy_name: str, holds: bool) -> None:
+    """Refuse, in one sentence, a model given to `setup` with experts already under `ExpertParallel`
+    when the strategy cannot hold them (`holds`: its `holds_expert_parallel`): each process keeps
+    other experts, and a strategy that averages every gradient over its processes (`ddp`), or
+    shards every parameter its own way, would silently mix them."""
+    if holds:
+        return
+    for name, module in model.named_modules():
+        if _DISPATCH in module.__dict__:
+            raise ConfigurationError(
+                f"strategy={strategy_name!r} cannot hold the experts of '{name or type(module).__name__}' under"
+                " ExpertParallel, since each process keeps other experts and their gradients would be averaged"
+                " together: use ModelParallelStrategy(parallelize_fn, mesh=MeshLayout(expert=...)) and apply"
+                " ExpertParallel inside parallelize_fn."
+            )
 
 
 def check_experts_averaged(model: nn.Module, tokens: DeviceMesh) -> None:

@@ -131,6 +131,9 @@ class Strategy:
     #: engine holds the weights its own way (DeepSpeed's partitions, XLA's) sets `False`, and Lite
     #: refuses the call in one sentence.
     loads_safetensors: ClassVar[bool] = True
+    #: Whether a model whose experts are under `lite_core.parallel.ExpertParallel` (each process
+    #: holding other experts) may be set up. Default `False`: `setup` refuses it in one sentence.
+    holds_expert_parallel: ClassVar[bool] = False
 
     @classmethod
     def why_not_on(cls, accelerator: Accelerator | type[Accelerator]) -> str | None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core._experts import check_experts_held
 from lite_core.errors import MisuseError
 from lite_core.model._changes import ParameterGuards
 from lite_core.model._module import STATE_KEY, LiteModule, set_up_in_place, state_of
@@ -58,6 +59,7 @@ class Models:
         """`LightningLite.setup`: the set-up model, or `(model, *optimizers)`."""
         model, compile_options = unwrap_compiled(model)
         check_module(model, "setup")
+        check_experts_held(model, self._strategy.name, self._strategy.holds_expert_parallel)
         if not any(isinstance(o, _LiteOptimizerBase) for o in optimizers):
             check_optimizers(optimizers, "setup")
             check_optimizers_belong(model, optimizers)
@@ -78,6 +80,7 @@ class Models:
         """`LightningLite.setup_module`: the model set up without optimizers."""
         model, compile_options = unwrap_compiled(model)
         check_module(model, "setup_module")
+        check_experts_held(model, self._strategy.name, self._strategy.holds_expert_parallel)
         require_environment(self._strategy, "setup_module")
         self._claims.claim(model, "model")
         model = _prepare_module(self._strategy, model, move_to_device)

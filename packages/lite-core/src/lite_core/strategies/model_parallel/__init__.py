@@ -129,6 +129,7 @@ class ModelParallelStrategy(FSDPStrategy):
     routes_module_methods = True  # `call_module_method` refuses them under a pipeline
     changes_backward = True  # under a pipeline backward adds the gradients the schedule computed
     fully_shards_parameters = None  # if at all, in the user's parallelize_fn
+    holds_expert_parallel = True  # parallelize_fn shards experts over the mesh's expert dimension
 
     def __init__(self, parallelize_fn: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
                  data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
