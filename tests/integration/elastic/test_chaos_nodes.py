@@ -22,6 +22,10 @@ counts once and must have taken the same batch), both nodes end with the weights
 uninterrupted plain PyTorch process (1e-6), the last checkpoint is the last step's and loads with
 `weights_only`, the bucket holds no pending marker, temporary or partial upload, and no process of
 either node is left.
+
+Planted fault seen to fail it: `latest()` taking a folder of shards without `.metadata` for a
+complete checkpoint (seed 16, kill-in-save after step 1): every restart resumed from the partial
+`step-2` and died in `load` with `CheckpointError`, and the run failed waiting for the next step.
 """
 
 from __future__ import annotations
