@@ -53,9 +53,6 @@ class ToyStore(Store):
         with open(self.root / "journal", "a") as journal:
             journal.write(f"{kind} {path}\n")
 
-    def check(self, path: str, strategy: Any = None) -> None:
-        super().check(path, strategy)
-
     def join(self, path: str, name: str) -> str:
         return f"{path.rstrip('/')}/{name}"
 
