@@ -11,7 +11,6 @@ as they do). Writes rank 0's `{"keys": ..., "trained": ..., "resumed_equal": ...
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -20,6 +19,7 @@ if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # also runs in torch-xla's sp
 
     _cpu_harness.install()
 
+import _output
 import torch
 
 from lite_core import LightningLite
@@ -69,10 +69,7 @@ def main() -> None:
 
     strategy = (XLAFSDPStrategy if sys.argv[1] == "xla_fsdp" else XLAStrategy)(**_cpu_harness.STRATEGY_KWARGS)
     lite = Adapters(accelerator="tpu", strategy=strategy, devices=2)
-    result = lite.run(sys.argv[3])
-    if lite.is_global_zero:
-        with open(sys.argv[2], "w") as handle:
-            json.dump(result, handle)
+    _output.write(lite, lite.run(sys.argv[3]), sys.argv[2])
 
 
 if __name__ == "__main__":

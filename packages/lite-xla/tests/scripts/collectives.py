@@ -8,7 +8,6 @@ reads its shard of a dataloader, and rank 0's result is written to OUT_JSON by t
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -17,6 +16,7 @@ if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # also runs in torch-xla's sp
 
     _cpu_harness.install()
 
+import _output
 import torch
 from torch.utils.data import DataLoader
 
@@ -51,10 +51,7 @@ def make(mode: str) -> Collectives:
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
     lite = make(mode)
-    result = lite.run(scale=1.5)
-    if lite.is_global_zero:
-        with open(out, "w") as handle:
-            json.dump(result, handle)
+    _output.write(lite, lite.run(scale=1.5), out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ and whether loading the checkpoint back into the saved model's own shapes worked
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -20,6 +19,7 @@ if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # also runs in torch-xla's sp
 
     _cpu_harness.install()
 
+import _output
 import torch
 
 from lite_core import LightningLite
@@ -53,10 +53,7 @@ def main() -> None:
     from lite_xla.strategies.fsdp import XLAFSDPStrategy
 
     lite = Mismatch(accelerator="tpu", strategy=XLAFSDPStrategy(**_cpu_harness.STRATEGY_KWARGS), devices=2)
-    result = lite.run(sys.argv[3])
-    if lite.is_global_zero:
-        with open(sys.argv[2], "w") as handle:
-            json.dump(result, handle)
+    _output.write(lite, lite.run(sys.argv[3]), sys.argv[2])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ weights in OUT_JSON are rank 0's shards, the checkpoint holds them all).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -25,6 +24,7 @@ if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # also runs in torch-xla's sp
 
     _cpu_harness.install()
 
+import _output
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -98,10 +98,7 @@ def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
     checkpoint = sys.argv[3] if len(sys.argv) > 3 else None
     lite = make(mode)
-    result = lite.run(GLOBAL_BATCH if mode == "full_batch" else GLOBAL_BATCH // 2, checkpoint)
-    if lite.is_global_zero:
-        with open(out, "w") as handle:
-            json.dump(result, handle)
+    _output.write(lite, lite.run(GLOBAL_BATCH if mode == "full_batch" else GLOBAL_BATCH // 2, checkpoint), out)
 
 
 if __name__ == "__main__":
