@@ -65,16 +65,18 @@ def _job(lighthouse: str, *args: str) -> list[int]:
     proc = subprocess.run([sys.executable, str(SCRIPTS / "resume_loader.py"), *args], env=env, text=True,
                           capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starts again from its first sample" not in proc.stderr, proc.stderr  # the position was kept
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
     return json.loads(line[len("SEEN "):])
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("strategy", "shuffle"), [("ddp_ft", "default"), ("diloco", "generator")])
+@pytest.mark.parametrize(("strategy", "shuffle"), [("ddp_ft", "default"), ("diloco", "generator"), ("ddp_ft", "stream")])
 def test_the_set_up_loader_in_the_saved_state_resumes_at_the_next_sample(lighthouse: str, tmp_path: Path,
                                                                         strategy: str, shuffle: str) -> None:
     """docs/preemption.md's loop puts `"loader": loader` in the state: the position is applied once
-    (the strategy's stream and the loader's sampler both skipped it, landing on epoch 1's first batch)."""
+    (the strategy's stream and the loader's sampler both skipped it, landing on epoch 1's first batch).
+    A stream (`IterableDataset`) resumed where it was without the core's warning that it starts the epoch again."""
     path = str(tmp_path / "ckpt.pt")
     uninterrupted = _job(lighthouse, strategy, shuffle, str(tmp_path / "never-written.pt"))
     assert len(uninterrupted) == 20 and uninterrupted[:10] != uninterrupted[10:]  # two epochs, two orders

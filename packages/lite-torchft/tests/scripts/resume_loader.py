@@ -3,7 +3,8 @@
 
     python resume_loader.py STRATEGY SHUFFLE OUT [STOP]
 
-Trains two epochs over 10 samples (batch 1); with STOP, saves at that step and exits, as a job that
+Trains two epochs over 10 samples (batch 1; SHUFFLE `stream`: an `IterableDataset` whose order
+depends on its epoch, as a Hugging Face stream's shuffle buffer does); with STOP, saves at that step and exits, as a job that
 was preempted; without it, resumes from OUT if it exists. Prints `SEEN <json list of samples>`.
 """
 
@@ -15,7 +16,7 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from lite_core import LightningLite
 
@@ -24,6 +25,20 @@ SHUFFLE = {
     "generator": lambda: {"shuffle": True, "generator": torch.Generator().manual_seed(0)},
     "default": lambda: {"shuffle": True},  # torch's default generator
 }
+
+
+class Samples(IterableDataset):
+    """The samples 0..9 as `(tensor,)`, in an order drawn from the epoch (`set_epoch`)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(10, generator=torch.Generator().manual_seed(self.epoch))
+        return iter([(value.float().reshape(1),) for value in order])
 
 
 def strategy_for(name: str) -> Any:
@@ -40,8 +55,11 @@ def train(lite: LightningLite, shuffle: str, path: str, stop: int | None) -> lis
     torch.manual_seed(0)
     net = torch.nn.Linear(1, 1)
     net, optimizer = lite.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))
-    data = TensorDataset(torch.arange(10.0).unsqueeze(1))
-    loader = lite.setup_dataloaders(DataLoader(data, batch_size=1, **SHUFFLE[shuffle]()))
+    if shuffle == "stream":
+        loader = lite.setup_dataloaders(DataLoader(Samples(), batch_size=1))
+    else:
+        data = TensorDataset(torch.arange(10.0).unsqueeze(1))
+        loader = lite.setup_dataloaders(DataLoader(data, batch_size=1, **SHUFFLE[shuffle]()))
     state = {"model": net, "optimizer": optimizer, "loader": loader, "epoch": 0, "step": 0}
     if stop is None and os.path.exists(path):
         lite.load(path, state)

@@ -118,7 +118,9 @@ class LoaderPosition:
         elif self._stream is not None:
             if self._in_epoch:  # samples of the stream that the rounds handed out so far held
                 state["epoch"] -= 1
-                state["consumed"] = self._pass_skip + self.taken * self._stream.round_size
+                batches = self._strategy_batches()
+                taken = self.taken if batches is None else batches  # the strategy's count: committed steps only
+                state["consumed"] = (0 if batches is not None else self._pass_skip) + taken * self._stream.round_size
                 state["stream"] = True
                 state["processes"] = self.processes()
         elif is_stateful(self._dataloader):
@@ -127,14 +129,22 @@ class LoaderPosition:
                 state["epoch"] -= 1
         elif self._in_epoch:
             state["epoch"] -= 1
-            state["consumed"] = self.taken  # batches, for the warning at load: this loader cannot skip
+            batches = self._strategy_batches()
+            if batches is not None:  # a strategy that keeps the position (`ddp_ft`'s stream) skips them itself
+                state["consumed"], state["strategy_batches"] = batches, True
+            else:
+                state["consumed"] = self.taken  # batches, for the warning at load: this loader cannot skip
         if self._shuffles_with_default_generator():
             state["torch_rng_state"] = torch.get_rng_state()
         return state
 
+    def _strategy_batches(self) -> int | None:
+        """The batches of the pass under way that the strategy counted, where it keeps the position."""
+        return None if self._strategy is None else self._strategy.loader_batches_consumed(self._dataloader)
+
     def _consumed(self) -> int:
         """Samples of the pass under way consumed: counted by the strategy where it keeps them."""
-        batches = None if self._strategy is None else self._strategy.loader_batches_consumed(self._dataloader)
+        batches = self._strategy_batches()
         if batches is not None:
             return batches * self._per_batch
         return self._pass_skip + self.taken * self._per_batch
@@ -162,12 +172,20 @@ class LoaderPosition:
                 self._loaded = dict(state)
                 self._warn_if_not_reproducible(state)
         elif self._stream is not None and (state.get("stream") or not consumed):
-            self._stream.skip = consumed
+            # Where the strategy keeps the position (`ddp_ft`'s stream skips the committed batches
+            # itself), the cut must not skip them as well.
+            size = self._stream.round_size
+            by_strategy = bool(consumed) and not consumed % size and self._strategy is not None and bool(
+                self._strategy.resume_loader(self._dataloader, self.next_epoch, consumed // size))
+            self._stream.skip = 0 if by_strategy else consumed
             self._loaded = dict(state) if consumed else None
             if getattr(self._dataloader, "_iterator", None) is not None:
                 self._dataloader._iterator = None  # persistent workers hold copies of the stream: start new ones
         elif "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
+        elif consumed and state.get("strategy_batches") and self._strategy is not None and (
+                self._strategy.resume_loader(self._dataloader, self.next_epoch, consumed)):
+            pass  # the strategy took the position (it re-reads the epoch and skips what committed steps took)
         elif consumed:
             warn_user(
                 f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
