@@ -383,6 +383,28 @@ def mse_steps(model: Any, optimizer: Any, batches: Any, backward: Callable[[Any]
     return losses
 
 
+def linear_adam(lr: float, **lite_kwargs: Any) -> tuple[Any, Any, Any]:
+    """A one-process `LightningLite(accelerator="cpu", **lite_kwargs)` and a set-up `nn.Linear(3, 2)`
+    with its Adam optimizer (learning rate `lr`), as the checkpoint tests train them."""
+    import torch
+
+    from lite_core import LightningLite
+
+    lite = LightningLite(accelerator="cpu", **lite_kwargs)
+    model = torch.nn.Linear(3, 2)
+    model, optimizer = lite.setup(model, torch.optim.Adam(model.parameters(), lr=lr))
+    return lite, model, optimizer
+
+
+def squared_step(lite: Any, model: Any, optimizer: Any) -> None:
+    """One step of `linear_adam`'s model on a batch of ones, the squared outputs' sum as the loss."""
+    import torch
+
+    optimizer.zero_grad()
+    lite.backward(model(torch.ones(4, 3)).pow(2).sum())
+    optimizer.step()
+
+
 def _assert_weights_match(actual: dict[str, Any], expected: dict[str, Any], initial: dict[str, Any]) -> None:
     import torch
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import linear_adam, squared_step  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.checkpoint import TorchCheckpointIO
 from lite_core.errors import CheckpointError
@@ -38,16 +39,10 @@ class GatedIO(TorchCheckpointIO):
 
 
 def _setup(io: GatedIO) -> tuple[LightningLite, Any, Any]:
-    lite = LightningLite(accelerator="cpu", plugins=io)
-    model = nn.Linear(3, 2)
-    model, optimizer = lite.setup(model, torch.optim.Adam(model.parameters(), lr=0.5))
-    return lite, model, optimizer
+    return linear_adam(0.5, plugins=io)
 
 
-def _step(lite: LightningLite, model: Any, optimizer: Any) -> None:
-    optimizer.zero_grad()
-    lite.backward(model(torch.ones(4, 3)).pow(2).sum())
-    optimizer.step()
+_step = squared_step
 
 
 def test_the_checkpoint_holds_the_state_of_the_call_while_later_steps_change_it(tmp_path: Path) -> None:

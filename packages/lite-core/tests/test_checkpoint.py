@@ -326,7 +326,7 @@ class _Resume(LightningLite):
     """The checkpoint calls of the preemption page's loop: resume from `path` if it holds a
     checkpoint, take a step, save to `path`; returns the step."""
 
-    def run(self, path: Path) -> int:
+    def run(self, path: Path | str) -> int:
         model = self.setup_module(nn.Linear(2, 2))
         state = {"model": model, "step": 0}
         self.load(path, state, missing_ok=True)

@@ -12,6 +12,7 @@ in `tests/integration/test_cloud_checkpoints.py`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import linear_adam, squared_step  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.checkpoint import latest
 from lite_core.errors import CheckpointError, MissingDependencyError
@@ -35,22 +37,27 @@ def _one_sentence(message: str) -> None:
     assert message.endswith(".") and ". " not in message, message
 
 
+def _test_checkpoint_module() -> Any:
+    spec = importlib.util.spec_from_file_location("_test_checkpoint", Path(__file__).with_name("test_checkpoint.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+#: The preemption page's resume, step and save (test_checkpoint.py's), here at a URL.
+_Resume = _test_checkpoint_module()._Resume
+
+
 def _memory_base() -> str:
     return f"memory://runs/{uuid.uuid4().hex[:8]}"
 
 
 def _setup() -> tuple[LightningLite, Any, Any]:
     torch.manual_seed(0)
-    lite = LightningLite(accelerator="cpu")
-    model = nn.Linear(3, 2)
-    model, optimizer = lite.setup(model, torch.optim.Adam(model.parameters(), lr=0.1))
-    return lite, model, optimizer
+    return linear_adam(0.1)
 
 
-def _step(lite: LightningLite, model: Any, optimizer: Any) -> None:
-    optimizer.zero_grad()
-    lite.backward(model(torch.ones(4, 3)).pow(2).sum())
-    optimizer.step()
+_step = squared_step
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -157,19 +164,6 @@ def test_a_url_holds_what_a_local_path_holds(request: pytest.FixtureRequest, tmp
     assert _same(fresh_model.state_dict(), local["model"])
     assert _same(fresh_optimizer.state_dict(), local["optimizer"])
     assert latest(base) == f"{base}/ckpt.pt"
-
-
-class _Resume(LightningLite):
-    """The checkpoint calls of the preemption page's loop: resume from `url` if it holds a
-    checkpoint, take a step, save to `url`; returns the step."""
-
-    def run(self, url: str) -> int:
-        model = self.setup_module(nn.Linear(2, 2))
-        state = {"model": model, "step": 0}
-        self.load(url, state, missing_ok=True)
-        state["step"] += 1
-        self.save(state, url)
-        return state["step"]
 
 
 @pytest.mark.timeout(120)
