@@ -33,6 +33,7 @@ import copy
 import itertools
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -92,6 +93,7 @@ def _litdata_shard(dataset: Any, num_replicas: int, rank: int) -> Any:
     return dataset
 
 
+@dataclass(eq=False)  # compared and hashed as itself, as a dataset is
 class GlobalStream(ForwardsEpoch, IterableDataset):
     """Rank `dp_rank`'s part of each round of `source`, read whole on every process (see the module).
 
@@ -108,17 +110,18 @@ class GlobalStream(ForwardsEpoch, IterableDataset):
             batch), so that every rank has as many batches and each sample is read once.
     """
 
-    def __init__(self, source: IterableDataset, part: int, dp_rank: int, dp_size: int, drop_last: bool,
-                 split: bool, evaluation: bool = False) -> None:
-        self.source = source
-        self.part = part
-        self.dp_rank = dp_rank
-        self.dp_size = dp_size
-        self.drop_last = drop_last
-        self.split = split
-        self.evaluation = evaluation
-        self.skip = 0  # samples of the stream consumed before the next pass (set by the loader's position)
-        self._mine = slice(dp_rank * part, (dp_rank + 1) * part)  # this rank's part of a full round
+    source: IterableDataset
+    part: int
+    dp_rank: int
+    dp_size: int
+    drop_last: bool
+    split: bool
+    evaluation: bool = False
+    #: Samples of the stream consumed before the next pass (set by the loader's position).
+    skip: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._mine = slice(self.dp_rank * self.part, (self.dp_rank + 1) * self.part)  # this rank's part of a full round
 
     @property
     def round_size(self) -> int:
