@@ -2,7 +2,8 @@
 
     python benchmarks/chaos_soak.py [--faults 6] [--seed 0] [--runs 1]
 
-Starts its own torchft lighthouse and moto S3 server on 127.0.0.1, runs the job once without
+Starts its own torchft lighthouse, moto S3 server and MLflow tracking server on 127.0.0.1 (the job
+streams its data from the S3 server and logs to MLflow, trackio and W&B offline), runs the job once without
 faults (the baseline, same machine, same invocation) and then `--runs` times under the seeded
 schedule of `--faults` faults (seeds S, S+1, ...), checking each run as the CI test does. Prints one
 row per run: the faults injected, the steps trained again after a rollback to the last checkpoint,
@@ -14,10 +15,12 @@ step, so T / 2 is half a step):
 
     modelled = base / (base + sum of lost per fault),
     lost = R + load for kill-job, preempt-job and store-down; D + S / 2 for kill-group; 0 for slow-group
+           and tracker-down (training goes on; the harness holds both groups while the MLflow
+           server starts again, which the measured figure counts)
 
 The job is tiny (a 3-8-1 network, 24 steps), so process starts and quorums dominate both
 figures: they show that no fault loses more than the model says, not a large job's numbers.
-Needs the `test-torchft` environment (torchft, s3fs, moto): `hatch run test-torchft:python
+Needs the `test-torchft` environment (torchft, s3fs, moto, datasets, mlflow, wandb): `hatch run test-torchft:python
 benchmarks/chaos_soak.py`.
 """
 
@@ -79,13 +82,19 @@ def main() -> None:
     os.environ.update(server.env)
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1000)
     address = f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}"
+    mlflow = None
     try:
         with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "mlflow").mkdir()
+            mlflow = chaos.MLflowServer(Path(folder) / "mlflow", conftest.free_port())
+            mlflow.start()
+
             def one(name: str, schedule):
                 out = Path(folder) / name
                 out.mkdir()
                 bucket = f"s3://{server.new_bucket()}/chaos"
-                return chaos.run(out, address, bucket, server, conftest.script_env, conftest.free_port, schedule)
+                return chaos.run(out, address, bucket, server, conftest.script_env, conftest.free_port, schedule,
+                                 mlflow)
 
             base = one("baseline", []).seconds
             print(f"baseline (no fault): {base:.1f} s for {chaos.STEPS} steps")
@@ -101,6 +110,8 @@ def main() -> None:
                       f" {seconds:.1f} | {base / seconds:.2f} | {_modelled(chaos, schedule, base, options):.2f} |",
                       flush=True)
     finally:
+        if mlflow is not None:
+            mlflow.stop()
         lighthouse.shutdown()
         server.stop()
 

@@ -1,6 +1,8 @@
 """The chaos harness: two replica groups of scripts/chaos_job.py under a seeded schedule of faults,
-and the checks a cloud user's job must pass afterwards. Used by test_chaos.py (three seeds in CI)
-and by benchmarks/chaos_soak.py (a longer soak: `--faults N --seed S`).
+and the checks a cloud user's job must pass afterwards. The job streams a Hugging Face dataset from
+the S3 server (`write_stream` puts its files there), saves to the same server, and logs to trackio,
+an MLflow tracking server (`MLflowServer`, on 127.0.0.1) and a W&B offline run. Used by
+test_chaos.py (three seeds in CI) and by benchmarks/chaos_soak.py (a longer soak: `--faults N --seed S`).
 
 A schedule is drawn from a seed and printed, so a failure replays with the same seed. Each fault
 lands between two steps (the groups are held there, see chaos_job.py), so what happened is known
@@ -14,14 +16,18 @@ exactly:
   and returns; both start again from that checkpoint;
 - `store-down`: the S3 server stops; the groups fail at their next save (the first group uploads;
   the other takes over and fails too), the server comes back, both start again;
-- `slow-group`: one group sleeps 10 times longer between steps for the rest of the run.
+- `slow-group`: one group sleeps 10 times longer between steps for the rest of the run;
+- `tracker-down`: the MLflow server stops; both groups train two steps (their saves cannot send
+  the buffered values, which `MLflowLogger` keeps), the server comes back, and both train one more
+  step, whose save sends them, before the next fault.
 
 Afterwards (`check`): every epoch trained each sample exactly once (the job's ledger: steps that
 were trained again after a rollback to the last checkpoint count once, and must have taken the
-same batch), the tracker holds one run with every step once and the value the ledger says
-(`_check_tracker`), the groups' weights are equal and equal to one plain process's to 1e-5, the last
-checkpoint is the last step's and loads with `weights_only`, no temporary upload is left in the
-bucket, and no process of the job is left running.
+same batch), each tracker (trackio, MLflow, W&B) holds one run with every step once and the
+value the ledger says (`_check_tracker`, `_check_mlflow`, `_check_wandb`), no group warned that
+its loader's position was lost, the groups' weights are equal and equal to one plain process's
+reading the same stream to 1e-5, the last checkpoint is the last step's and loads with
+`weights_only`, no temporary upload is left in the bucket, and no process of the job is left running.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -45,9 +52,11 @@ STEPS = 24  # chaos_job: 2 epochs of 12 global batches
 STEPS_PER_EPOCH = 12
 SAMPLES = 48
 BATCH = 4
-KINDS = ("kill-group", "kill-job", "preempt-job", "store-down", "slow-group")
-#: Seconds a group may take for anything the harness waits on: a hang guard, far above the idle time.
-PATIENCE = 120.0
+KINDS = ("kill-group", "kill-job", "preempt-job", "store-down", "slow-group", "tracker-down")
+MLFLOW_DOWN_STEPS = 2  # tracker-down: steps trained (and saved) while the MLflow server is stopped
+#: Seconds a group may take for anything the harness waits on: a hang guard, far above the idle time
+#: (a group's start, the slowest wait, takes about 10 s idle; 120 s was passed once at a load of 12).
+PATIENCE = 240.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +83,79 @@ def draw(seed: int, faults: int = 3) -> list[Fault]:
     return schedule
 
 
+class MLflowServer:
+    """`mlflow server` on 127.0.0.1 with a SQLite store in `folder`; `stop()` kills it (its whole
+    process group), `start()` brings it back on the same port and store."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder, self.port = folder, port
+        self.uri = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "mlflow", "server",
+                   "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
+                   "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1"]
+        log = (self.folder / "server.log").open("ab")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.folder, start_new_session=True)
+        deadline = time.monotonic() + 2 * PATIENCE  # a hang guard: it answers in seconds
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"mlflow server did not answer: {(self.folder / 'server.log').read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        """Kill the server's process group and wait until none of it is left to answer on the port."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        deadline = time.monotonic() + PATIENCE  # a hang guard: the group is gone within milliseconds
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def stream_url(bucket: str) -> str:
+    """Where the job's stream lies: a folder beside the checkpoints' (`s3://B/chaos` -> `s3://B/stream`)."""
+    return bucket.rstrip("/").rsplit("/", 1)[0] + "/stream"
+
+
+def write_stream(url: str) -> None:
+    """The job's data as 4 JSON-lines files of 12 rows `{"id", "x", "y"}` under `url` (S3 through
+    fsspec: the caller's environment points the client at the server)."""
+    import fsspec
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, 3, generator=generator)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1
+    rows = [json.dumps({"id": i, "x": x[i].tolist(), "y": float(y[i])}) for i in range(SAMPLES)]
+    part = SAMPLES // 4
+    for index in range(4):
+        with fsspec.open(f"{url}/part-{index}.jsonl", "w") as file:
+            file.write("\n".join(rows[index * part:(index + 1) * part]) + "\n")
+
+
 @dataclasses.dataclass
 class Report:
     """What a run saw: the schedule, the steps trained again, the samples trained more than once
-    per epoch (0 when it passes), and the seconds the run took."""
+    per epoch (0 when it passes), the steps W&B's offline files hold with two values (see
+    `_check_wandb`), and the seconds the run took."""
 
     schedule: list[Fault]
     steps_trained_again: int = 0
     samples_repeated: int = 0
+    wandb_steps_twice: int = 0
     seconds: float = 0.0
 
 
@@ -89,8 +163,8 @@ class ChaosJob:
     """The two groups of one run, in folder `out`, meeting at `lighthouse`, saving under `bucket`."""
 
     def __init__(self, out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[..., dict[str, str]],
-                 free_port: Callable[[], int]) -> None:
-        self.out, self.lighthouse, self.bucket, self.server = out, lighthouse, bucket, server
+                 free_port: Callable[[], int], mlflow: MLflowServer) -> None:
+        self.out, self.lighthouse, self.bucket, self.server, self.mlflow = out, lighthouse, bucket, server, mlflow
         self._env, self._free_port = env, free_port
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.pids: set[int] = set()
@@ -101,10 +175,9 @@ class ChaosJob:
         (self.out / "gate").touch()
         for group in groups:
             env = self._env(LITE_COLLECTIVE_TIMEOUT="20", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2",
-                            TRACKIO_DIR=str(self.out / "trackio"), LITE_JOB_ID=f"chaos-{self.out.name}",
                             TORCHFT_LIGHTHOUSE=self.lighthouse, MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(self._free_port()),
-                            **self.server.env)
+                            MASTER_PORT=str(self._free_port()), **job_env(self.out, self.bucket, self.server,
+                                                                           self.mlflow))
             log = (self.out / f"group-{group}.log").open("a")
             self.procs[group] = subprocess.Popen([sys.executable, str(SCRIPT), str(self.out), self.bucket], env=env,
                                                  text=True, stdout=log, stderr=subprocess.STDOUT)
@@ -206,6 +279,16 @@ class ChaosJob:
             self.server.start()
         self.start()
 
+    def _tracker_down(self, fault: Fault) -> None:
+        self.hold_both_at(fault.step)
+        self.mlflow.stop()
+        try:
+            self.hold_both_at(fault.step + MLFLOW_DOWN_STEPS)  # each step's save finds no server
+        finally:
+            self.mlflow.start()
+        self.hold_both_at(fault.step + MLFLOW_DOWN_STEPS + 1)  # that step's save sends what was kept
+        self.release(0), self.release(1)
+
     def _slow_group(self, fault: Fault) -> None:
         self.hold_both_at(fault.step)
         (self.out / f"slow-{fault.group}").touch()  # for the rest of the run
@@ -230,6 +313,14 @@ class ChaosJob:
                 proc.wait()
 
 
+def job_env(out: Path, bucket: str, server: Any, mlflow: MLflowServer) -> dict[str, str]:
+    """What the job's processes (and its plain run) need besides the launch variables: the stream,
+    the S3 server's client settings, the trackers."""
+    return {"CHAOS_STREAM": stream_url(bucket), "TRACKIO_DIR": str(out / "trackio"), "LITE_JOB_ID": f"chaos-{out.name}",
+            "CHAOS_MLFLOW_URI": mlflow.uri, "CHAOS_MLFLOW_EXPERIMENT": f"chaos-{out.name}", "WANDB_SILENT": "true",
+            **server.env}
+
+
 def ledger(out: Path, group: int) -> list[tuple[int, int, int, list[int]]]:
     """(epoch, step, pid, sample ids) of each step a process of `group` committed, in order."""
     path = out / f"ledger-{group}"
@@ -240,11 +331,13 @@ def ledger(out: Path, group: int) -> list[tuple[int, int, int, list[int]]]:
 
 
 def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[..., dict[str, str]],
-        free_port: Callable[[], int], schedule: list[Fault]) -> Report:
-    """Run the job under `schedule` and check it (raises `AssertionError` naming what failed)."""
+        free_port: Callable[[], int], schedule: list[Fault], mlflow: MLflowServer) -> Report:
+    """Run the job under `schedule` and check it (raises `AssertionError` naming what failed).
+    `bucket` is the checkpoints' folder on `server`; the stream goes beside it (`stream_url`)."""
     print("chaos schedule: " + "; ".join(map(str, schedule)), flush=True)
     started = time.monotonic()
-    job = ChaosJob(out, lighthouse, bucket, server, env, free_port)
+    write_stream(stream_url(bucket))
+    job = ChaosJob(out, lighthouse, bucket, server, env, free_port, mlflow)
     try:
         job.start()
         for fault in schedule:
@@ -253,15 +346,25 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
     finally:
         job.stop_all()
     report = Report(schedule, seconds=time.monotonic() - started)
-    check(out, bucket, job.pids, report)
+    check(out, bucket, job.pids, report, env(**job_env(out, bucket, server, mlflow)), mlflow.uri)
+    print(f"chaos report: {report.seconds:.0f} s, {report.steps_trained_again} steps trained again,"
+          f" {report.samples_repeated} samples repeated, {report.wandb_steps_twice} steps twice in W&B's files",
+          flush=True)
     return report
 
 
-def check(out: Path, bucket: str, pids: set[int], report: Report) -> None:
-    """The promises a cloud user's job keeps under faults (see the module's docstring)."""
+def check(out: Path, bucket: str, pids: set[int], report: Report, env: dict[str, str], mlflow_uri: str) -> None:
+    """The promises a cloud user's job keeps under faults (see the module's docstring); `env` is
+    the job's environment (for its plain run)."""
     _check_every_sample_once(out, report)
-    _check_tracker(out)
-    _check_weights(out)
+    for group in (0, 1):  # the core's warning that a loader resumed at its epoch's start (the strategy resumes it)
+        log = (out / f"group-{group}.log").read_text()
+        assert "starts again from its first sample" not in log, f"group {group} lost its loader's position:\n{log}"
+    trained = _trained(out)
+    _check_tracker(out, trained)
+    _check_mlflow(out, mlflow_uri, trained)
+    _check_wandb(out, trained, report)
+    _check_weights(out, env)
     _check_bucket(bucket)
     alive = [pid for pid in pids if _running(pid)]
     assert not alive, f"processes of the job still run: {alive}"
@@ -288,8 +391,27 @@ def _check_every_sample_once(out: Path, report: Report) -> None:
         len([1 for _, step, _, _ in ledger(out, group)]) for group in (0, 1)) - len(steps_recorded)
 
 
-def _check_tracker(out: Path) -> None:
-    """One tracker run holding every step once, each with a value the ledger says the step trained
+def _trained(out: Path) -> dict[int, set[float]]:
+    """Per step, the values a tracker may hold for it: the sum of each group's share of the batch."""
+    trained: dict[int, set[float]] = defaultdict(set)
+    for group in (0, 1):
+        for _, step, _, rows in ledger(out, group):
+            trained[step].add(float(sum(rows)))
+    return trained
+
+
+def _check_steps(tracker: str, logged: list[tuple[int, float]], trained: dict[int, set[float]]) -> None:
+    """`logged` (step, value) holds every step once, each with a value the ledger says it trained on."""
+    steps = [step for step, _ in logged]
+    assert sorted(steps) == list(range(1, STEPS + 1)), (
+        f"{tracker} holds steps {steps}: missing {sorted(set(range(1, STEPS + 1)) - set(steps))},"
+        f" twice {sorted({s for s in steps if steps.count(s) > 1})}")
+    wrong = {step: (value, sorted(trained[step])) for step, value in logged if value not in trained[step]}
+    assert not wrong, f"{tracker}: steps logged with a value no group trained (logged, trained): {wrong}"
+
+
+def _check_tracker(out: Path, trained: dict[int, set[float]]) -> None:
+    """One trackio run holding every step once, each with a value the ledger says the step trained
     on (the sum of the logging group's share of the batch): a step logged after the last checkpoint of a killed job, or
     by a group that died, is neither lost nor logged twice."""
     code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; runs = S.get_runs('chaos');"
@@ -297,24 +419,86 @@ def _check_tracker(out: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRACKIO_DIR=str(out / "trackio")),
                           capture_output=True, text=True, timeout=PATIENCE, check=True)
     runs, logs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(runs) == 1, f"the job logged to {len(runs)} tracker runs: {runs}"
-    logged = [(int(row["step"]), row["batch"]) for row in logs[0] if "batch" in row]
-    steps = [step for step, _ in logged]
-    assert sorted(steps) == list(range(1, STEPS + 1)), (
-        f"the tracker holds steps {steps}: missing {sorted(set(range(1, STEPS + 1)) - set(steps))},"
-        f" twice {sorted({s for s in steps if steps.count(s) > 1})}")
-    trained: dict[int, set[float]] = defaultdict(set)  # per step, the sum of each group's share of the batch
-    for group in (0, 1):
-        for _, step, _, rows in ledger(out, group):
-            trained[step].add(float(sum(rows)))
-    wrong = {step: (value, sorted(trained[step])) for step, value in logged if value not in trained[step]}
-    assert not wrong, f"steps logged with a value no group trained (logged, trained): {wrong}"
+    assert len(runs) == 1, f"the job logged to {len(runs)} trackio runs: {runs}"
+    _check_steps("trackio", [(int(row["step"]), row["batch"]) for row in logs[0] if "batch" in row], trained)
 
 
-def _check_weights(out: Path) -> None:
+def _check_mlflow(out: Path, uri: str, trained: dict[int, set[float]]) -> None:
+    """One MLflow run on the server holding every step once (its metric history keeps every value
+    sent, so a step sent twice shows), each with a value the ledger says; nothing left unsent."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(f"chaos-{out.name}")
+    assert experiment is not None, f"no MLflow experiment chaos-{out.name} on the server"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, f"the job logged to {len(runs)} MLflow runs: {[run.info.run_id for run in runs]}"
+    history = client.get_metric_history(runs[0].info.run_id, "batch")
+    _check_steps("MLflow", [(metric.step, metric.value) for metric in history], trained)
+    unsent = list(out.glob("mlflow-unsent-*"))
+    assert not unsent, f"MLflowLogger wrote values it could not send to {unsent}"
+
+
+def _check_wandb(out: Path, trained: dict[int, set[float]], report: Report) -> None:
+    """One W&B run id over the job's offline folders (a new folder after each checkpoint, see
+    docs/logging.md), holding every step as `wandb sync` keeps it (the first row of a step, folder
+    after folder), each with a value the ledger says. A step the files hold with two values must be
+    one the ledger shows trained twice with those values: rows of steps that a job wrote after its
+    last committed checkpoint stay in its folder when the resumed job writes them again (W&B's files
+    are append-only; `wandb sync` keeps the first), and a step trained again after a rollback by
+    another set of groups logs another share of the batch. Counted in `report.wandb_steps_twice`."""
+    folders = sorted((out / "wandb" / "wandb").glob("offline-run-*"))
+    ids = {_wandb_run_id(folder) for folder in folders}
+    assert len(ids) == 1, f"the job logged to {len(ids)} W&B runs: {sorted(ids)}"
+    values: dict[int, list[float]] = defaultdict(list)
+    for folder in folders:
+        for row in _wandb_history(folder):
+            if "batch" in row:
+                values[int(row["_step"])].append(float(row["batch"]))
+    two = {step: sorted(set(held)) for step, held in values.items() if len(set(held)) > 1}
+    report.wandb_steps_twice = len(two)
+    once = {step: (held, sorted(trained[step])) for step, held in two.items()
+            if len(trained[step]) < 2 or not set(held) <= trained[step]}
+    assert not once, f"W&B holds steps with two different values that the ledger does not show trained twice: {once}"
+    _check_steps("W&B", [(step, held[0]) for step, held in values.items()], trained)
+
+
+def _wandb_run_id(folder: Path) -> str:
+    return next(folder.glob("run-*.wandb")).stem.removeprefix("run-")
+
+
+def _wandb_history(folder: Path) -> list[dict[str, Any]]:
+    """The `history` rows of an offline run's `.wandb` file: a 7-byte header, then 32 KiB blocks of
+    chunks with a 7-byte header each (checksum, little-endian length, kind: 1 whole, 2 first, 3 middle,
+    4 last), each whole record a wandb protobuf `Record`."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(folder.glob("*.wandb")).read_bytes()
+    position, pending, rows = 7, b"", []
+    while position + 7 <= len(data):
+        room = 32768 - position % 32768
+        if room < 7:  # a block's tail too short for a chunk header is padding
+            position += room
+            continue
+        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
+        chunk = data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def _check_weights(out: Path, env: dict[str, str]) -> None:
     first, second = (torch.load(out / f"weights-{g}.pt", weights_only=True) for g in (0, 1))
     assert all(torch.equal(first[name], second[name]) for name in first), "the groups ended with other weights"
-    subprocess.run([sys.executable, str(SCRIPT), str(out), "plain"], check=True, timeout=PATIENCE)
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "plain"], check=True, timeout=PATIENCE, env=env)
     plain = torch.load(out / "weights-plain.pt", weights_only=True)
     for name in plain:
         torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)

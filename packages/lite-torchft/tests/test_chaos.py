@@ -1,7 +1,9 @@
 """The chaos job (tests/_chaos.py): two `ddp_ft` replica groups of a user's loop that streams a
-shuffled loader, saves to an S3 bucket (moto's server on 127.0.0.1) after every step, some in the
-background, and keeps its own ledger of the samples it trained, run under a seeded schedule of
-faults: SIGKILL of a group or of the whole job, SIGTERM to the job, the store down, a slow group.
+Hugging Face dataset from an S3 bucket (moto's server on 127.0.0.1) through a shuffle buffer, saves
+to that bucket after every step, some in the background, logs to trackio, an MLflow server (on
+127.0.0.1) and a W&B offline run, and keeps its own ledger of the samples it trained, run under a
+seeded schedule of faults: SIGKILL of a group or of the whole job, SIGTERM to the job, the store
+down, the MLflow server down, a slow group.
 Each seed's schedule is printed; `LITE_CHAOS_SEED=S` runs seed S alone (replay a failure), and
 `benchmarks/chaos_soak.py --faults N --seed S` runs longer schedules.
 """
@@ -41,16 +43,28 @@ def quick_lighthouse() -> Iterator[str]:
     server.shutdown()
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_chaos.MLflowServer]:
+    """One MLflow tracking server for the module (each run logs to its own experiment)."""
+    server = _chaos.MLflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
 #: Three schedules of two faults that together hold every kind (4: kill-group, kill-job; 7:
-#: store-down, slow-group; 9: preempt-job, kill-group), bounded for CI; the soak runs longer ones.
+#: store-down, slow-group; 9: preempt-job, tracker-down), bounded for CI; the soak runs longer ones.
 SEEDS = [int(os.environ["LITE_CHAOS_SEED"])] if os.environ.get("LITE_CHAOS_SEED") else [4, 7, 9]
 FAULTS = 2
 
 
-@pytest.mark.timeout(600)  # a hang guard: each wait inside is bounded too (_chaos.PATIENCE)
+@pytest.mark.timeout(900)  # a hang guard (a seed takes about 270 s): each wait inside is bounded too (_chaos.PATIENCE)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_job_under_random_faults_loses_no_sample_and_ends_where_one_plain_process_ends(
-        quick_lighthouse: str, tmp_path: Path, s3_server, s3_bucket: str, seed: int) -> None:
+        quick_lighthouse: str, tmp_path: Path, s3_server, s3_bucket: str, mlflow_server: _chaos.MLflowServer,
+        seed: int) -> None:
     schedule = _chaos.draw(seed, FAULTS)
-    report = _chaos.run(tmp_path, quick_lighthouse, f"{s3_bucket}/chaos", s3_server, script_env, free_port, schedule)
+    print(f"LITE_CHAOS_SEED={seed} replays this run", flush=True)
+    report = _chaos.run(tmp_path, quick_lighthouse, f"{s3_bucket}/chaos", s3_server, script_env, free_port, schedule,
+                        mlflow_server)
     assert report.samples_repeated == 0

@@ -4,18 +4,23 @@ group of one process; the harness, tests/_chaos.py, starts two and injects the f
     python chaos_job.py OUT BUCKET        # one group (REPLICA_GROUP_ID etc. in the environment)
     python chaos_job.py OUT plain         # the same loop in plain PyTorch: OUT/weights-plain.pt
 
-Two epochs of a shuffled loader (`split_batches=True`: each loader batch is the step's global
-batch), the set-up loader in the saved state, resumed at the top from `latest(BUCKET)`, saved to
-`BUCKET/step-N` after every committed step (every other one in the background), stopped on
-SIGTERM with a last foreground save. The job keeps its own ledger: right after each committed
-step, before saving, a line `epoch step pid rows...` (the sample ids this process trained on)
-goes to `OUT/ledger-<group>`, flushed and synced. It also logs the sum of its step's sample ids as
-`batch` at the committed step to a `TrackioLogger` (project `chaos`, its store in TRACKIO_DIR,
-one run for the job through LITE_JOB_ID) that is part of the saved state, as docs/logging.md shows. Between steps the group waits while
+The data is a Hugging Face `datasets` stream read from the bucket's server (`CHAOS_STREAM`: the
+URL of a folder of JSON-lines files that the harness wrote, `write_stream`), through a shuffle
+buffer seeded by the epoch. Two epochs of it (`split_batches=True`: each loader batch is the
+step's global batch, which the groups alive in the step split), the set-up loader in the saved
+state, resumed at the top from `latest(BUCKET)`, saved to `BUCKET/step-N` after every committed
+step (every other one in the background), stopped on SIGTERM with a last foreground save. The job
+keeps its own ledger: right after each committed step, before saving, a line `epoch step pid
+rows...` (the sample ids this process trained on) goes to `OUT/ledger-<group>`, flushed and
+synced. It also logs the sum of its step's sample ids as `batch` at the committed step to three
+trackers, each part of the saved state as docs/logging.md shows and each holding one run for the
+job through LITE_JOB_ID: a `TrackioLogger` (project `chaos`, its store in TRACKIO_DIR), an
+`MLflowLogger` (the server at `CHAOS_MLFLOW_URI`, experiment `CHAOS_MLFLOW_EXPERIMENT`) and a
+`WandbLogger` offline (its files under `OUT/wandb`). Between steps the group waits while
 `OUT/hold-<group>` names a step it has reached (the harness lands its faults there), and at the
 start while `OUT/gate` exists; while `OUT/slow-<group>` exists it sleeps 10 times longer between
-steps (a slow rank). A finished group writes `OUT/weights-<group>.pt` and
-`OUT/done-<group>`; a preempted one returns after its last save without them.
+steps (a slow rank). A finished group writes `OUT/weights-<group>.pt` and `OUT/done-<group>`; a
+preempted one returns after its last save without them.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from ft_train import _held  # the same hold between steps as the heal tests' script
 
@@ -37,13 +43,20 @@ SAMPLES = 48  # 12 steps an epoch
 SLEEP = float(os.environ.get("CHAOS_STEP_SLEEP", "0.05"))
 
 
-def data() -> DataLoader:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(SAMPLES, 3, generator=generator)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1
-    index = torch.arange(SAMPLES, dtype=torch.float64).unsqueeze(1)
-    order = torch.Generator().manual_seed(3)
-    return DataLoader(TensorDataset(x, y, index), batch_size=BATCH, shuffle=True, generator=order)
+def stream() -> Any:
+    """The Hugging Face stream of `CHAOS_STREAM`'s files, shuffled through a buffer of 8 rows whose
+    seed is 0 plus the epoch (`set_epoch`), as torch tensors."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    files = datasets.load_dataset("json", data_files=f"{os.environ['CHAOS_STREAM']}/part-*.jsonl", split="train",
+                                  streaming=True)
+    return files.shuffle(seed=0, buffer_size=8).with_format("torch")
+
+
+def unpack(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A stream batch as (x, y, sample ids)."""
+    return batch["x"].float(), batch["y"].float().unsqueeze(1), batch["id"]
 
 
 def model() -> torch.nn.Module:
@@ -52,12 +65,15 @@ def model() -> torch.nn.Module:
 
 
 def plain(out: Path) -> None:
-    """One plain PyTorch process over the same loader: where a job without faults ends."""
+    """One plain PyTorch process reading the same stream: where a job without faults ends."""
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    loader = data()
-    for _ in range(EPOCHS):
-        for x, y, _ in loader:
+    data = stream()
+    loader = DataLoader(data, batch_size=BATCH)
+    for epoch in range(EPOCHS):
+        data.set_epoch(epoch)
+        for batch in loader:
+            x, y, _ = unpack(batch)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
             optimizer.step()
@@ -73,7 +89,7 @@ def _record(out: Path, group: str, epoch: int, step: int, index: torch.Tensor) -
 
 
 def lite(out: Path, bucket: str) -> None:
-    from lite_core import LightningLite, TrackioLogger
+    from lite_core import LightningLite, MLflowLogger, TrackioLogger, WandbLogger
     from lite_core.checkpoint import latest
     from lite_torchft import DDPFTStrategy
 
@@ -85,8 +101,9 @@ def lite(out: Path, bucket: str) -> None:
             signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))  # the scheduler's warning
             net = model()
             net, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-            loader = self.setup_dataloaders(data(), split_batches=True)
-            state = {"model": net, "optimizer": optimizer, "loader": loader, "tracker": tracker, "epoch": 0, "step": 0}
+            loader = self.setup_dataloaders(DataLoader(stream(), batch_size=BATCH), split_batches=True)
+            state = {"model": net, "optimizer": optimizer, "loader": loader, "tracker": tracker, "mlflow": mlflow,
+                     "wandb": wandb, "epoch": 0, "step": 0}
             resumed = latest(bucket)
             if resumed is not None:
                 self.load(resumed, state)
@@ -94,7 +111,8 @@ def lite(out: Path, bucket: str) -> None:
             while (out / "gate").exists():
                 time.sleep(0.02)
             for epoch in range(state["epoch"], EPOCHS):
-                for x, y, index in loader:
+                for batch in loader:
+                    x, y, index = unpack(batch)
                     optimizer.zero_grad()
                     self.backward(torch.nn.functional.mse_loss(net(x), y))
                     before = self.strategy.step
@@ -123,7 +141,10 @@ def lite(out: Path, bucket: str) -> None:
     # logger's write at `save` makes a logged step durable before a kill, which is what this job checks.
     trackio.run.BATCH_SEND_INTERVAL = 3600.0
     tracker = TrackioLogger(project="chaos")
-    Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=[tracker]).run()
+    mlflow = MLflowLogger(experiment_name=os.environ["CHAOS_MLFLOW_EXPERIMENT"],
+                          tracking_uri=os.environ["CHAOS_MLFLOW_URI"], fallback_dir=out, request_timeout=5)
+    wandb = WandbLogger(project="chaos", save_dir=out / "wandb", mode="offline")
+    Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=[tracker, mlflow, wandb]).run()
 
 
 if __name__ == "__main__":
