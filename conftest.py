@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import pytest
@@ -381,6 +382,64 @@ def mse_steps(model: Any, optimizer: Any, batches: Any, backward: Callable[[Any]
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+def wandb_records(run_dir: Path) -> Iterator[Any]:
+    """The records of an offline run's `.wandb` file, as wandb's own protobuf `Record`s. The file is
+    a 7-byte header (`:W&B`, magic, version) then 32 KiB blocks of chunks, each with a 7-byte header
+    (checksum, length, type: 1 whole, 2 first, 3 middle, 4 last) like a LevelDB log."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(run_dir.glob("*.wandb")).read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    position, pending = 7, b""
+    while position + 7 <= len(data):
+        room = 32768 - position % 32768
+        if room < 7:  # a block's tail too short for a chunk header is padding
+            position += room
+            continue
+        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
+        chunk = data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The `history` rows (`log` calls) of an offline run."""
+    import json
+
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            for record in wandb_records(run_dir) if record.WhichOneof("record_type") == "history"]
+
+
+def check_each_sample_once(records: list[tuple[int, int, list[int]]], steps: int, batch: int, steps_per_epoch: int,
+                           samples: int) -> None:
+    """A chaos job's ledger, `(epoch, step, sample ids)` per step a process recorded (a step trained
+    again after a rollback appears again): every step 1..`steps` recorded in one epoch with one
+    batch of `batch` samples (taken again, it must take the same batch), and every epoch training
+    each of its `samples` samples exactly once."""
+    from collections import defaultdict
+
+    by_step: dict[int, set[int]] = defaultdict(set)
+    epochs: dict[int, int] = {}
+    for epoch, step, ids in records:
+        by_step[step].update(ids)
+        assert epochs.setdefault(step, epoch) == epoch, f"step {step} was recorded in epochs {epochs[step]} and {epoch}"
+    missing = sorted(set(range(1, steps + 1)) - set(by_step))
+    assert sorted(by_step) == list(range(1, steps + 1)), f"steps missing from the ledger: {missing}, in it: {sorted(by_step)}"
+    for step, ids in by_step.items():
+        assert len(ids) == batch, f"step {step} trained on {sorted(ids)}: a step took two different batches"
+    for epoch in range(steps // steps_per_epoch):
+        seen = [i for step, ids in by_step.items() if epochs[step] == epoch for i in ids]
+        repeated = len(seen) - len(set(seen))
+        assert repeated == 0 and sorted(seen) == list(range(samples)), (
+            f"epoch {epoch} trained {len(set(seen))} distinct samples of {samples}, {repeated} more than once")
 
 
 def linear_adam(lr: float, **lite_kwargs: Any) -> tuple[Any, Any, Any]:

@@ -371,21 +371,10 @@ def check(out: Path, bucket: str, pids: set[int], report: Report, env: dict[str,
 
 
 def _check_every_sample_once(out: Path, report: Report) -> None:
-    by_step: dict[int, set[int]] = defaultdict(set)
-    epochs: dict[int, int] = {}
-    records = [record for group in (0, 1) for record in ledger(out, group)]
-    for epoch, step, _, rows in records:
-        by_step[step].update(rows)
-        assert epochs.setdefault(step, epoch) == epoch, f"step {step} was recorded in epochs {epochs[step]} and {epoch}"
-    assert sorted(by_step) == list(range(1, STEPS + 1)), f"steps missing from the ledger: {sorted(set(range(1, STEPS + 1)) - set(by_step))}"
-    for step, rows in by_step.items():
-        assert len(rows) == BATCH, f"step {step} trained on {sorted(rows)}: a step took two different batches"
-    for epoch in range(STEPS // STEPS_PER_EPOCH):
-        seen = [row for step, rows in by_step.items() if epochs[step] == epoch for row in rows]
-        repeated = len(seen) - len(set(seen))
-        report.samples_repeated += repeated
-        assert repeated == 0 and sorted(seen) == list(range(SAMPLES)), (
-            f"epoch {epoch} trained {len(set(seen))} distinct samples of {SAMPLES}, {repeated} more than once")
+    from conftest import check_each_sample_once  # the repository's conftest.py (test_chaos and the soak put it on the path)
+
+    records = [(epoch, step, rows) for group in (0, 1) for epoch, step, _, rows in ledger(out, group)]
+    check_each_sample_once(records, STEPS, BATCH, STEPS_PER_EPOCH, SAMPLES)  # raises where a sample repeats
     steps_recorded = {(group, step) for group in (0, 1) for _, step, _, _ in ledger(out, group)}
     report.steps_trained_again = sum(
         len([1 for _, step, _, _ in ledger(out, group)]) for group in (0, 1)) - len(steps_recorded)
@@ -447,12 +436,14 @@ def _check_wandb(out: Path, trained: dict[int, set[float]], report: Report) -> N
     last committed checkpoint stay in its folder when the resumed job writes them again (W&B's files
     are append-only; `wandb sync` keeps the first), and a step trained again after a rollback by
     another set of groups logs another share of the batch. Counted in `report.wandb_steps_twice`."""
+    from conftest import wandb_history  # the repository's conftest.py (test_chaos and the soak put it on the path)
+
     folders = sorted((out / "wandb" / "wandb").glob("offline-run-*"))
     ids = {_wandb_run_id(folder) for folder in folders}
     assert len(ids) == 1, f"the job logged to {len(ids)} W&B runs: {sorted(ids)}"
     values: dict[int, list[float]] = defaultdict(list)
     for folder in folders:
-        for row in _wandb_history(folder):
+        for row in wandb_history(folder):
             if "batch" in row:
                 values[int(row["_step"])].append(float(row["batch"]))
     two = {step: sorted(set(held)) for step, held in values.items() if len(set(held)) > 1}
@@ -465,34 +456,6 @@ def _check_wandb(out: Path, trained: dict[int, set[float]], report: Report) -> N
 
 def _wandb_run_id(folder: Path) -> str:
     return next(folder.glob("run-*.wandb")).stem.removeprefix("run-")
-
-
-def _wandb_history(folder: Path) -> list[dict[str, Any]]:
-    """The `history` rows of an offline run's `.wandb` file: a 7-byte header, then 32 KiB blocks of
-    chunks with a 7-byte header each (checksum, little-endian length, kind: 1 whole, 2 first, 3 middle,
-    4 last), each whole record a wandb protobuf `Record`."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = next(folder.glob("*.wandb")).read_bytes()
-    position, pending, rows = 7, b"", []
-    while position + 7 <= len(data):
-        room = 32768 - position % 32768
-        if room < 7:  # a block's tail too short for a chunk header is padding
-            position += room
-            continue
-        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
-        chunk = data[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind == 0 and length == 0:
-            continue
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
 
 
 def _check_weights(out: Path, env: dict[str, str]) -> None:

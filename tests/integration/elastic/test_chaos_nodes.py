@@ -39,14 +39,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import torch
 
-from conftest import _live_in_session, free_port, script_env  # the repository's conftest.py
+from conftest import _live_in_session, check_each_sample_once, free_port, script_env  # the repository's conftest.py
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -288,18 +287,8 @@ def check(nodes: Nodes) -> None:
 
 
 def _check_every_sample_once(folders: list[Path]) -> None:
-    by_step: dict[int, set[int]] = defaultdict(set)
-    epochs: dict[int, int] = {}
-    for folder in folders:
-        for epoch, step, _, _, ids in ledger(folder):
-            by_step[step].update(ids)
-            assert epochs.setdefault(step, epoch) == epoch, f"step {step} was recorded in epochs {epochs[step]} and {epoch}"
-    assert sorted(by_step) == list(range(1, STEPS + 1)), f"steps in the ledger: {sorted(by_step)}"
-    for step, ids in by_step.items():
-        assert len(ids) == BATCH, f"step {step} trained on {sorted(ids)}: it took two different batches"
-    for epoch in range(STEPS // STEPS_PER_EPOCH):
-        seen = [i for step, ids in by_step.items() if epochs[step] == epoch for i in ids]
-        assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch} trained {sorted(seen)}"
+    records = [(epoch, step, ids) for folder in folders for epoch, step, _, _, ids in ledger(folder)]
+    check_each_sample_once(records, STEPS, BATCH, STEPS_PER_EPOCH, SAMPLES)
 
 
 def _check_weights(folders: list[Path]) -> None:

@@ -31,7 +31,7 @@ os.environ["TRACKIO_DIR"] = str(TRACKIO_DIR)
 trackio = pytest.importorskip("trackio", reason="needs lite-core[trackio]: these tests run in the test-trackers environment")
 from trackio.sqlite_storage import SQLiteStorage  # noqa: E402
 
-from conftest import free_port  # noqa: E402  (the repository's conftest.py)
+from conftest import free_port, wandb_history, wandb_records  # noqa: E402  (the repository's conftest.py)
 from lite_core import LightningLite, MLflowLogger, TrackioLogger, WandbLogger  # noqa: E402
 from lite_core.errors import MisuseError  # noqa: E402
 
@@ -114,38 +114,6 @@ def wandb_run_id(run_dir: Path) -> str:
 def wandb_steps(runs: list[Path], key: str = "value") -> list[int]:
     """The steps of the rows holding `key`, folder after folder."""
     return [row["_step"] for run in runs for row in wandb_history(run) if key in row]
-
-
-def wandb_records(run_dir: Path) -> Iterator:
-    """The records of an offline run's `.wandb` file, as wandb's own protobuf `Record`s. The file is
-    a 7-byte header (`:W&B`, magic, version) then 32 KiB blocks of chunks, each with a 7-byte header
-    (checksum, length, type: 1 whole, 2 first, 3 middle, 4 last) like a LevelDB log."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = next(run_dir.glob("*.wandb")).read_bytes()
-    assert data[:4] == b":W&B", data[:7]
-    position, pending = 7, b""
-    while position + 7 <= len(data):
-        room = 32768 - position % 32768
-        if room < 7:  # a block's tail too short for a chunk header is padding
-            position += room
-            continue
-        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
-        chunk = data[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind == 0 and length == 0:
-            continue
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            yield record
-
-
-def wandb_history(run_dir: Path) -> list[dict]:
-    """The `history` rows (`log` calls) of an offline run."""
-    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            for record in wandb_records(run_dir) if record.WhichOneof("record_type") == "history"]
 
 
 def wandb_config(run_dir: Path) -> dict:
