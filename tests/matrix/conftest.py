@@ -16,7 +16,12 @@ from typing import Any, Callable
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # scenario.py, reference.py and cells.py import each other by name
+# scenario.py, reference.py and cells.py import each other by name. Their folder goes right after
+# the repository's own entry, not first: a test module's `from conftest import ...` means the
+# repository's conftest.py, which this folder's conftest.py would otherwise shadow.
+_ROOT = str(HERE.parents[1])
+_AFTER_ROOT = next((i + 1 for i, entry in enumerate(sys.path) if os.path.abspath(entry or ".") == _ROOT), 0)
+sys.path.insert(_AFTER_ROOT, str(HERE))
 
 from cells import Cell  # noqa: E402
 from checks import run_scenario  # noqa: E402
