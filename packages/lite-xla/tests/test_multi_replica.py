@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -135,11 +136,12 @@ def test_an_adapters_only_checkpoint_holds_the_trained_weights_whole_and_resumes
 
 def _plain_adapters() -> dict[str, torch.Tensor]:
     """scripts/adapters.py's two steps in one plain process (both replicas train on the same batch)."""
-    torch.manual_seed(1)
-    base = torch.nn.Linear(8, 16)
-    torch.manual_seed(2)
-    model = torch.nn.Sequential(base, torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    base.requires_grad_(False)
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from _adapters_model import build
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    model = build(adapter_seed=2)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
     for step in range(2):
         generator = torch.Generator().manual_seed(10 + step)

@@ -21,6 +21,7 @@ if os.environ.get("LITE_XLA_CPU_HARNESS") == "1":  # also runs in torch-xla's sp
 
 import _output
 import torch
+from _adapters_model import build
 
 from lite_core import LightningLite
 
@@ -46,10 +47,7 @@ class Adapters(LightningLite):
 
     def _set_up(self, adapter_seed: int) -> tuple:
         self.seed_everything(1)
-        base = torch.nn.Linear(8, 16)
-        torch.manual_seed(adapter_seed)
-        model = torch.nn.Sequential(base, torch.nn.Tanh(), torch.nn.Linear(16, 4))
-        base.requires_grad_(False)
+        model = build(adapter_seed)
         trainable = [p for p in model.parameters() if p.requires_grad]
         return self.setup(model, torch.optim.SGD(trainable, lr=0.1, momentum=0.9))
 
