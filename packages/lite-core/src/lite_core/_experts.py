@@ -230,17 +230,23 @@ class _Dispatch:
         return self._load
 
     @property
+    def _counts_globally(self) -> bool:
+        """Whether a strategy named more data-parallel processes than the mesh dimension holds
+        (`count_loads_over`): the global batch then spans several expert-parallel groups."""
+        return self.data_parallel is not None and self.data_parallel.size() > self._mesh.size()
+
+    @property
     def batch_group(self) -> torch.distributed.ProcessGroup:
         """The processes that hold the global batch between them, each its own part: every
         data-parallel process where a strategy said (`count_loads_over`), else those of `mesh`."""
-        if self.data_parallel is not None and self.data_parallel.size() > self._mesh.size():
+        if self._counts_globally:
             return self.data_parallel.get_group()
         return self._mesh.get_group()
 
     def take_load(self) -> torch.Tensor:
         """Every expert's tokens since the last call, gathered over the mesh dimension (see `expert_load`)."""
         local, self._load = self._load, torch.zeros_like(self._load)
-        if self.data_parallel is not None and self.data_parallel.size() > self._mesh.size():
+        if self._counts_globally:
             # This process's experts' counts in their places; the other expert-parallel groups hold
             # the same experts for other data, so the sum over every data-parallel process is global.
             whole = torch.zeros(self._experts, dtype=local.dtype, device=local.device)

@@ -149,11 +149,12 @@ class LoaderPosition:
             return batches * self._per_batch
         return self._pass_skip + self.taken * self._per_batch
 
-    def _resumed_by_strategy(self, epoch: int, consumed: int) -> bool:
-        """Whether the strategy took the position (so the sampler must not skip it as well)."""
-        if self._strategy is None or not consumed or not self._per_batch or consumed % self._per_batch:
+    def _strategy_took(self, consumed: int, per_batch: int) -> bool:
+        """Whether the strategy took the position, `consumed // per_batch` committed batches into the
+        epoch: it then skips them itself, so the sampler or the stream must not skip them as well."""
+        if self._strategy is None or not consumed or not per_batch or consumed % per_batch:
             return False
-        return bool(self._strategy.resume_loader(self._dataloader, epoch, consumed // self._per_batch))
+        return bool(self._strategy.resume_loader(self._dataloader, self.next_epoch, consumed // per_batch))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict`)."""
@@ -163,7 +164,7 @@ class LoaderPosition:
         rng_state = state.get("torch_rng_state")
         if self._sampler is not None:
             self._warn_if_global_batch_changes(state)
-            self._sampler.skip = 0 if self._resumed_by_strategy(self.next_epoch, consumed) else consumed
+            self._sampler.skip = 0 if self._strategy_took(consumed, self._per_batch) else consumed
             order = dict(state.get("order", {}))
             if consumed and rng_state is not None and isinstance(self._sampler, EpochOrder):
                 order["torch_rng_state"], rng_state = rng_state, None  # restored where the pass draws
@@ -174,25 +175,22 @@ class LoaderPosition:
         elif self._stream is not None and (state.get("stream") or not consumed):
             # Where the strategy keeps the position (`ddp_ft`'s stream skips the committed batches
             # itself), the cut must not skip them as well.
-            size = self._stream.round_size
-            by_strategy = bool(consumed) and not consumed % size and self._strategy is not None and bool(
-                self._strategy.resume_loader(self._dataloader, self.next_epoch, consumed // size))
-            self._stream.skip = 0 if by_strategy else consumed
+            self._stream.skip = 0 if self._strategy_took(consumed, self._stream.round_size) else consumed
             self._loaded = dict(state) if consumed else None
             if getattr(self._dataloader, "_iterator", None) is not None:
                 self._dataloader._iterator = None  # persistent workers hold copies of the stream: start new ones
         elif "dataloader" in state and is_stateful(self._dataloader):
             self._dataloader.load_state_dict(state["dataloader"])
-        elif consumed and state.get("strategy_batches") and self._strategy is not None and (
-                self._strategy.resume_loader(self._dataloader, self.next_epoch, consumed)):
-            pass  # the strategy took the position (it re-reads the epoch and skips what committed steps took)
         elif consumed:
-            warn_user(
-                f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not hold"
-                " its sampler (replace_sampler=False, a stream that shards itself, or a loader it could not"
-                " rebuild), so the epoch starts again from its first sample: let Lite shard the loader to resume"
-                " inside it."
-            )
+            # A strategy that keeps the position re-reads the epoch and skips what committed steps took.
+            taken = bool(state.get("strategy_batches")) and self._strategy_took(consumed, 1)
+            if not taken:
+                warn_user(
+                    f"This dataloader was saved {consumed} batches into epoch {self.next_epoch}, but Lite does not"
+                    " hold its sampler (replace_sampler=False, a stream that shards itself, or a loader it could not"
+                    " rebuild), so the epoch starts again from its first sample: let Lite shard the loader to resume"
+                    " inside it."
+                )
         if rng_state is not None:
             torch.set_rng_state(rng_state)
         self._in_epoch = False
