@@ -18,11 +18,13 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 SCRIPTS = Path(__file__).parents[2] / "scripts"
 JOB = str(SCRIPTS / "elastic_job.py")
-#: Short rendezvous and dead-node timeouts: a lost node is noticed after about 2 seconds
-#: (keep_alive_interval x keep_alive_max_attempt) and a round closes 10 seconds after it can start
-#: (a node that comes later starts a round of its own under torchrun, so both must be in the first:
-#: under CI's load one launcher can take several seconds longer than the other to get there).
-RDZV_CONF = "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=2"
+#: Short rendezvous and dead-node timeouts: a lost node is noticed after about 10 seconds
+#: (keep_alive_interval x keep_alive_max_attempt; at 1 s x 2 a loaded machine once split a live
+#: two-node job in two, a node busy stopping its rank missing its heartbeats) and a round closes 10
+#: seconds after it can start (a node that comes later starts a round of its own under torchrun, so
+#: both must be in the first: under CI's load one launcher can take several seconds longer than the
+#: other to get there).
+RDZV_CONF = "join_timeout=60,last_call_timeout=10,keep_alive_interval=2,keep_alive_max_attempt=5"
 
 
 def wait_for(condition, seconds: float, what: str) -> None:
