@@ -239,6 +239,26 @@ def test_fp8_on_a_hopper_gpu_is_accepted(fake_gpus: Any) -> None:
     assert LightningLite(accelerator="cuda", precision="fp8-rowwise").strategy.precision.name == "fp8-rowwise"
 
 
+@pytest.mark.parametrize(("experts", "gpu", "capability", "refusal"), [
+    ("rowwise", "NVIDIA L4", (8, 9), r"^Float8Precision\(experts='rowwise'\) needs a GPU with FP8 grouped matrix"
+     r" products \(compute capability 9.0 or newer, e.g. H100, H200\) but GPU 0 is NVIDIA L4 \(8.9\): use bf16"
+     r" grouped products \(leave experts out\)\.$"),
+    ("mxfp8", "NVIDIA H100 80GB HBM3", (9, 0), r"^Float8Precision\(experts='mxfp8'\) needs a GPU with MXFP8 grouped"
+     r" matrix products \(compute capability 10.0 or newer, e.g. B200, GB200\) but GPU 0 is NVIDIA H100 80GB HBM3"
+     r" \(9.0\): use experts='rowwise' \(compute capability 9.0\), or leave experts out\.$"),
+])
+def test_experts_in_low_precision_below_their_gpu_generation_fail_at_construction(
+        fake_gpus: Any, experts: str, gpu: str, capability: tuple[int, int], refusal: str) -> None:
+    pytest.importorskip("torchao.prototype.moe_training", reason="needs lite-core[fp8] (torchao), which test-cuda installs")
+    from lite_core import Float8Precision
+
+    fake = fake_gpus(2, name=gpu, capability=capability)
+    one_sentence(refusal, accelerator="cuda", devices=2, precision=Float8Precision(experts=experts))
+    fake.gpu = _runtime.GPU("NVIDIA B200", (10, 0))
+    lite = LightningLite(accelerator="cuda", devices=2, precision=Float8Precision(experts=experts))
+    assert lite.strategy.precision.experts == experts
+
+
 # --- never initialise CUDA in the parent -----------------------------------------------------------------
 
 _INITIALISES_CUDA = ("is_available", "init", "_lazy_init", "current_device", "get_device_properties",

@@ -234,3 +234,67 @@ def _python() -> list[str]:
     import sys
 
     return [sys.executable]
+
+
+def _hopper() -> bool:
+    return GPUS > 0 and torch.cuda.get_device_capability(0) >= (9, 0)
+
+
+class _Experts(nn.Module):
+    """Four stacked experts over `torch._grouped_mm`, 32 tokens each (the layout torchao's kernel takes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(4, 256, 128) * 0.05)
+        self.w2 = nn.Parameter(torch.randn(4, 128, 256) * 0.05)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        offs = torch.tensor([32, 64, 96, 128], dtype=torch.int32, device=tokens.device)
+        hidden = torch.relu(torch._grouped_mm(tokens, self.w1.transpose(-2, -1), offs=offs))
+        return torch._grouped_mm(hidden, self.w2.transpose(-2, -1), offs=offs)
+
+
+def _moe_steps(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor],
+               backward: Callable[[torch.Tensor], None], optimizer: torch.optim.Optimizer) -> list[float]:
+    generator = torch.Generator().manual_seed(3)
+    losses = []
+    for _ in range(3):
+        x = torch.randn(128, 128, generator=generator).cuda().to(torch.bfloat16)
+        y = torch.randn(128, 128, generator=generator).cuda()
+        loss = nn.functional.mse_loss(forward(x).float(), y)
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@needs_gpus(1)
+def test_experts_in_fp8_run_torchaos_grouped_kernel_as_by_hand() -> None:
+    """`Float8Precision(experts="rowwise")` on a Hopper GPU: the experts' grouped products in torchao's
+    FP8 rowwise kernel, the same losses and weights as the user's own torchao conversion."""
+    if not _hopper():
+        pytest.skip("FP8 grouped products need compute capability 9.0; their refusal is tested on CPU")
+    pytest.importorskip("torchao.prototype.moe_training", reason="needs lite-core[fp8] (torchao)")
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    from torchao.prototype.moe_training.tensor import Float8TrainingWeightWrapperTensor
+    from torchao.quantization import quantize_
+
+    from lite_core import Float8Precision
+    from lite_core.precision.fp8 import holds_stacked_experts
+
+    lite = LightningLite(accelerator="cuda", devices=1, precision=Float8Precision(experts="rowwise",
+                                                                                  autocast_dtype=None))
+    torch.manual_seed(0)
+    model = _Experts().to(torch.bfloat16)
+    model, optimizer = lite.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert all(isinstance(p.data, Float8TrainingWeightWrapperTensor) for p in model.parameters())
+    losses = _moe_steps(model, model, lite.backward, optimizer)
+
+    torch.manual_seed(0)
+    plain = _Experts().to(torch.bfloat16).cuda()
+    quantize_(plain, Float8TrainingOpConfig(), filter_fn=holds_stacked_experts)
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    assert losses == _moe_steps(plain, plain, torch.Tensor.backward, plain_optimizer)
+    for value, plain_value in zip(model.state_dict().values(), plain.state_dict().values()):
+        assert torch.equal(value, plain_value)

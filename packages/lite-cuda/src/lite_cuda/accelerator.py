@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,6 +17,15 @@ _MATMUL_PRECISIONS = ("highest", "high", "medium")
 _BF16_CAPABILITY = (8, 0)
 #: FP8 matmuls run from compute capability 8.9 (Ada, e.g. L4) and 9.0 (Hopper) on.
 _FP8_CAPABILITY = (8, 9)
+#: The grouped matrix products of a Mixture of Experts' low-precision recipes (`hardware_features`
+#: of a precision plugin): the compute capability each needs, GPUs that have it, and what to use
+#: instead. torchao's FP8 rowwise `_scaled_grouped_mm` runs from Hopper on; MXFP8 from Blackwell.
+_GROUPED_CAPABILITY = {
+    "fp8-grouped-mm": ((9, 0), "FP8 grouped matrix products", "H100, H200",
+                       "bf16 grouped products (leave experts out)"),
+    "mxfp8": ((10, 0), "MXFP8 grouped matrix products", "B200, GB200",
+              "experts='rowwise' (compute capability 9.0), or leave experts out"),
+}
 
 
 class CUDAAccelerator(Accelerator):
@@ -37,7 +47,7 @@ class CUDAAccelerator(Accelerator):
     autocast_device_type = "cuda"
     #: Every precision, FP8 too (NVIDIA GPUs have FP8 units from compute capability 8.9: checked per
     #: GPU in validate_precision).
-    precision_support = PrecisionSupport(hardware=frozenset({"fp8"}))
+    precision_support = PrecisionSupport(hardware=frozenset({"fp8", *_GROUPED_CAPABILITY}))
 
     def __init__(self, matmul_precision: str | None = None) -> None:
         if matmul_precision is not None and matmul_precision not in _MATMUL_PRECISIONS:
@@ -102,6 +112,17 @@ class CUDAAccelerator(Accelerator):
             else:
                 _require_bf16(precision, index, gpu)
 
+    def validate_hardware(self, features: Mapping[str, str], device_indexes: list[int]) -> None:
+        """Refuse a grouped-product recipe (`Float8Precision(experts=...)`) on a GPU older than it
+        needs (FP8 rowwise: compute capability 9.0; MXFP8: 10.0); GPUs NVML cannot describe pass."""
+        super().validate_hardware(features, device_indexes)
+        for feature, option in sorted(features.items()):
+            needed, what, examples, fix = _GROUPED_CAPABILITY[feature]
+            for index in device_indexes:
+                gpu = _runtime.gpu(index)
+                if gpu is not None:
+                    _require_capability(option, index, gpu, needed, what, examples, fix)
+
     def peak_flops(self, device: torch.device, dtype: str) -> float | None:
         """Dense data-sheet peak of this GPU (see `lite_cuda._peaks`), `None` for GPUs not listed."""
         from lite_cuda._peaks import dense_peak_flops
@@ -120,22 +141,23 @@ class CUDAAccelerator(Accelerator):
 
 
 def _require_bf16(precision: str, index: int, gpu: _runtime.GPU) -> None:
-    _require_capability(precision, index, gpu, _BF16_CAPABILITY, "bfloat16", "A100, H100, RTX 30xx",
+    _require_capability(f"precision={precision!r}", index, gpu, _BF16_CAPABILITY, "bfloat16", "A100, H100, RTX 30xx",
                         f"precision={precision.replace('bf16', '16')!r}")
 
 
 def _require_fp8(precision: str, index: int, gpu: _runtime.GPU) -> None:
-    _require_capability(precision, index, gpu, _FP8_CAPABILITY, "FP8", "L4, H100",
+    _require_capability(f"precision={precision!r}", index, gpu, _FP8_CAPABILITY, "FP8", "L4, H100",
                         f"precision='bf16-mixed', or emulate FP8 for tests with"
                         f" precision=Float8Precision({precision.removeprefix('fp8-')!r}, emulate=True)")
 
 
-def _require_capability(precision: str, index: int, gpu: _runtime.GPU, needed: tuple[int, int], feature: str,
+def _require_capability(asked: str, index: int, gpu: _runtime.GPU, needed: tuple[int, int], feature: str,
                         examples: str, fix: str) -> None:
+    """Refuse, naming what `asked` for it, GPU `index` if its compute capability is below `needed`."""
     if gpu.capability >= needed:
         return
     major, minor = gpu.capability
     raise ConfigurationError(
-        f"precision={precision!r} needs a GPU with {feature} (compute capability {needed[0]}.{needed[1]} or newer,"
+        f"{asked} needs a GPU with {feature} (compute capability {needed[0]}.{needed[1]} or newer,"
         f" e.g. {examples}) but GPU {index} is {gpu.name} ({major}.{minor}): use {fix}."
     )

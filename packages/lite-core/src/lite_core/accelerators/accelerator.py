@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from lite_core.errors import ConfigurationError
 from lite_core.precision.names import PrecisionSupport, SupportedPrecisions
 
 if TYPE_CHECKING:
@@ -64,6 +66,19 @@ class Accelerator(ABC):
     def validate_precision(self, precision: str, device_indexes: list[int]) -> None:
         """Raise a `ConfigurationError` if `precision` cannot run on these devices (e.g. bf16 on
         a GPU without it); called at construction, after the precision was resolved."""
+
+    def validate_hardware(self, features: Mapping[str, str], device_indexes: list[int]) -> None:
+        """Raise a `ConfigurationError` if these devices lack a feature of `features` (a precision
+        plugin's `hardware_features`: each feature with the option that needs it). By default, a
+        feature that `precision_support.hardware` does not declare; a device whose generations
+        differ (a GPU's compute capability) also checks each device."""
+        declared = self.precision_support.hardware
+        for feature, option in sorted(features.items()):
+            if declared is not None and feature not in declared:
+                raise ConfigurationError(
+                    f"{option} needs {feature} hardware, which accelerator={self.name!r} does not have: choose an"
+                    " accelerator whose devices have it, or leave that option out."
+                )
 
     def setup_device(self, device: torch.device) -> None:
         """Prepare `device` for the current process (e.g. make it the current CUDA device)."""

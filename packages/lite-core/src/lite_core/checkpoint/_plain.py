@@ -18,9 +18,10 @@ from torch import Tensor
 
 def plain_tensors(state: Any) -> Any:
     """`state` (a state dict, at any depth) with every wrapped tensor replaced by the tensor it wraps;
-    a `DTensor` keeps its layout around its unwrapped local shard. Nothing is copied."""
+    a `DTensor` keeps its layout around its unwrapped local shard. Nothing is copied, and a state
+    with no wrapped tensor is returned as it is (a module's state dict keeps its `_metadata`)."""
     from torch.distributed.tensor import DTensor
-    from torch.utils._pytree import tree_map_only
+    from torch.utils._pytree import tree_leaves, tree_map_only
 
     def plain(tensor: Tensor) -> Tensor:
         if isinstance(tensor, DTensor):
@@ -32,6 +33,8 @@ def plain_tensors(state: Any) -> Any:
         inner = _wrapped(tensor)
         return tensor if inner is None else inner
 
+    if not any(plain(leaf) is not leaf for leaf in tree_leaves(state) if isinstance(leaf, Tensor)):
+        return state
     return tree_map_only(Tensor, plain, state)
 
 

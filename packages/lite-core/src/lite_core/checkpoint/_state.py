@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._stateful import is_stateful
 from lite_core.checkpoint._store import READER_FILE
 from lite_core.model._module import user_class_of
@@ -27,9 +28,10 @@ def to_state(content: dict[str, Any], strategy: HasPrecision) -> dict[str, Any]:
 
     Stateful means a module, an optimizer, or any object with both `state_dict()` and
     `load_state_dict()` (an LR scheduler, a `GradScaler`, your own class); other values are kept
-    as they are. The objects themselves are never pickled, so the file loads with `weights_only`.
+    as they are. The objects themselves are never pickled, so the file loads with `weights_only`;
+    nor are the tensor subclasses a precision wraps parameters in (`plain_tensors`).
     """
-    state = {key: state_of(value) for key, value in content.items()}
+    state = plain_tensors({key: state_of(value) for key, value in content.items()})
     precision_state = strategy.precision.state_dict()
     if precision_state:
         state[PRECISION_KEY] = precision_state

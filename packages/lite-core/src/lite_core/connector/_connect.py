@@ -58,6 +58,8 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     chosen.precision.connect_sharding(chosen.fully_shards_parameters)
     if not chosen.precision.emulated:
         accel.validate_precision(chosen.precision.name, indexes)
+    if chosen.precision.hardware_features:
+        accel.validate_hardware(chosen.precision.hardware_features, indexes)
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
     return chosen

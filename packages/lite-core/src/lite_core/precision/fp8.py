@@ -1,4 +1,5 @@
-"""FP8 training through torchao: the Linear layers' matmuls in float8, everything else in bf16."""
+"""FP8 training through torchao: the Linear layers' matmuls in float8 (and, if asked, a Mixture of
+Experts' grouped matrix products), everything else in bf16."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from lite_core._install import install_hint
 
 #: torchao's recipe names (`Float8LinearConfig.from_recipe_name`) that Lite offers.
 RECIPES = ("tensorwise", "rowwise")
+#: The recipes of the experts' grouped matrix products (`experts=`), each with the hardware feature
+#: it needs: torchao's FP8 rowwise `_scaled_grouped_mm` (compute capability 9.0: H100, H200) and
+#: its MXFP8 grouped products (compute capability 10.0: B200).
+EXPERT_RECIPES = {"rowwise": "fp8-grouped-mm", "mxfp8": "mxfp8"}
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -56,10 +61,21 @@ class Float8Precision(MixedPrecision):
         fsdp_float8_all_gather: all-gather FSDP2's weights in float8. `None` (default): with the
             tensorwise recipe under `fsdp`; `True` also under `model_parallel` (for the
             `fully_shard` of your `parallelize_fn`); `False`: never.
+        experts: also run a Mixture of Experts' grouped matrix products (`torch._grouped_mm` over
+            stacked experts) in low precision, through torchao's MoE training: `"rowwise"` (FP8
+            rowwise scales, a GPU of compute capability 9.0 or newer) or `"mxfp8"` (MXFP8, 10.0
+            or newer: B200). The stacked parameters stay the user's `nn.Parameter`s (torchao wraps
+            their data; checkpoints hold the plain weights). torchao has no emulation of these
+            products: `emulate=True` does not cover them, and they are refused at construction on
+            devices without them. `None` (default): the experts run in the autocast dtype.
+        experts_filter_fn: `(module, fully_qualified_name) -> bool`: the modules whose parameters
+            feed the grouped products. Default: every module with a parameter of three or more
+            dimensions (stacked experts `[num_experts, ...]`, as `ExpertParallel` expects).
 
     Raises:
         ConfigurationError: `recipe` is not one of `"rowwise"`, `"tensorwise"`; a float8
-            all-gather with the rowwise recipe, or under a strategy that never uses `fully_shard`.
+            all-gather with the rowwise recipe, or under a strategy that never uses `fully_shard`;
+            `experts` is not one of `"rowwise"`, `"mxfp8"`, or the devices lack its grouped products.
         MissingDependencyError: `torchao` is not installed.
     """
 
@@ -67,16 +83,28 @@ class Float8Precision(MixedPrecision):
 
     def __init__(self, recipe: str = "rowwise", emulate: bool = False, module_filter_fn: ModuleFilter | None = None,
                  autocast_dtype: torch.dtype | None = torch.bfloat16, device_type: str | None = None,
-                 fsdp_float8_all_gather: bool | None = None) -> None:
+                 fsdp_float8_all_gather: bool | None = None, experts: str | None = None,
+                 experts_filter_fn: ModuleFilter | None = None) -> None:
         if recipe not in RECIPES:
             raise ConfigurationError(f"Float8Precision(recipe={recipe!r}) is not a recipe: pass one of {list(RECIPES)}.")
+        if experts is not None and experts not in EXPERT_RECIPES:
+            raise ConfigurationError(
+                f"Float8Precision(experts={experts!r}) is not a recipe of the experts' grouped products: pass one of"
+                f" {list(EXPERT_RECIPES)}, or None."
+            )
         if fsdp_float8_all_gather and recipe != "tensorwise":
             raise ConfigurationError(
                 f"Float8Precision(recipe={recipe!r}, fsdp_float8_all_gather=True) asks for torchao's float8 all-gather,"
                 " which supports only the tensorwise recipe: pass recipe='tensorwise', or leave the all-gather off."
             )
         _require_torchao()
+        if experts is not None:
+            _require_torchao_moe_training()
         super().__init__(f"fp8-{recipe}", device_type or "cpu")
+        self.experts = experts
+        self._experts_filter_fn = experts_filter_fn
+        if experts is not None:
+            self.hardware_features = {EXPERT_RECIPES[experts]: f"Float8Precision(experts={experts!r})"}
         self._device_type_given = device_type is not None
         self.recipe = recipe
         self.emulated = emulate
@@ -115,11 +143,16 @@ class Float8Precision(MixedPrecision):
         config = dataclasses.replace(Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulated,
                                      enable_fsdp_float8_all_gather=self.all_gathers_in_float8)
         selects = self._module_filter_fn or default_module_filter(module)
-        return convert_to_float8_training(module, config=config, module_filter_fn=selects)
+        module = convert_to_float8_training(module, config=config, module_filter_fn=selects)
+        if self.experts is not None:
+            from torchao.quantization import quantize_
+
+            quantize_(module, _experts_config(self.experts), filter_fn=self._experts_filter_fn or holds_stacked_experts)
+        return module
 
     def __repr__(self) -> str:
         return (f"Float8Precision(recipe={self.recipe!r}, emulate={self.emulated!r},"
-                f" fsdp_float8_all_gather={self.all_gathers_in_float8!r})")
+                f" fsdp_float8_all_gather={self.all_gathers_in_float8!r}, experts={self.experts!r})")
 
 
 def default_module_filter(model: nn.Module) -> ModuleFilter:
@@ -134,6 +167,34 @@ def default_module_filter(model: nn.Module) -> ModuleFilter:
         return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
     return selects
+
+
+def holds_stacked_experts(module: nn.Module, name: str) -> bool:
+    """Whether `module` has a parameter of its own with three or more dimensions (stacked experts)."""
+    return any(param.dim() >= 3 for param in module.parameters(recurse=False))
+
+
+def _experts_config(recipe: str) -> Any:
+    """torchao's MoE training configuration of an `experts` recipe."""
+    from torchao.prototype.moe_training.config import (
+        Float8TrainingOpConfig,
+        MXFP8TrainingOpConfig,
+        MXFP8TrainingRecipe,
+    )
+
+    if recipe == "mxfp8":
+        return MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL)
+    return Float8TrainingOpConfig()
+
+
+def _require_torchao_moe_training() -> None:
+    try:
+        import torchao.prototype.moe_training.config  # noqa: F401
+    except ImportError as error:
+        raise MissingDependencyError(
+            "Float8Precision(experts=...) needs torchao's MoE training (torchao.prototype.moe_training, torchao 0.14"
+            f" or newer), which this torchao lacks: run `{install_hint('fp8')}`."
+        ) from error
 
 
 def _require_torchao() -> None:

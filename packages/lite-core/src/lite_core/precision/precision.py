@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from contextlib import contextmanager, nullcontext
 from typing import Any, ContextManager
 
@@ -33,6 +34,11 @@ class Precision:
     #: Whether the connector checks this plugin's `name` against what the strategy and accelerator
     #: support when the user passes it as an object (a custom plugin is trusted as it is).
     checked_by_name: bool = False
+    #: Hardware features the plugin needs beyond its precision's row in the table, which no
+    #: emulation covers, each with the option that asks for it (e.g. `{"fp8-grouped-mm":
+    #: "Float8Precision(experts='rowwise')"}`); the accelerator checks them
+    #: (`Accelerator.validate_hardware`) even when `emulated`.
+    hardware_features: Mapping[str, str] = MappingProxyType({})
 
     def connect(self, autocast_device_type: str) -> None:
         """Called once the accelerator is known, with its `torch.autocast` device type."""

@@ -17,6 +17,7 @@ from lite_core.model.parts import trainable_names
 from lite_core.move import move_to_device
 from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._background import nothing, stage_to_host
+from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import FAMILIES, PrecisionSupport, SupportedPrecisions
 from lite_core.precision._build import build_precision
@@ -314,7 +315,7 @@ class Strategy:
         other ranks; every rank must call it). Here each rank holds the whole module: a copy of it."""
         if self.global_rank != 0:
             return {}
-        return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
+        return {name: value.detach().to("cpu", copy=True) for name, value in plain_tensors(module.state_dict()).items()}
 
     def full_trainable_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """What `full_module_state_dict` gives, for the parameters that train only (`requires_grad`:
