@@ -178,11 +178,19 @@ class GroupedExperts(nn.Module):
         return torch._grouped_mm(torch.tanh(torch._grouped_mm(tokens, self.w1, offs=offsets)), self.w2, offs=offsets)
 
 
-def grouped(lite: LightningLite) -> dict[str, torch.Tensor]:
-    """`GroupedExperts` under EP 2 against the whole module on this process: output and token gradients."""
+def grouped(lite: LightningLite, wrapped: bool = False) -> dict[str, torch.Tensor]:
+    """`GroupedExperts` under EP 2 against the whole module on this process: output and token gradients.
+
+    `wrapped`: both modules' parameters in torchao's FP8 MoE training wrappers first, as
+    `Float8Precision(experts="rowwise")` converts them (its kernel, which needs a Hopper GPU,
+    replaced by a stand-in that records the type of weight it is given): the shards `ExpertParallel`
+    makes stay wrappers and the products under EP still reach the kernel."""
     torch.manual_seed(1)
     whole, sharded = GroupedExperts(), GroupedExperts()
     sharded.load_state_dict(whole.state_dict())
+    kernel_calls: list[str] = []
+    if wrapped:
+        _wrap_experts_for_fp8((whole, sharded), kernel_calls)
     parallelize_module(sharded, lite.strategy.device_mesh["data_parallel"], ExpertParallel())
     generator = torch.Generator().manual_seed(10 + dist.get_rank())
     counts = torch.randint(0, 6, (EXPERTS,), generator=generator)
@@ -193,7 +201,26 @@ def grouped(lite: LightningLite) -> dict[str, torch.Tensor]:
         out = module(x, counts)
         out.float().pow(2).sum().backward()
         results[name], results[f"{name}_grad"] = out.detach().float(), x.grad.float()
+        results[f"{name}_kernel_calls"], kernel_calls[:] = list(kernel_calls), []
+    if wrapped:
+        results["local_type"] = type(sharded.w1.to_local()).__name__
     return results
+
+
+def _wrap_experts_for_fp8(modules: tuple[nn.Module, ...], kernel_calls: list[str]) -> None:
+    import torchao.prototype.moe_training.tensor as wrappers
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    from torchao.quantization import quantize_
+
+    from lite_core.precision.fp8 import holds_stacked_experts
+
+    def stand_in(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor, config, bias=None) -> torch.Tensor:
+        kernel_calls.append(type(B_t).__name__)
+        return torch._grouped_mm(A.to(torch.bfloat16), B_t.to(torch.bfloat16), offs=offs)
+
+    wrappers._quantize_then_scaled_grouped_mm = stand_in
+    for module in modules:
+        quantize_(module, Float8TrainingOpConfig(), filter_fn=holds_stacked_experts)
 
 
 class _ThreeExperts(Experts):
@@ -346,7 +373,8 @@ def launched(strategy: ModelParallelStrategy) -> LightningLite:
 
 def main(out: Path) -> None:
     lite = launched(ModelParallelStrategy(parallelize, data_parallel_size=WORLD, tensor_parallel_size=1))
-    results = {"data_parallel": train(lite), "refusals": refusals(lite), "grouped": grouped(lite)}
+    results = {"data_parallel": train(lite), "refusals": refusals(lite), "grouped": grouped(lite),
+               "grouped_fp8": grouped(lite, wrapped=True)}
     lite = launched(ModelParallelStrategy(parallelize_on_the_expert_dimension,
                                           mesh=MeshLayout(shard=WORLD, tensor=1, expert=WORLD)))
     results["expert_parallel"] = train(lite)

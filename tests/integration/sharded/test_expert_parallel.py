@@ -136,6 +136,16 @@ def test_experts_computed_by_grouped_mm_give_under_ep2_what_they_give_whole(job)
     torch.testing.assert_close(result["sharded_grad"], result["whole_grad"])
 
 
+def test_experts_wrapped_for_fp8_stay_wrapped_under_ep2_and_reach_torchaos_kernel(job):
+    # Float8Precision(experts="rowwise") converts before parallelize_fn: the shards ExpertParallel
+    # makes of torchao's wrappers must stay wrappers, or the products would silently run in bf16.
+    result = job["grouped_fp8"]
+    assert result["local_type"] == "Float8TrainingWeightWrapperTensor"
+    assert result["whole_kernel_calls"] == result["sharded_kernel_calls"] == ["Tensor", "Tensor"]
+    torch.testing.assert_close(result["sharded"], result["whole"], rtol=0, atol=0)
+    torch.testing.assert_close(result["sharded_grad"], result["whole_grad"], rtol=0, atol=0)
+
+
 _FAMILIES = list(job_module.HF_FAMILIES)
 
 
