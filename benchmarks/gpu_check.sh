@@ -25,6 +25,10 @@
 #   8. expert parallelism: Lite's ExpertParallel step against the same MoE job written by hand
 #      (distribute_tensor, all_to_all_single_autograd, fully_shard) over NCCL, bf16, torch._grouped_mm,
 #      after a check that both give the same losses (benchmarks/expert_parallel.py).
+#   9. a Mixture of Experts' grouped products on one GPU: bf16 torch._grouped_mm against a loop over
+#      the experts, and FP8 rowwise (Float8Precision(experts="rowwise"), torchao's _scaled_grouped_mm)
+#      against bf16 and against torchao by hand, whose losses it must equal (benchmarks/gpu_fp8_experts.py;
+#      the FP8 arms need compute capability 9.0 and say so below it).
 #   The two-rank cells (4, 6, 7's ddp_ft and pipeline, and 8) run on one GPU too: their two ranks
 #   share it as two one-process nodes, each its own NCCL host (benchmarks/_two_ranks.py).
 #
@@ -34,7 +38,8 @@
 # receives machine.txt, tests.txt, bench.txt, gpu_bench.md/.json, deepspeed_tests.txt,
 # deepspeed.txt, gpu_deepspeed.md/.json, model_parallel.txt, gpu_model_parallel.json, fp8.txt,
 # gpu_fp8.md/.json, context_parallel.txt, gpu_context_parallel.json, paths.txt, gpu_paths.json,
-# expert_parallel.txt, gpu_expert_parallel.md/.json and summary.txt.
+# expert_parallel.txt, gpu_expert_parallel.md/.json, fp8_experts.txt, gpu_fp8_experts.json and
+# summary.txt.
 # Needs python (or $PYTHON) with a CUDA build of torch and pytest; pytest-timeout is optional.
 # Installs nothing: when lite-core/lite-cuda are not installed, they are used from this checkout
 # (benchmarks/_dev_site.py registers their entry points in a temporary folder).
@@ -136,6 +141,13 @@ timeout -k 5 150 "$PY" benchmarks/expert_parallel.py "${EP_ARGS[@]}" > "$RESULTS
 EP_RC=$?
 grep -E "^expert parallel|FAILED|MISMATCH" "$RESULTS/expert_parallel.txt" | tail -n 5
 
+FP8E_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_fp8_experts.json")
+[ "$DEVICE" = cpu ] && FP8E_ARGS+=(--smoke)
+echo "== experts' grouped products, bf16 and FP8 (at most 90 s)"
+timeout -k 5 90 "$PY" benchmarks/gpu_fp8_experts.py "${FP8E_ARGS[@]}" > "$RESULTS/fp8_experts.txt" 2>&1
+FP8E_RC=$?
+grep -E "^fp8 experts|Error" "$RESULTS/fp8_experts.txt" | tail -n 5
+
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
   echo "benchmark: exit $BENCH_RC"
@@ -146,6 +158,7 @@ grep -E "^expert parallel|FAILED|MISMATCH" "$RESULTS/expert_parallel.txt" | tail
   echo "context parallel: exit $CP_RC ($(grep -E '^context parallel' "$RESULTS/context_parallel.txt" | tail -n 1))"
   echo "gpu paths: exit $PATHS_RC ($(grep -cE '^gpu paths .*: ok' "$RESULTS/paths.txt") ok, $(grep -cE '^gpu paths .*: skipped' "$RESULTS/paths.txt") skipped)"
   echo "expert parallel: exit $EP_RC ($(grep -E '^expert parallel' "$RESULTS/expert_parallel.txt" | tail -n 1))"
+  echo "fp8 experts: exit $FP8E_RC ($(grep -E '^fp8 experts' "$RESULTS/fp8_experts.txt" | tail -n 1))"
 } > "$RESULTS/summary.txt"
 cat "$RESULTS/summary.txt"
-[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ] && [ "$PATHS_RC" -eq 0 ] && [ "$EP_RC" -eq 0 ]
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$DS_TESTS_RC" -eq 0 ] && [ "$DS_RC" -eq 0 ] && [ "$MP_RC" -eq 0 ] && [ "$FP8_RC" -eq 0 ] && [ "$CP_RC" -eq 0 ] && [ "$PATHS_RC" -eq 0 ] && [ "$EP_RC" -eq 0 ] && [ "$FP8E_RC" -eq 0 ]

@@ -27,15 +27,18 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == [
         "tests", "benchmark", "deepspeed tests", "deepspeed parity and step time", "model parallel", "fp8",
-        "context parallel", "gpu paths", "expert parallel"]
+        "context parallel", "gpu paths", "expert parallel", "fp8 experts"]
     assert all(": exit 0" in line for line in summary), summary
     assert "passed" in summary[0] and "failed" not in summary[0]
-    assert "model parallel dp1 x tp2 (two nodes sharing device 0)" in summary[-5]  # over gloo
-    assert summary[-5].endswith(": ok)"), summary[-5]
-    assert "context parallel: skipped, the ring needs a GPU" in summary[-3]  # the script ran, saw no GPU
-    assert summary[-2].endswith("(4 ok, 0 skipped)"), summary[-2]  # on the CPU ddp_ft and the pipeline run over gloo
+    assert "model parallel dp1 x tp2 (two nodes sharing device 0)" in summary[-6]  # over gloo
+    assert summary[-6].endswith(": ok)"), summary[-6]
+    assert "context parallel: skipped, the ring needs a GPU" in summary[-4]  # the script ran, saw no GPU
+    assert summary[-3].endswith("(4 ok, 0 skipped)"), summary[-3]  # on the CPU ddp_ft and the pipeline run over gloo
     # Lite's expert-parallel step against the job by hand (bf16, grouped_mm, over gloo): the same losses.
-    assert "expert parallel (cpu, smoke): Lite / by hand" in summary[-1] and summary[-1].endswith("losses equal: ok)")
+    assert "expert parallel (cpu, smoke): Lite / by hand" in summary[-2] and summary[-2].endswith("losses equal: ok)")
+    # The experts' grouped products: bf16 against the loop here; the FP8 arms say why they did not run.
+    assert summary[-1].startswith("fp8 experts: exit 0 (fp8 experts (cpu, smoke): grouped / loop ")
+    assert summary[-1].endswith("fp8: skipped, FP8 grouped products need a GPU of compute capability 9.0)")
     assert json.loads((tmp_path / "gpu_bench.json").read_text())
     fp8 = json.loads((tmp_path / "gpu_fp8.json").read_text())
     # Uncompiled on the CPU, Lite's FP8 arm computes exactly what torchao by hand does.
