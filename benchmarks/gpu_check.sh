@@ -107,10 +107,21 @@ else
   DS_TESTS_RC=0 DS_RC=0
 fi
 
-echo "== model parallel (at most 120 s)"
-timeout -k 5 120 "$PY" benchmarks/gpu_model_parallel.py --device "$DEVICE" --out "$RESULTS/gpu_model_parallel.json" > "$RESULTS/model_parallel.txt" 2>&1
+# run_entry TITLE SECONDS LOG PATTERN SCRIPT ARGS...: runs `$PY SCRIPT ARGS...` for at most SECONDS,
+# its output into LOG, and shows LOG's last lines matching PATTERN; returns the script's exit code.
+run_entry() {
+  local title=$1 seconds=$2 log=$3 pattern=$4
+  shift 4
+  echo "== $title (at most $seconds s)"
+  timeout -k 5 "$seconds" "$PY" "$@" > "$log" 2>&1
+  local rc=$?
+  grep -E "$pattern" "$log" | tail -n 10
+  return $rc
+}
+
+run_entry "model parallel" 120 "$RESULTS/model_parallel.txt" "^model parallel|Error" \
+  benchmarks/gpu_model_parallel.py --device "$DEVICE" --out "$RESULTS/gpu_model_parallel.json"
 MP_RC=$?
-grep -E "^model parallel|Error" "$RESULTS/model_parallel.txt" | tail -n 10
 
 if "$PY" -c "import torchao" 2>/dev/null; then
   FP8_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_fp8")
@@ -124,29 +135,25 @@ else
   FP8_RC=0
 fi
 
-echo "== context parallel (at most 90 s)"
-timeout -k 5 90 "$PY" benchmarks/gpu_context_parallel.py --out "$RESULTS/gpu_context_parallel.json" > "$RESULTS/context_parallel.txt" 2>&1
+run_entry "context parallel" 90 "$RESULTS/context_parallel.txt" "^context parallel|Error" \
+  benchmarks/gpu_context_parallel.py --out "$RESULTS/gpu_context_parallel.json"
 CP_RC=$?
-grep -E "^context parallel|Error" "$RESULTS/context_parallel.txt" | tail -n 10
 
-echo "== paths not yet run on a GPU (at most 240 s)"
-timeout -k 5 240 "$PY" benchmarks/gpu_paths.py --device "$DEVICE" --out "$RESULTS/gpu_paths.json" > "$RESULTS/paths.txt" 2>&1
+run_entry "paths not yet run on a GPU" 240 "$RESULTS/paths.txt" "^gpu paths|Error" \
+  benchmarks/gpu_paths.py --device "$DEVICE" --out "$RESULTS/gpu_paths.json"
 PATHS_RC=$?
-grep -E "^gpu paths|Error" "$RESULTS/paths.txt" | tail -n 10
 
 EP_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_expert_parallel" --quick)
 [ "$DEVICE" = cpu ] && EP_ARGS=(--device cpu --out "$RESULTS/gpu_expert_parallel" --smoke --gpu-style)
-echo "== expert parallel, Lite vs by hand (at most 150 s)"
-timeout -k 5 150 "$PY" benchmarks/expert_parallel.py "${EP_ARGS[@]}" > "$RESULTS/expert_parallel.txt" 2>&1
+run_entry "expert parallel, Lite vs by hand" 150 "$RESULTS/expert_parallel.txt" "^expert parallel|FAILED|MISMATCH" \
+  benchmarks/expert_parallel.py "${EP_ARGS[@]}"
 EP_RC=$?
-grep -E "^expert parallel|FAILED|MISMATCH" "$RESULTS/expert_parallel.txt" | tail -n 5
 
 FP8E_ARGS=(--device "$DEVICE" --out "$RESULTS/gpu_fp8_experts.json")
 [ "$DEVICE" = cpu ] && FP8E_ARGS+=(--smoke)
-echo "== experts' grouped products, bf16 and FP8 (at most 90 s)"
-timeout -k 5 90 "$PY" benchmarks/gpu_fp8_experts.py "${FP8E_ARGS[@]}" > "$RESULTS/fp8_experts.txt" 2>&1
+run_entry "experts' grouped products, bf16 and FP8" 90 "$RESULTS/fp8_experts.txt" "^fp8 experts|Error" \
+  benchmarks/gpu_fp8_experts.py "${FP8E_ARGS[@]}"
 FP8E_RC=$?
-grep -E "^fp8 experts|Error" "$RESULTS/fp8_experts.txt" | tail -n 5
 
 {
   echo "tests: exit $TESTS_RC ($(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RESULTS/tests.txt" | tail -n 1))"
