@@ -146,6 +146,12 @@ def test_experts_in_low_precision_are_refused_where_the_devices_lack_the_grouped
         LightningLite(accelerator="cpu", precision=Float8Precision(emulate=True, experts=experts))
 
 
+def test_only_modules_of_stacked_experts_are_chosen_by_default() -> None:
+    assert holds_stacked_experts(Experts(), "experts")
+    assert not holds_stacked_experts(nn.Conv2d(3, 8, 3), "conv")  # a 4-D weight, not experts
+    assert not holds_stacked_experts(nn.Linear(4, 4), "linear") and not holds_stacked_experts(MoE(), "")
+
+
 def test_an_unknown_experts_recipe_is_refused() -> None:
     with pytest.raises(ConfigurationError, match=(
             r"^Float8Precision\(experts='fp4'\) is not a recipe of the experts' grouped products: pass one of"

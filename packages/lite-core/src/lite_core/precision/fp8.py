@@ -70,7 +70,8 @@ class Float8Precision(MixedPrecision):
             devices without them. `None` (default): the experts run in the autocast dtype.
         experts_filter_fn: `(module, fully_qualified_name) -> bool`: the modules whose parameters
             feed the grouped products. Default: every module with a parameter of three or more
-            dimensions (stacked experts `[num_experts, ...]`, as `ExpertParallel` expects).
+            dimensions (stacked experts `[num_experts, ...]`, as `ExpertParallel` expects), except
+            torch's own layers (a convolution).
 
     Raises:
         ConfigurationError: `recipe` is not one of `"rowwise"`, `"tensorwise"`; a float8
@@ -170,7 +171,10 @@ def default_module_filter(model: nn.Module) -> ModuleFilter:
 
 
 def holds_stacked_experts(module: nn.Module, name: str) -> bool:
-    """Whether `module` has a parameter of its own with three or more dimensions (stacked experts)."""
+    """Whether `module` holds stacked experts: a parameter of its own with three or more dimensions,
+    in a module that is not one of torch's own layers (a convolution's weight has four)."""
+    if type(module).__module__.startswith("torch.nn."):
+        return False
     return any(param.dim() >= 3 for param in module.parameters(recurse=False))
 
 
