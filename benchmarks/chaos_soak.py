@@ -1,6 +1,6 @@
 """The chaos soak: the chaos job of packages/lite-torchft/tests/_chaos.py under a longer schedule.
 
-    python benchmarks/chaos_soak.py [--faults 6] [--seed 0] [--runs 1]
+    python benchmarks/chaos_soak.py [--faults 6] [--seed 0] [--runs 1] [--strategy ddp_ft|diloco]
 
 Starts its own torchft lighthouse, moto S3 server and MLflow tracking server on 127.0.0.1 (the job
 streams its data from the S3 server and logs to MLflow, trackio and W&B offline), runs the job once without
@@ -17,6 +17,10 @@ step, so T / 2 is half a step):
     lost = R + load for kill-job, preempt-job and store-down; D + S / 2 for kill-group; 0 for slow-group
            and tracker-down (training goes on; the harness holds both groups while the MLflow
            server starts again, which the measured figure counts)
+
+`--strategy diloco` runs the job's second configuration (`DiLoCoStrategy(sync_every=4)`, each
+run's weights checked against the one-process simulation of what happened; see _chaos.py), the
+baseline too.
 
 The job is tiny (a 3-8-1 network, 24 steps), so process starts and quorums dominate both
 figures: they show that no fault loses more than the model says, not a large job's numbers.
@@ -61,6 +65,8 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--strategy", choices=("ddp_ft", "diloco"), default="ddp_ft",
+                        help="the job's configuration (tests/_chaos.py CONFIGS)")
     parser.add_argument("--restart", type=float, default=2.84, help="R, seconds (docs/regions.md)")
     parser.add_argument("--drop", type=float, default=1.00, help="D, seconds (docs/regions.md)")
     parser.add_argument("--heal", type=float, default=1.16, help="S, seconds (docs/regions.md)")
@@ -94,14 +100,14 @@ def main() -> None:
                 out.mkdir()
                 bucket = f"s3://{server.new_bucket()}/chaos"
                 return chaos.run(out, address, bucket, server, conftest.script_env, conftest.free_port, schedule,
-                                 mlflow)
+                                 mlflow, options.strategy)
 
             base = one("baseline", []).seconds
-            print(f"baseline (no fault): {base:.1f} s for {chaos.STEPS} steps")
+            print(f"baseline ({options.strategy}, no fault): {base:.1f} s for {chaos.STEPS} steps")
             print("| seed | faults | steps trained again | samples repeated | seconds | goodput measured | modelled |")
             print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
             for seed in range(options.seed, options.seed + options.runs):
-                schedule = chaos.draw(seed, options.faults)
+                schedule = chaos.draw(seed, options.faults, options.strategy)
                 started = time.monotonic()
                 report = one(f"seed-{seed}", schedule)
                 seconds = time.monotonic() - started

@@ -2,7 +2,7 @@
 and the checks a cloud user's job must pass afterwards. The job streams a Hugging Face dataset from
 the S3 server (`write_stream` puts its files there), saves to the same server, and logs to trackio,
 an MLflow tracking server (`MLflowServer`, on 127.0.0.1) and a W&B offline run. Used by
-test_chaos.py (three seeds in CI) and by benchmarks/chaos_soak.py (a longer soak: `--faults N --seed S`).
+test_chaos.py (three runs in CI) and by benchmarks/chaos_soak.py (a longer soak: `--faults N --seed S`).
 
 A schedule is drawn from a seed and printed, so a failure replays with the same seed. Each fault
 lands between two steps (the groups are held there, see chaos_job.py), so what happened is known
@@ -28,6 +28,34 @@ value the ledger says (`_check_tracker`, `_check_mlflow`, `_check_wandb`), no gr
 its loader's position was lost, the groups' weights are equal and equal to one plain process's
 reading the same stream to 1e-5, the last checkpoint is the last step's and loads with
 `weights_only`, no temporary upload is left in the bucket, and no process of the job is left running.
+
+A second configuration, `diloco` (`CHAOS_STRATEGY=diloco` in the job; `config="diloco"` here), runs
+the same job under `DiLoCoStrategy(sync_every=4)`: the groups train alone and meet every 4 inner
+steps, each group saving under its own folder of the bucket. Every check above holds unchanged
+(each group's last checkpoint is step 24's), except the weights': under DiLoCo they are not one
+plain process's, so they are compared, to 1e-6, with the one-process simulation of what actually
+happened (`chaos_job.replay`, from the ledgers and the groups' records of their syncs, heals and
+loaded checkpoints); where a group healed, the weights must also be far (above 1e-3) from the
+same job's simulation without faults, so that the comparison is seen to see the heal. Per fault
+kind, under diloco:
+
+- `kill-group` (always group 1: group 0 logs, and logging moves to another group only at a sync,
+  so a kill of group 0 between syncs would leave the survivor's steps until its next sync unlogged):
+  the victim starts again from its own last checkpoint. If the survivor has not reached a sync
+  meanwhile (its steps alone stop short of one), both meet at the next sync and nothing is lost:
+  the simulation is the run without faults. If the survivor synced alone, the victim's half of the
+  steps since the last sync of both is lost (its own work died with it; the steps after its
+  checkpoint it trains again but a heal throws them away), the survivor trains whole batches from
+  its lone sync, and the victim, asking for a quorum at its own next sync, waits for the survivor's
+  next one and heals there (weights, inner and outer optimizer, weights of the last sync, loader
+  position, step): the simulation follows exactly that, and the ledger still holds each sample once
+  per epoch, since the victim's second life trains the half the survivor did not. The harness waits
+  for the heal before the next fault (until then a hold could stop the survivor short of the sync
+  the victim waits in);
+- `kill-job`, `preempt-job`, `store-down`: every group rolls back to its own last checkpoint (which
+  may be one step apart between the groups: the odd steps save in the background); the simulation
+  loads the same group's state after that step;
+- `slow-group`, `tracker-down`: nothing changes in the math; the simulation is the run without faults.
 """
 
 from __future__ import annotations
@@ -53,6 +81,7 @@ STEPS_PER_EPOCH = 12
 SAMPLES = 48
 BATCH = 4
 KINDS = ("kill-group", "kill-job", "preempt-job", "store-down", "slow-group", "tracker-down")
+CONFIGS = ("ddp_ft", "diloco")  # the job's strategy (module docstring)
 MLFLOW_DOWN_STEPS = 2  # tracker-down: steps trained (and saved) while the MLflow server is stopped
 #: Seconds a group may take for anything the harness waits on: a hang guard, far above the idle time
 #: (a group's start, the slowest wait, takes about 10 s idle; 120 s was passed once at a load of 12).
@@ -72,14 +101,17 @@ class Fault:
         return f"{self.kind}{victim} after step {self.step}{alone}"
 
 
-def draw(seed: int, faults: int = 3) -> list[Fault]:
-    """A schedule of `faults` faults at distinct steps, in step order."""
+def draw(seed: int, faults: int = 3, config: str = "ddp_ft") -> list[Fault]:
+    """A schedule of `faults` faults at distinct steps, in step order (under `diloco`, the same
+    schedule with every `kill-group`'s victim group 1: see the module's docstring)."""
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(2, STEPS - 4), faults))
     schedule = []
     for step in steps:
         kind = rng.choice(KINDS)
-        schedule.append(Fault(kind, step, group=rng.randrange(2), alone=rng.randrange(1, 4)))
+        group = rng.randrange(2)
+        schedule.append(Fault(kind, step, group=1 if config == "diloco" and kind == "kill-group" else group,
+                              alone=rng.randrange(1, 4)))
     return schedule
 
 
@@ -150,9 +182,11 @@ def write_stream(url: str) -> None:
 class Report:
     """What a run saw: the schedule, the steps trained again, the samples trained more than once
     per epoch (0 when it passes), the steps W&B's offline files hold with two values (see
-    `_check_wandb`), and the seconds the run took."""
+    `_check_wandb`), the heals of a group from its peer at a sync (diloco), and the seconds the run took."""
 
     schedule: list[Fault]
+    config: str = "ddp_ft"
+    heals: int = 0
     steps_trained_again: int = 0
     samples_repeated: int = 0
     wandb_steps_twice: int = 0
@@ -163,8 +197,9 @@ class ChaosJob:
     """The two groups of one run, in folder `out`, meeting at `lighthouse`, saving under `bucket`."""
 
     def __init__(self, out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[..., dict[str, str]],
-                 free_port: Callable[[], int], mlflow: MLflowServer) -> None:
+                 free_port: Callable[[], int], mlflow: MLflowServer, config: str = "ddp_ft") -> None:
         self.out, self.lighthouse, self.bucket, self.server, self.mlflow = out, lighthouse, bucket, server, mlflow
+        self.config = config
         self._env, self._free_port = env, free_port
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.pids: set[int] = set()
@@ -177,7 +212,7 @@ class ChaosJob:
             env = self._env(LITE_COLLECTIVE_TIMEOUT="20", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2",
                             TORCHFT_LIGHTHOUSE=self.lighthouse, MASTER_ADDR="127.0.0.1",
                             MASTER_PORT=str(self._free_port()), **job_env(self.out, self.bucket, self.server,
-                                                                           self.mlflow))
+                                                                           self.mlflow, self.config))
             log = (self.out / f"group-{group}.log").open("a")
             self.procs[group] = subprocess.Popen([sys.executable, str(SCRIPT), str(self.out), self.bucket], env=env,
                                                  text=True, stdout=log, stderr=subprocess.STDOUT)
@@ -248,6 +283,10 @@ class ChaosJob:
                    or not (self.out / f"hold-{survivor}").exists(), f"group {survivor} to train alone", alive=False)
         self.start((victim,))
         self.release(survivor)
+        if self.config == "diloco":  # until the victim is past the survivor's steps alone (healed, if it must)
+            back = fault.step + fault.alone
+            self._wait(lambda: self.procs[victim].poll() is not None or self.committed(victim) > back,
+                       f"group {victim} to be back in step", alive=False)
 
     def _kill_job(self, fault: Fault) -> None:
         self.hold_both_at(fault.step)
@@ -313,12 +352,12 @@ class ChaosJob:
                 proc.wait()
 
 
-def job_env(out: Path, bucket: str, server: Any, mlflow: MLflowServer) -> dict[str, str]:
+def job_env(out: Path, bucket: str, server: Any, mlflow: MLflowServer, config: str = "ddp_ft") -> dict[str, str]:
     """What the job's processes (and its plain run) need besides the launch variables: the stream,
-    the S3 server's client settings, the trackers."""
+    the S3 server's client settings, the trackers, the strategy."""
     return {"CHAOS_STREAM": stream_url(bucket), "TRACKIO_DIR": str(out / "trackio"), "LITE_JOB_ID": f"chaos-{out.name}",
             "CHAOS_MLFLOW_URI": mlflow.uri, "CHAOS_MLFLOW_EXPERIMENT": f"chaos-{out.name}", "WANDB_SILENT": "true",
-            **server.env}
+            "CHAOS_STRATEGY": config, **server.env}
 
 
 def ledger(out: Path, group: int) -> list[tuple[int, int, int, list[int]]]:
@@ -331,13 +370,14 @@ def ledger(out: Path, group: int) -> list[tuple[int, int, int, list[int]]]:
 
 
 def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[..., dict[str, str]],
-        free_port: Callable[[], int], schedule: list[Fault], mlflow: MLflowServer) -> Report:
-    """Run the job under `schedule` and check it (raises `AssertionError` naming what failed).
-    `bucket` is the checkpoints' folder on `server`; the stream goes beside it (`stream_url`)."""
-    print("chaos schedule: " + "; ".join(map(str, schedule)), flush=True)
+        free_port: Callable[[], int], schedule: list[Fault], mlflow: MLflowServer, config: str = "ddp_ft") -> Report:
+    """Run the job under `schedule` in configuration `config` (`CONFIGS`) and check it (raises
+    `AssertionError` naming what failed). `bucket` is the checkpoints' folder on `server`; the
+    stream goes beside it (`stream_url`)."""
+    print(f"chaos schedule ({config}): " + "; ".join(map(str, schedule)), flush=True)
     started = time.monotonic()
     write_stream(stream_url(bucket))
-    job = ChaosJob(out, lighthouse, bucket, server, env, free_port, mlflow)
+    job = ChaosJob(out, lighthouse, bucket, server, env, free_port, mlflow, config)
     try:
         job.start()
         for fault in schedule:
@@ -345,10 +385,11 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
         job.finish()
     finally:
         job.stop_all()
-    report = Report(schedule, seconds=time.monotonic() - started)
-    check(out, bucket, job.pids, report, env(**job_env(out, bucket, server, mlflow)), mlflow.uri)
-    print(f"chaos report: {report.seconds:.0f} s, {report.steps_trained_again} steps trained again,"
-          f" {report.samples_repeated} samples repeated, {report.wandb_steps_twice} steps twice in W&B's files",
+    report = Report(schedule, config, seconds=time.monotonic() - started)
+    check(out, bucket, job.pids, report, env(**job_env(out, bucket, server, mlflow, config)), mlflow.uri)
+    heals = f", {report.heals} heals at a sync" if config == "diloco" else ""
+    print(f"chaos report ({config}): {report.seconds:.0f} s, {report.steps_trained_again} steps trained again,"
+          f" {report.samples_repeated} samples repeated, {report.wandb_steps_twice} steps twice in W&B's files{heals}",
           flush=True)
     return report
 
@@ -364,8 +405,13 @@ def check(out: Path, bucket: str, pids: set[int], report: Report, env: dict[str,
     _check_tracker(out, trained)
     _check_mlflow(out, mlflow_uri, trained)
     _check_wandb(out, trained, report)
-    _check_weights(out, env)
-    _check_bucket(bucket)
+    if report.config == "diloco":
+        _check_diloco_weights(out, env, report)
+        for group in (0, 1):
+            _check_bucket(f"{bucket}/group-{group}")
+    else:
+        _check_weights(out, env)
+        _check_bucket(bucket)
     alive = [pid for pid in pids if _running(pid)]
     assert not alive, f"processes of the job still run: {alive}"
 
@@ -465,6 +511,30 @@ def _check_weights(out: Path, env: dict[str, str]) -> None:
     plain = torch.load(out / "weights-plain.pt", weights_only=True)
     for name in plain:
         torch.testing.assert_close(first[name], plain[name], rtol=0, atol=1e-5)
+
+
+#: diloco: how far the groups' weights may be from the simulation of what happened (float32; seen: 0.0).
+DILOCO_TOLERANCE = 1e-6
+
+
+def _check_diloco_weights(out: Path, env: dict[str, str], report: Report) -> None:
+    """Both groups end equal (the last step, 24, is a sync of both) and where `chaos_job.replay`,
+    the one-process simulation of the syncs, heals and rollbacks the groups recorded, ends; after a
+    heal, far from where the same job without faults ends (`replay forget-faults`)."""
+    first, second = (torch.load(out / f"weights-{g}.pt", weights_only=True) for g in (0, 1))
+    assert all(torch.equal(first[name], second[name]) for name in first), "the groups ended with other weights"
+    report.heals = sum(line.split()[4] == "1" for g in (0, 1) if (out / f"diloco-{g}").exists()
+                       for line in (out / f"diloco-{g}").read_text().splitlines() if line.startswith("step "))
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "replay"], check=True, timeout=PATIENCE, env=env)
+    simulated = torch.load(out / "weights-replay.pt", weights_only=True)
+    for name in simulated:
+        torch.testing.assert_close(first[name], simulated[name], rtol=0, atol=DILOCO_TOLERANCE)
+    if report.heals:  # the comparison sees what a heal changed: the same job without faults ends elsewhere
+        subprocess.run([sys.executable, str(SCRIPT), str(out), "replay", "forget-faults"], check=True,
+                       timeout=PATIENCE, env=env)
+        straight = torch.load(out / "weights-replay.pt", weights_only=True)
+        distance = max(float((first[name] - straight[name]).abs().max()) for name in first)
+        assert distance > 1e-3, f"the run ends {distance:.2g} from a run without faults: the heal changed nothing?"
 
 
 def _check_bucket(bucket: str) -> None:

@@ -4,8 +4,11 @@ to that bucket after every step, some in the background, logs to trackio, an MLf
 127.0.0.1) and a W&B offline run, and keeps its own ledger of the samples it trained, run under a
 seeded schedule of faults: SIGKILL of a group or of the whole job, SIGTERM to the job, the store
 down, the MLflow server down, a slow group.
-Each seed's schedule is printed; `LITE_CHAOS_SEED=S` runs seed S alone (replay a failure), and
-`benchmarks/chaos_soak.py --faults N --seed S` runs longer schedules.
+The same job runs in a second configuration, `diloco` (`DiLoCoStrategy(sync_every=4)`), checked
+against the one-process simulation of what happened (see _chaos.py).
+Each run's seed and configuration are printed; `LITE_CHAOS_SEED=S` runs seed S alone (replay a
+failure) under `ddp_ft`, or under `diloco` with `LITE_CHAOS_CONFIG=diloco`, and
+`benchmarks/chaos_soak.py --faults N --seed S [--strategy diloco]` runs longer schedules.
 """
 
 from __future__ import annotations
@@ -52,19 +55,24 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_chaos.M
     server.stop()
 
 
-#: Three schedules of two faults that together hold every kind (4: kill-group, kill-job; 7:
-#: store-down, slow-group; 9: preempt-job, tracker-down), bounded for CI; the soak runs longer ones.
-SEEDS = [int(os.environ["LITE_CHAOS_SEED"])] if os.environ.get("LITE_CHAOS_SEED") else [4, 7, 9]
+#: Three runs of two faults that together hold every kind, bounded for CI (the soak runs longer
+#: ones): under diloco seed 2 (kill-group of group 1 after step 3 whose survivor syncs alone at 4,
+#: so the victim heals from it at 8; tracker-down), under ddp_ft seeds 7 (store-down, slow-group)
+#: and 14 (kill-job, preempt-job).
+RUNS = ([(int(os.environ["LITE_CHAOS_SEED"]), os.environ.get("LITE_CHAOS_CONFIG", "ddp_ft"))]
+        if os.environ.get("LITE_CHAOS_SEED") else [(2, "diloco"), (7, "ddp_ft"), (14, "ddp_ft")])
 FAULTS = 2
 
 
-@pytest.mark.timeout(900)  # a hang guard (a seed takes about 270 s): each wait inside is bounded too (_chaos.PATIENCE)
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.timeout(900)  # a hang guard (a run: 200-410 s loaded): each wait inside is bounded too (_chaos.PATIENCE)
+@pytest.mark.parametrize(("seed", "config"), RUNS, ids=[f"{config}-seed-{seed}" for seed, config in RUNS])
 def test_a_job_under_random_faults_loses_no_sample_and_ends_where_one_plain_process_ends(
         quick_lighthouse: str, tmp_path: Path, s3_server, s3_bucket: str, mlflow_server: _chaos.MLflowServer,
-        seed: int) -> None:
-    schedule = _chaos.draw(seed, FAULTS)
-    print(f"LITE_CHAOS_SEED={seed} replays this run", flush=True)
+        seed: int, config: str) -> None:
+    """ddp_ft: where one plain process ends; diloco: where the simulation of what happened ends."""
+    assert config in _chaos.CONFIGS, f"LITE_CHAOS_CONFIG={config}: one of {_chaos.CONFIGS}"
+    schedule = _chaos.draw(seed, FAULTS, config)
+    print(f"LITE_CHAOS_SEED={seed} LITE_CHAOS_CONFIG={config} replays this run", flush=True)
     report = _chaos.run(tmp_path, quick_lighthouse, f"{s3_bucket}/chaos", s3_server, script_env, free_port, schedule,
-                        mlflow_server)
+                        mlflow_server, config)
     assert report.samples_repeated == 0
