@@ -39,14 +39,10 @@ loaded checkpoints); where a group healed, the weights must also be far (above 1
 same job's simulation without faults, so that the comparison is seen to see the heal. Per fault
 kind, under diloco:
 
-- `kill-group` (always group 1: group 0 logs, and logging moves to another group only at a sync,
-  so a kill of group 0 between syncs leaves the survivor's steps until its next sync to group 0's
-  second life; a kill of group 0 after step 5 with 3 steps alone, tried once, also had group 0
-  wait in its quorum while the survivor synced alone at 8, 12 and 16. Open in issue 53: a heal
-  across the epoch's end fails the ledger check, seen twice (group 0 killed as above, healed at
-  20; group 1 killed after step 10 with 2 steps alone, healed at 16): the healed group then reads
-  epoch 1 of the stream in epoch 0's shuffle order, so its halves repeat and miss samples. CI's
-  seed heals inside epoch 0; a soak under diloco can draw such a heal):
+- `kill-group` (always group 1: group 0 logs, and logging moves to another group only at a sync.
+  A kill of group 0 after step 5 with 3 steps alone, tried once, failed the trackers' check:
+  trackio lacked steps 5-7 and 24, group 0 waited in its quorum while the survivor synced alone at
+  8, 12 and 16, and healed at 20; open in issue 53):
   the victim starts again from its own last checkpoint. If the survivor has not reached a sync
   meanwhile (its steps alone stop short of one), both meet at the next sync and nothing is lost:
   the simulation is the run without faults. If the survivor synced alone, the victim's half of the

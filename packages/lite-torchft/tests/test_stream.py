@@ -79,3 +79,49 @@ def test_a_heal_into_the_peers_next_epoch_ends_the_pass_under_way() -> None:
     assert _committed_pass(healed) == [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19],
                                        [20, 21, 22, 23]]
     assert healed.epoch == 2
+
+
+class _EpochOrder(torch.utils.data.IterableDataset):
+    """A stream whose order its epoch picks, set before each pass as lite-core sets a Hugging Face
+    shuffle buffer's (`set_epoch`)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(24, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([(i,) for i in order])  # rows as a TensorDataset's: a batch is `(tensor,)`
+
+
+def test_a_heal_in_the_optimizer_steps_sync_into_the_peers_next_epoch_draws_the_peers_order() -> None:
+    """Under an algorithm (`diloco`) a group heals in its optimizer step's sync, after the step's
+    batch, not at the next batch's quorum: the pass under way ends there too, and the next pass,
+    its stream's epoch set, is the peer's epoch from its position. Found by the chaos job's diloco
+    configuration: the pass fetched the peer's position in the old epoch's order before it ended,
+    and the next pass went on with that iterator (epoch 0's order in epoch 1)."""
+    data = _EpochOrder()
+    loader = DataLoader(data, batch_size=4)
+    peer = LoaderStream(loader, split_batches=True)
+    assert len(_committed_pass(peer)) == 6
+    data.set_epoch(1)
+    assert len(_take(peer, 1)) == 1  # one step into epoch 1
+    position = peer.state_dict()
+    order = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
+    rest = [order[i:i + 4] for i in range(4, 24, 4)]
+
+    healed = LoaderStream(loader, split_batches=True)
+    healed.load_state_dict({"epoch": 0, "committed": 3})  # the checkpoint it resumed from
+    data.set_epoch(0)  # lite-core, at the pass's start
+    taken = []
+    for (rows,) in healed.batches(_one_step):
+        taken.append(rows.tolist())
+        healed.commit()
+        if len(taken) == 1:
+            healed.load_state_dict(position)  # the sync of this step's optimizer step heals it
+    assert len(taken) == 1, "the pass of epoch 0 went on after the heal"
+    data.set_epoch(1)
+    assert _committed_pass(healed) == rest, "the next pass did not draw the peer's epoch from its position"
+    assert healed.epoch == 2

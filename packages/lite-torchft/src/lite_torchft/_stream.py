@@ -74,15 +74,21 @@ class LoaderStream:
         """
         pass_epoch = self.epoch
         self._set_epoch()
-        while self._fill(1):
+        while self.epoch == pass_epoch and self._fill(1):
             index, count = begin_step()
             if self.epoch != pass_epoch:
-                # The step healed this process from a peer already in a later epoch: this pass is
-                # over (the user's loop moves on to its next epoch, which the peer's position starts).
-                return
+                break
             if not self._fill(1 if self.split_batches else count):
                 break  # fewer batches left than processes: the epoch ends for everyone alike
             yield self._share(index, count)
+        if self.epoch != pass_epoch:
+            # A step healed this process from a peer already in a later epoch (at its quorum, or
+            # in the optimizer step's sync under an algorithm): this pass is over, and the user's
+            # loop moves on to its next epoch, which the peer's position starts. Nothing fetched
+            # here is kept: it came in this pass's order (a stream's shuffle seeded by the old
+            # epoch), and the next pass draws the peer's epoch once its epoch is set.
+            self._pending, self._taken, self._iterator = [], 0, None
+            return
         self.epoch += 1
         self.committed, self._pending, self._taken, self._iterator = 0, [], 0, None
         self._epoch_rng = None
