@@ -115,22 +115,41 @@ def _run_in_fork(path: str, request: dict) -> None:
     request["fds"] = numbers
     body = json.dumps(request).encode()
     message = struct.pack("!I", len(body)) + body
-    socket.send_fds(connection, [message[:65536]], numbers)
-    if len(message) > 65536:
-        connection.sendall(message[65536:])
-    header = _exactly(connection, 4)
-    if header is None:
-        os._exit(1)
-    (child,) = struct.unpack("!i", header)
+    # The program may run (and print that it is ready) before this process hears its pid, so the
+    # signals are caught from the request on: one that comes before the pid is passed on once it is
+    # known (under load a launcher still installing its relay was killed by a SIGTERM meant for the
+    # program). Should the request fail, the interpreter starts as usual, with its own handlers.
+    child = None
+    early: list[int] = []
 
     def relay(signum, frame) -> None:
+        if child is None:
+            early.append(signum)
+            return
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, relay)
+    relayed = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    before = {sig: signal.signal(sig, relay) for sig in relayed}
+    try:
+        socket.send_fds(connection, [message[:65536]], numbers)
+        if len(message) > 65536:
+            connection.sendall(message[65536:])
+        header = _exactly(connection, 4)
+    except OSError:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        connection.close()
+        for signum in early:
+            os.kill(os.getpid(), signum)
+        return
+    if header is None:
+        os._exit(1)
+    (child,) = struct.unpack("!i", header)
+    while early:
+        relay(early.pop(0), None)
     status = _exactly(connection, 8)
     if status is None:
         sys_stderr = os.fdopen(2, "w", closefd=False)
