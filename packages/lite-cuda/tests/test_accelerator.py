@@ -259,6 +259,15 @@ def test_experts_in_low_precision_below_their_gpu_generation_fail_at_constructio
     assert lite.strategy.precision.experts == experts
 
 
+def test_a_hardware_feature_every_gpu_declares_passes_the_per_gpu_check(fake_gpus: Any) -> None:
+    # `validate_hardware` checks compute capability for the grouped products only; another declared
+    # feature ("fp8", whose capability its precision's row checks) used to raise a KeyError there.
+    fake_gpus(1, name="NVIDIA H100 80GB HBM3", capability=(9, 0))
+    precision = TruePrecision("32-true", torch.float32)
+    precision.hardware_features = {"fp8": "a toy precision"}
+    assert LightningLite(accelerator="cuda", precision=precision).strategy.precision is precision
+
+
 # --- never initialise CUDA in the parent -----------------------------------------------------------------
 
 _INITIALISES_CUDA = ("is_available", "init", "_lazy_init", "current_device", "get_device_properties",

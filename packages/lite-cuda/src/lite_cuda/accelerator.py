@@ -117,6 +117,8 @@ class CUDAAccelerator(Accelerator):
         needs (FP8 rowwise: compute capability 9.0; MXFP8: 10.0); GPUs NVML cannot describe pass."""
         super().validate_hardware(features, device_indexes)
         for feature, option in sorted(features.items()):
+            if feature not in _GROUPED_CAPABILITY:
+                continue  # declared for every GPU ("fp8" is checked by its precision's row)
             needed, what, examples, fix = _GROUPED_CAPABILITY[feature]
             for index in device_indexes:
                 gpu = _runtime.gpu(index)
