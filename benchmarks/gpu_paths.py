@@ -137,7 +137,7 @@ def pipeline_job(device: torch.device) -> dict[str, object] | None:
         optimizer.zero_grad()
         lite.backward(model(x, target=y))
         optimizer.step()
-    full = lite._strategy.full_module_state_dict(model)
+    full = lite.strategy.full_module_state_dict(model)
     if not lite.is_global_zero:
         return None
     worst = max((full[k].cpu() - v).abs().max().item() for k, v in plain_weights().items())

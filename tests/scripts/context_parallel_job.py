@@ -163,8 +163,8 @@ def main(out: Path) -> None:
                          strategy=strategy(context_parallel_buffers={"position": 0}))
     lite.launch()
     results = {"train": train(lite), "refusals": refusals()}
-    results["layout"] = lite._strategy.mesh_layout.sizes()
-    results["dim_names"] = lite._strategy.device_mesh.mesh_dim_names
+    results["layout"] = lite.strategy.mesh_layout.sizes()
+    results["dim_names"] = lite.strategy.device_mesh.mesh_dim_names
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
 

@@ -154,7 +154,7 @@ class Elastic(LightningLite):
             state["epoch"] = epoch + 1
             self.save(state, checkpoint)
         record = {"weight": [whole(p).detach().flatten().tolist() for p in model.parameters()], "world": self.world_size,
-                  "environment": self._strategy.environment.name, "restart": os.environ.get("LITE_RESTART_COUNT"), "resumed_step": resumed_step}
+                  "environment": self.strategy.environment.name, "restart": os.environ.get("LITE_RESTART_COUNT"), "resumed_step": resumed_step}
         Path(out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 

@@ -16,7 +16,7 @@ from lite_core import LightningLite
 
 class Train(LightningLite):
     def run(self) -> None:
-        assert self._strategy.accelerator.name == "fake" and self._strategy.name == "fsdp"
+        assert self.strategy.accelerator.name == "fake" and self.strategy.name == "fsdp"
         torch.manual_seed(0)
         model = nn.Linear(4, 2)
         before = model.weight.detach().clone()

@@ -32,6 +32,6 @@ class MyDDP(DDPStrategy):
 strategy = MyDDP() if sys.argv[1] == "my_ddp" else sys.argv[1]
 devices = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 lite = Notebook(accelerator="cpu", strategy=strategy, devices=devices)
-print("STRATEGY " + type(lite._strategy).__name__, flush=True)
+print("STRATEGY " + type(lite.strategy).__name__, flush=True)
 result = lite.run(10.0)
 print("RESULT " + json.dumps({"session_pid": os.getpid(), "returned": result}))

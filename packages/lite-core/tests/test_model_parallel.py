@@ -18,7 +18,7 @@ def _identity(model: nn.Module, device_mesh: object) -> nn.Module:
 
 
 def _strategy_of(strategy: object, **kwargs: object) -> ModelParallelStrategy:
-    return LightningLite(accelerator="cpu", strategy=strategy, **kwargs)._strategy  # type: ignore[return-value]
+    return LightningLite(accelerator="cpu", strategy=strategy, **kwargs).strategy  # type: ignore[return-value]
 
 
 def _one_sentence(message: str) -> bool:

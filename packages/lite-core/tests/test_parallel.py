@@ -21,7 +21,7 @@ def _identity(model: nn.Module, device_mesh: object) -> nn.Module:
 
 
 def _layout_of(strategy: ModelParallelStrategy, devices: int) -> MeshLayout:
-    return LightningLite(accelerator="cpu", strategy=strategy, devices=devices)._strategy.mesh_layout
+    return LightningLite(accelerator="cpu", strategy=strategy, devices=devices).strategy.mesh_layout
 
 
 def _one_sentence(message: str) -> bool:
@@ -148,7 +148,7 @@ def test_a_layout_that_does_not_make_the_world_size_is_refused_at_construction(c
 
 
 def test_the_repr_shows_the_sizes_asked_for(clean_env) -> None:
-    strategy = LightningLite(accelerator="cpu", strategy=ModelParallelStrategy(_identity), devices=4)._strategy
+    strategy = LightningLite(accelerator="cpu", strategy=ModelParallelStrategy(_identity), devices=4).strategy
     assert "data_parallel_size='auto'" in repr(strategy) and "tensor_parallel_size='auto'" in repr(strategy)
 
 

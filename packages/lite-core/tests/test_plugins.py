@@ -145,7 +145,7 @@ def test_the_fake_backends_device_runs_the_core_distributed_strategies(strategy:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LITE_FAKE_AVAILABLE", "1")  # tests/fake_backend: an accelerator the core never names
     lite = LightningLite(accelerator="fake", strategy=strategy, devices=2)
-    assert lite._strategy.accelerator.name == "fake"
+    assert lite.strategy.accelerator.name == "fake"
 
 
 def test_ddp_sharded_accepts_any_device_that_talks_gloo_or_nccl() -> None:
@@ -167,11 +167,11 @@ def test_a_device_without_a_process_group_is_refused_by_strategies_that_need_one
     assert message.startswith(f"strategy={strategy!r} does not run on accelerator='declared': it needs a"
                               " torch.distributed process group")
     assert message.count(". ") == 0 and message.endswith(".")
-    assert LightningLite(accelerator=_accelerator(None), strategy="single_device")._strategy.name == "single_device"
+    assert LightningLite(accelerator=_accelerator(None), strategy="single_device").strategy.name == "single_device"
 
 
 def test_a_new_gpu_backend_with_its_own_process_group_backend_runs_fsdp() -> None:
-    assert LightningLite(accelerator=_accelerator("xccl"), strategy="fsdp", devices=2)._strategy.name == "fsdp"
+    assert LightningLite(accelerator=_accelerator("xccl"), strategy="fsdp", devices=2).strategy.name == "fsdp"
 
 
 def test_a_new_device_trains_under_fsdp_with_no_change_to_the_core(run_script: Any) -> None:

@@ -284,7 +284,7 @@ def test_a_compatible_backend_instance_is_accepted(tmp_path: Path, monkeypatch: 
     install_backend(tmp_path, monkeypatch, "lite-fake-old", requires="lite-core>=0.1,<1",
                     entry_points="[lite_core.strategies]\nfake_old = lite_fake_old:OldStrategy\n", module_source=_OLD)
     lite = LightningLite(accelerator="cpu", strategy=importlib.import_module("lite_fake_old").OldStrategy())
-    assert type(lite._strategy).__name__ == "OldStrategy"
+    assert type(lite.strategy).__name__ == "OldStrategy"
 
 
 # --- broken backends ------------------------------------------------------------------------------------

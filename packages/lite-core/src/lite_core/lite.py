@@ -17,6 +17,7 @@ from lite_core.checkpoint import TrainableState
 from lite_core.connector import _defaults
 from lite_core.connector._arguments import as_list, checked_loggers, legacy_devices
 from lite_core.connector._connect import connect
+from lite_core.connector._plan import Plan
 from lite_core.data._evaluation import EvaluationPasses
 from lite_core.data._loaders import Loaders
 from lite_core.running._callbacks import Callbacks, Loggers
@@ -77,21 +78,22 @@ class LightningLite:
                  gpus: int | str | list[int] | None = None, tpu_cores: int | list[int] | None = None) -> None:
         accelerator, devices = legacy_devices(accelerator, devices, gpus=gpus, tpu_cores=tpu_cores)
         # A count left out (`devices`, `num_nodes`) arrives as a `_defaults.LeftToLauncher` value.
-        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
-        self._loggers = Loggers(checked_loggers(as_list(loggers)), self._strategy)
+        # The job's plan: every choice resolved and checked once; each room takes its parts of it.
+        self._plan: Plan = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
+        self._loggers = Loggers(checked_loggers(as_list(loggers)), self._plan.strategy)
         self._callbacks = Callbacks(as_list(callbacks))
-        self._checkpoints = Checkpoints(self._strategy)
-        self._collectives = Collectives(self._strategy)
-        self._running = Running(self._strategy, self._checkpoints, self._loggers)
+        self._checkpoints = Checkpoints(self._plan.strategy)
+        self._collectives = Collectives(self._plan.strategy)
+        self._running = Running(self._plan.strategy, self._plan.launcher, self._checkpoints, self._loggers)
         self._start_set_up()
 
     def _start_set_up(self) -> None:
         """No model, optimizer or loader set up yet (also in a spawned process's copy)."""
         claims, models = Claims(), []
         evaluations = EvaluationPasses(models)
-        self._models = Models(self._strategy, claims, models, evaluations)
+        self._models = Models(self._plan.strategy, self._plan.precision, claims, models, evaluations)
         self._profiles = Profiles()  # what `profile()` runs, whose steps a ThroughputMonitor marks
-        self._loaders = Loaders(self._strategy, claims, evaluations)
+        self._loaders = Loaders(self._plan.strategy, claims, evaluations)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -112,27 +114,27 @@ class LightningLite:
     @property
     def device(self) -> torch.device:
         """The device this process computes on."""
-        return self._strategy.root_device
+        return self._plan.strategy.root_device
 
     @property
     def global_rank(self) -> int:
         """Rank of this process across all nodes."""
-        return self._strategy.global_rank
+        return self._plan.strategy.global_rank
 
     @property
     def local_rank(self) -> int:
         """Rank of this process on its node."""
-        return self._strategy.local_rank
+        return self._plan.strategy.local_rank
 
     @property
     def node_rank(self) -> int:
         """Rank of this process's node."""
-        return self._strategy.node_rank
+        return self._plan.strategy.node_rank
 
     @property
     def world_size(self) -> int:
         """Number of processes in the job."""
-        return self._strategy.world_size
+        return self._plan.strategy.world_size
 
     @property
     def is_global_zero(self) -> bool:
@@ -141,8 +143,8 @@ class LightningLite:
 
     @property
     def strategy(self) -> Strategy:
-        """The connected strategy (its accelerator, precision and environment hang off it)."""
-        return self._strategy
+        """The connected strategy: how the model, optimizers and collectives are spread over processes."""
+        return self._plan.strategy
 
     # -- entry points ------------------------------------------------------------------------------
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -268,7 +270,7 @@ class LightningLite:
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's forward context, for code that runs outside the wrapped model."""
-        return self._strategy.precision.forward_context()
+        return self._plan.precision.forward_context()
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Context for building modules directly on the device and in the precision.
@@ -279,7 +281,7 @@ class LightningLite:
                 models it skips parameter initialisation (for weights loaded right after). Either
                 way, buffers written in `__init__` (masks, constants) keep their values.
         """
-        return self._strategy.module_init_context(empty_init)
+        return self._plan.strategy.module_init_context(empty_init)
 
     def to_device(self, obj: Any) -> Any:
         """Move a module, or every tensor in a nested structure, to this process's device.
@@ -288,8 +290,8 @@ class LightningLite:
         they sit in dicts, lists, tuples, namedtuples and dataclasses (frozen ones too).
         """
         if isinstance(obj, nn.Module):
-            return self._strategy.module_to_device(obj)
-        return self._strategy.batch_to_device(obj)
+            return self._plan.strategy.module_to_device(obj)
+        return self._plan.strategy.batch_to_device(obj)
 
     # -- processes ---------------------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -385,8 +387,8 @@ class LightningLite:
         `PeftModel.from_pretrained` reads (docs/fine-tuning.md).
         """
         if trainable_only:
-            return self._strategy.full_trainable_state_dict(model)
-        return self._strategy.full_module_state_dict(model)
+            return self._plan.strategy.full_trainable_state_dict(model)
+        return self._plan.strategy.full_module_state_dict(model)
 
     def trainable_state(self, model: nn.Module) -> TrainableState:
         """The set-up model's trainable parameters as one entry of `save` and `load`'s content: an
@@ -401,7 +403,7 @@ class LightningLite:
         frozen weights are neither written nor touched. A saved weight that does not train in
         the model, or a trainable one missing, raises a `CheckpointError`.
         """
-        return TrainableState(self._strategy, model)
+        return TrainableState(self._plan.strategy, model)
 
     def export_safetensors(self, model: nn.Module, folder: str | os.PathLike[str],
                            max_file_bytes: int = 5 * 10**9) -> None:

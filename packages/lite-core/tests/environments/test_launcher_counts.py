@@ -37,8 +37,8 @@ def launched_by(monkeypatch: pytest.MonkeyPatch, launcher: str, **overrides: obj
 def test_counts_left_out_are_the_launchers(monkeypatch, launcher):
     launched_by(monkeypatch, launcher)
     lite = LightningLite(accelerator="cpu", strategy="ddp")
-    assert (lite._strategy.num_nodes, len(lite._strategy.device_indexes)) == (3, 2)
-    lite._strategy.sync_ranks()  # what setting up the processes does first (a no-op where the launcher says)
+    assert (lite.strategy.num_nodes, len(lite.strategy.device_indexes)) == (3, 2)
+    lite.strategy.sync_ranks()  # what setting up the processes does first (a no-op where the launcher says)
     assert (lite.world_size, lite.global_rank, lite.local_rank, lite.node_rank) == (6, 3, 1, 1)
 
 
@@ -47,18 +47,18 @@ def test_kubeflow_runs_one_process_per_pod(monkeypatch):
                             WORLD_SIZE=3, RANK=2).items():
         monkeypatch.setenv(name, str(value))
     lite = LightningLite(accelerator="cpu", strategy="ddp")
-    assert (lite._strategy.num_nodes, len(lite._strategy.device_indexes), lite.world_size) == (3, 1, 3)
+    assert (lite.strategy.num_nodes, len(lite.strategy.device_indexes), lite.world_size) == (3, 1, 3)
 
 
 def test_a_count_the_code_names_is_kept_and_the_other_taken_from_the_launcher(monkeypatch):
     launched_by(monkeypatch, "torchrun")
     lite = LightningLite(accelerator="cpu", strategy="ddp", devices=2)
-    assert lite._strategy.num_nodes == 3
+    assert lite.strategy.num_nodes == 3
 
 
 def test_without_a_launcher_the_signature_defaults_hold():
     lite = LightningLite(accelerator="cpu")
-    assert (lite._strategy.num_nodes, lite.world_size) == (1, 1)
+    assert (lite.strategy.num_nodes, lite.world_size) == (1, 1)
 
 
 def test_a_num_nodes_the_launcher_does_not_run_is_refused_in_one_sentence(monkeypatch):
@@ -82,8 +82,8 @@ def test_a_ray_train_worker_is_recognised_even_inside_a_slurm_allocation(monkeyp
     launched_by(monkeypatch, "ray-style")
     monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # a Ray worker has Ray imported
     lite = LightningLite(accelerator="cpu", strategy="ddp")
-    assert lite._strategy.environment.name == "ray"
-    assert (lite._strategy.num_nodes, lite.world_size, lite.global_rank, lite.node_rank) == (3, 6, 3, 1)
+    assert lite.strategy.environment.name == "ray"
+    assert (lite.strategy.num_nodes, lite.world_size, lite.global_rank, lite.node_rank) == (3, 6, 3, 1)
     with pytest.raises(ConfigurationError, match=r"^Ray Train started 2 worker\(s\) on this node and 6 in total"):
         LightningLite(accelerator="cpu", strategy="ddp", devices=1)
 

@@ -224,10 +224,10 @@ def _processes_per_node(options: argparse.Namespace, choices: dict[str, Any]) ->
         count = _local_world_size(options.nproc_per_node)
         choices["devices"] = count
     with _rendezvous_variables(options):
-        strategy = connect(choices.get("accelerator", "auto"), choices.get("strategy", "auto"),
-                           _devices(str(choices.get("devices", "auto"))), options.nodes[0],
-                           choices.get("precision", "32-true"), None)
-    return count if count is not None else len(strategy.device_indexes)
+        plan = connect(choices.get("accelerator", "auto"), choices.get("strategy", "auto"),
+                       _devices(str(choices.get("devices", "auto"))), options.nodes[0],
+                       choices.get("precision", "32-true"), None)
+    return count if count is not None else len(plan.device_indexes)
 
 
 def _local_world_size(value: str) -> int:

@@ -1,4 +1,4 @@
-"""Joins the user's accelerator, strategy, devices and precision into one connected strategy.
+"""Joins the user's accelerator, strategy, devices and precision into the job's `Plan`.
 
 Every decision reads what the classes declare (`Accelerator.priority`, `.supported_precisions`,
 `.default_distributed_strategy`, `.default_interactive_strategy`, `.default_single_device_strategy`,
@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from lite_core.connector._defaults import LeftToLauncher
+from lite_core.connector._plan import Plan
 from lite_core._registry import ACCELERATORS, STRATEGIES, check_instance
 from lite_core._user_frame import warn_user
 from lite_core.accelerators.accelerator import Accelerator
@@ -27,8 +28,9 @@ _PLUGIN_KINDS = (Precision, ClusterEnvironment, CheckpointIO)
 
 
 def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any,
-            plugins: Any) -> Strategy:
-    """Resolve every choice and return the strategy with accelerator, environment and precision.
+            plugins: Any) -> Plan:
+    """Resolve every choice and return the job's plan: accelerator, environment, precision,
+    checkpoint IO, the connected strategy and its launcher. Every refusal is raised here.
 
     Accelerator and strategy names are case-insensitive (`"CPU"`, `"DDP"`). A `devices` or
     `num_nodes` that the caller left out is a `LeftToLauncher` value: it takes the count of the
@@ -52,17 +54,24 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     _check_processes_to_start(environment, chosen, len(indexes), devices)
     _check_multi_node(environment, num_nodes, chosen)
     chosen.connect(accel, environment, indexes, num_nodes)
-    chosen.precision = _given_precision(chosen, accel, given[Precision]) if Precision in given else \
+    plugin = _given_precision(chosen, accel, given[Precision]) if Precision in given else \
         _precision(chosen, accel, precision)
-    chosen.precision.connect(accel.autocast_device_type)
-    chosen.precision.connect_sharding(chosen.fully_shards_parameters)
-    if not chosen.precision.emulated:
-        accel.validate_precision(chosen.precision.name, indexes)
-    if chosen.precision.hardware_features:
-        accel.validate_hardware(chosen.precision.hardware_features, indexes)
+    _connect_precision(plugin, chosen, accel, indexes)
+    chosen.precision = plugin
     if CheckpointIO in given:
         chosen.checkpoint_io = given[CheckpointIO]
-    return chosen
+    return Plan(accelerator=accel, environment=environment, precision=plugin, checkpoint_io=chosen.checkpoint_io,
+                strategy=chosen, launcher=chosen.launcher, device_indexes=tuple(indexes), num_nodes=num_nodes)
+
+
+def _connect_precision(plugin: Precision, strategy: Strategy, accel: Accelerator, indexes: list[int]) -> None:
+    """Tell the precision plugin where it runs, and refuse it where this hardware cannot run it."""
+    plugin.connect(accel.autocast_device_type)
+    plugin.connect_sharding(strategy.fully_shards_parameters)
+    if not plugin.emulated:
+        accel.validate_precision(plugin.name, indexes)
+    if plugin.hardware_features:
+        accel.validate_hardware(plugin.hardware_features, indexes)
 
 
 def _launcher_counts(environment: ClusterEnvironment, devices: Any, num_nodes: Any) -> tuple[Any, Any]:

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import copyreg
 from functools import cache, wraps
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
 from lite_core.model._changes import refuse_conversion
 from lite_core.model._methods import forward_methods
+
+if TYPE_CHECKING:
+    from lite_core.precision.precision import Precision
 
 #: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
 #: and `_buffers`, so it is in no name, state dict or `modules()`).
@@ -40,18 +43,20 @@ STATE_KEY = "_lite_set_up"
 
 
 class _SetUp:
-    """What Lite keeps on a set-up model: the strategy, what it built around the model, and
-    whether the strategy is at work on it right now."""
+    """What Lite keeps on a set-up model: the strategy and the job's precision, what the strategy
+    built around the model, and whether the strategy is at work on it right now."""
 
-    __slots__ = ("strategy", "forward_module", "forward_call", "user_class", "plain_forward", "busy", "forward_ran")
+    __slots__ = ("strategy", "precision", "forward_module", "forward_call", "user_class", "plain_forward", "busy",
+                 "forward_ran")
 
-    def __init__(self, strategy: Any, forward_module: nn.Module, forward_call: Callable[..., Any],
+    def __init__(self, strategy: Any, precision: Precision, forward_module: nn.Module, forward_call: Callable[..., Any],
                  user_class: type[nn.Module]) -> None:
         self.strategy = strategy
+        self.precision = precision
         self.forward_module = forward_module
         self.forward_call = forward_call
         self.user_class = user_class
-        self.plain_forward = not strategy.precision.changes_forward
+        self.plain_forward = not precision.changes_forward
         self.busy = False
         self.forward_ran = False
 
@@ -130,7 +135,7 @@ class _GuardsChanges:
 
 
 def _through_precision(state: _SetUp, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    precision = state.strategy.precision
+    precision = state.precision
     if not precision.changes_forward:
         return call(*args, **kwargs)
     args, kwargs = precision.convert_input((args, kwargs))
@@ -186,15 +191,16 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: tuple[str, .
     return type(user_class.__name__, (*mixins, user_class), body)
 
 
-def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, compiled: nn.Module | None,
-                    *, routes: bool, loads: bool, guards: bool, parameters: bool,
+def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, precision: Precision,
+                    compiled: nn.Module | None, *, routes: bool, loads: bool, guards: bool, parameters: bool,
                     named_methods: tuple[str, ...] = ()) -> nn.Module:
     """Make `module` the set-up model: the same object, its class a subclass of its own.
 
     Args:
         module: the user's module, as the strategy left it (`fully_shard` may have swapped its class already).
         forward_module: what the strategy built around `module` (or `module` itself).
-        strategy: the strategy; its precision applies to every forward pass.
+        strategy: the strategy the model's forward, `load_state_dict` and methods go through.
+        precision: the job's precision plugin, which applies to every forward pass.
         compiled: the compiled `forward_module`, when the user set up a compiled model.
         routes: whether `model(x)` and the user's methods must go through the strategy (a wrapper,
             a compiled module, a precision that changes the forward, a strategy's own method call).
@@ -212,7 +218,7 @@ def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any,
         forward_call = nn.Module.__call__.__get__(module)  # the module itself, plainly
     else:
         forward_call = forward_module
-    module.__dict__[STATE_KEY] = _SetUp(strategy, forward_module, forward_call, user_class)
+    module.__dict__[STATE_KEY] = _SetUp(strategy, precision, forward_module, forward_call, user_class)
     module.__class__ = set_up_class(user_class, routes, methods if routes else (), loads, guards, parameters)
     return module
 

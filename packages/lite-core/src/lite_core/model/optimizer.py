@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 
 if TYPE_CHECKING:
     from lite_core._roles import StrategyLike as Strategy
+    from lite_core.precision.precision import Precision
 
 
 class _LiteOptimizerBase:
@@ -43,11 +44,9 @@ class _LiteOptimizerBase:
             raise AttributeError(name)
         return getattr(self._optimizer, name)
 
-    def _bind_fast_paths(self) -> None:
+    def _bind_fast_paths(self, plain_step: bool) -> None:
         # Instance attributes shadow the class's methods: when neither the strategy nor the
         # precision changes the step (as they declare), calling the user's `step` saves two calls per step.
-        plain_step = (self._strategy.steps_optimizers_plainly
-                      and not self._strategy.precision.changes_optimizer_step)
         if plain_step:
             object.__setattr__(self, "step", self._optimizer.step)
         object.__setattr__(self, "zero_grad", self._optimizer.zero_grad)
@@ -56,17 +55,18 @@ class _LiteOptimizerBase:
         return f"Lite{self._optimizer!r}"
 
 
-def wrap_optimizer(optimizer: Optimizer, strategy: Strategy) -> Optimizer:
+def wrap_optimizer(optimizer: Optimizer, strategy: Strategy, precision: Precision) -> Optimizer:
     """An object that is an instance of the optimizer's class but steps through the strategy.
 
     It holds no state of its own: `param_groups`, `state` and hooks are the user's optimizer's,
-    so LR schedulers built on either object see the same values.
+    so LR schedulers built on either object see the same values. Where neither the strategy nor
+    `precision` (the job's) changes the step, its `step` is the user's own.
     """
     cls = type(f"Lite{type(optimizer).__name__}", (_LiteOptimizerBase, type(optimizer)), {})
     wrapper = object.__new__(cls)
     object.__setattr__(wrapper, "_optimizer", optimizer)
     object.__setattr__(wrapper, "_strategy", strategy)
-    wrapper._bind_fast_paths()
+    wrapper._bind_fast_paths(strategy.steps_optimizers_plainly and not precision.changes_optimizer_step)
     return wrapper  # type: ignore[return-value]
 
 

@@ -49,19 +49,24 @@ def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
 class Running:
     """Whether this process is inside a run of the user's code, and how a run starts and ends."""
 
-    def __init__(self, strategy: Strategy, checkpoints: Checkpoints, loggers: Loggers) -> None:
+    def __init__(self, strategy: Strategy, launcher: Launcher | None, checkpoints: Checkpoints,
+                 loggers: Loggers) -> None:
         self._strategy = strategy
+        self._launcher = launcher
         self._checkpoints = checkpoints
         self._loggers = loggers
         self.inside = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The launcher holds processes and threads: a copy sent to a worker runs inside it.
+        return {**self.__dict__, "_launcher": None}
+
     def launch(self, worker: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         """`worker(*args, **kwargs)` here, or in every process the launcher starts. The user's
         arguments travel apart from `worker` so that a launcher can give each rank its own copy."""
-        launcher = self._strategy.launcher
-        if self.inside or launcher is None:
+        if self.inside or self._launcher is None:
             return worker(*args, **kwargs)
-        return cast(T, launcher.launch(worker, *args, **kwargs))
+        return cast(T, self._launcher.launch(worker, *args, **kwargs))
 
     def execute(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` in this process, set up and inside the strategy's run context."""
@@ -89,13 +94,13 @@ class Running:
     def launch_without_function(self) -> None:
         """`launch()` with no function: start the processes (where the launcher re-runs the script)
         and set this one up; the code after `launch()` then runs in every process."""
-        _launch_without_function(self._strategy, self._loggers.finalize)
+        _launch_without_function(self._strategy, self._launcher, self._loggers.finalize)
 
 
-def _launch_without_function(strategy: Strategy, finalize_loggers: Callable[[], None]) -> None:
+def _launch_without_function(strategy: Strategy, launcher: Launcher | None,
+                             finalize_loggers: Callable[[], None]) -> None:
     """`launch()` with no function: start the processes (where the launcher re-runs the script)
     and set this one up; the code after `launch()` then runs in every process."""
-    launcher = strategy.launcher
     if launcher is not None and launcher.needs_function:
         raise MisuseError(
             f"strategy={strategy.name!r} starts processes that need code to run: pass a"

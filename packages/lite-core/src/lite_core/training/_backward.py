@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from lite_core.errors import MisuseError
 from lite_core.model._module import LiteModule, forward_ran_since_backward
+from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
 
 
@@ -18,11 +19,10 @@ class Evaluating(Protocol):
     def check_not_evaluating(self) -> None: ...
 
 
-def is_plain_backward(strategy: Strategy) -> bool:
+def is_plain_backward(strategy: Strategy, precision: Precision) -> bool:
     """Whether neither the strategy nor the precision changes backward (then `tensor.backward()` is
     it), as they declare (`Strategy.changes_backward`, `Precision.changes_backward`)."""
-    return (not strategy.changes_backward and not strategy.precision.changes_backward
-            and not strategy.backward_needs_model)
+    return not strategy.changes_backward and not precision.changes_backward and not strategy.backward_needs_model
 
 
 def check_loss_came_through_setup(strategy: Strategy, models: list[LiteModule], args: tuple[Any, ...],

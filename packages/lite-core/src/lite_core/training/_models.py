@@ -19,6 +19,7 @@ from lite_core.model._changes import ParameterGuards
 from lite_core.model._module import STATE_KEY, LiteModule, set_up_in_place, state_of
 from lite_core.model.compile import CompileOptions, unwrap_compiled
 from lite_core.model.optimizer import _LiteOptimizerBase, wrap_optimizer
+from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
 from lite_core.training import _backward
 from lite_core.training._checks import check_module, check_optimizers, check_optimizers_belong
@@ -44,15 +45,17 @@ class Models:
     appended to, never replaced.
     """
 
-    def __init__(self, strategy: Strategy, claims: Claims, set_up: list[LiteModule], evaluations: _backward.Evaluating) -> None:
+    def __init__(self, strategy: Strategy, precision: Precision, claims: Claims, set_up: list[LiteModule],
+                 evaluations: _backward.Evaluating) -> None:
         self._strategy = strategy
+        self._precision = precision
         self._claims = claims
         self._set_up = set_up
         self._guards = ParameterGuards()  # the new-parameter refusal of the models set up here
         self._evaluations = evaluations
         # Neither the strategy nor the precision changes backward, and with one process there is
         # no gradient synchronisation that a loss from the original model would skip: call it directly.
-        self._plain_backward = _backward.is_plain_backward(strategy) and not strategy.is_distributed
+        self._plain_backward = _backward.is_plain_backward(strategy, precision) and not strategy.is_distributed
 
     def setup(self, model: nn.Module, optimizers: tuple[Optimizer, ...], move_to_device: bool,
               loss_fn: Callable[..., torch.Tensor] | None, forward_methods: tuple[str, ...] = ()) -> Any:
@@ -67,13 +70,12 @@ class Models:
         self._claims.claim(model, "model")
         for optimizer in optimizers:
             self._claims.claim(optimizer, "optimizer")
-        model = _prepare_module(self._strategy, model, move_to_device, optimizers)
+        model = _prepare_module(self._strategy, self._precision, model, move_to_device, optimizers)
         forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
-        module = _wrap_module(self._strategy, self._set_up, self._guards, forward_module, model, compile_options,
-                              loss_fn, forward_methods)
+        module = self._wrap_module(forward_module, model, compile_options, loss_fn, forward_methods)
         if not optimizers:
             return module
-        return (module, *(wrap_optimizer(o, self._strategy) for o in ready))
+        return (module, *(wrap_optimizer(o, self._strategy, self._precision) for o in ready))
 
     def setup_module(self, model: nn.Module, move_to_device: bool,
                      loss_fn: Callable[..., torch.Tensor] | None, forward_methods: tuple[str, ...] = ()) -> LiteModule:
@@ -83,9 +85,8 @@ class Models:
         check_experts_held(model, self._strategy.name, self._strategy.holds_expert_parallel)
         require_environment(self._strategy, "setup_module")
         self._claims.claim(model, "model")
-        model = _prepare_module(self._strategy, model, move_to_device)
-        return _wrap_module(self._strategy, self._set_up, self._guards, self._strategy.setup_module(model), model,
-                            compile_options, loss_fn, forward_methods)
+        model = _prepare_module(self._strategy, self._precision, model, move_to_device)
+        return self._wrap_module(self._strategy.setup_module(model), model, compile_options, loss_fn, forward_methods)
 
     def setup_optimizers(self, optimizers: tuple[Optimizer, ...]) -> Any:
         """`LightningLite.setup_optimizers`: each optimizer set up by the strategy and wrapped (one
@@ -96,7 +97,7 @@ class Models:
         wrapped = []
         for optimizer in optimizers:
             self._claims.claim(optimizer, "optimizer")
-            wrapped.append(wrap_optimizer(self._strategy.setup_optimizer(optimizer), self._strategy))
+            wrapped.append(wrap_optimizer(self._strategy.setup_optimizer(optimizer), self._strategy, self._precision))
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def holder_of(self, module: nn.Module) -> tuple[LiteModule, str] | None:
@@ -153,6 +154,23 @@ class Models:
         return None
 
 
+    def _wrap_module(self, forward_module: nn.Module, model: nn.Module, compile_options: CompileOptions | None,
+                     loss_fn: Callable[..., torch.Tensor] | None, forward_methods: tuple[str, ...]) -> LiteModule:
+        """`model` made the set-up model around what the strategy built (`forward_module`)."""
+        strategy = self._strategy
+        compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
+        compiled = strategy.forward_call(forward_module, compiled, loss_fn)
+        routes = (forward_module is not model or compiled is not None or self._precision.changes_forward
+                  or strategy.is_distributed or strategy.routes_module_methods)
+        module = set_up_in_place(model, forward_module, strategy, self._precision, compiled, routes=routes,
+                                 loads=strategy.routes_load_state_dict, guards=not strategy.follows_conversions,
+                                 parameters=strategy.routes_named_parameters, named_methods=forward_methods)
+        if not strategy.follows_new_parameters:
+            self._guards.guard(module, strategy.name)
+        self._set_up.append(module)  # type: ignore[arg-type]
+        return module  # type: ignore[return-value]
+
+
 def require_environment(strategy: Strategy, method: str) -> None:
     """Set up this process's environment for `method()`, or refuse where the processes must be launched first."""
     if strategy.environment_ready:
@@ -165,10 +183,10 @@ def require_environment(strategy: Strategy, method: str) -> None:
     strategy.setup_environment()
 
 
-def _prepare_module(strategy: Strategy, model: nn.Module, move_to_device: bool,
+def _prepare_module(strategy: Strategy, precision: Precision, model: nn.Module, move_to_device: bool,
                     optimizers: tuple[Optimizer, ...] = ()) -> nn.Module:
     before = dict(model.named_parameters())
-    model = strategy.precision.convert_module(model)
+    model = precision.convert_module(model)
     _follow_replaced_parameters(before, model, optimizers)
     return strategy.module_to_device(model) if move_to_device else model
 
@@ -186,20 +204,3 @@ def _follow_replaced_parameters(before: dict[str, nn.Parameter], model: nn.Modul
             group["params"][:] = [replaced.get(id(p), p) for p in group["params"]]
         for old in [p for p in optimizer.state if id(p) in replaced]:
             optimizer.state[replaced[id(old)]] = optimizer.state.pop(old)
-
-
-def _wrap_module(strategy: Strategy, models: list[LiteModule], guards: ParameterGuards, forward_module: nn.Module,
-                 model: nn.Module, compile_options: CompileOptions | None = None,
-                 loss_fn: Callable[..., torch.Tensor] | None = None,
-                 forward_methods: tuple[str, ...] = ()) -> LiteModule:
-    compiled = None if compile_options is None else strategy.compile_module(forward_module, compile_options)
-    compiled = strategy.forward_call(forward_module, compiled, loss_fn)
-    routes = (forward_module is not model or compiled is not None or strategy.precision.changes_forward
-              or strategy.is_distributed or strategy.routes_module_methods)
-    module = set_up_in_place(model, forward_module, strategy, compiled, routes=routes,
-                             loads=strategy.routes_load_state_dict, guards=not strategy.follows_conversions,
-                             parameters=strategy.routes_named_parameters, named_methods=forward_methods)
-    if not strategy.follows_new_parameters:
-        guards.guard(module, strategy.name)
-    models.append(module)
-    return module  # type: ignore[return-value]
