@@ -1,9 +1,11 @@
-"""What the lower layers ask of the strategy that hands itself down to them, as typing protocols.
+"""What the lower floors ask of the strategy that hands itself down to them, as typing protocols.
 
-Imports go one way (see docs/architecture.md): wrappers, checkpoint code and launchers sit below
-the strategies and never import `lite_core.strategies`, not even for a type hint. A strategy
-passes itself to them (`LiteModule(..., strategy)`, `to_state(content, strategy)`); these
-protocols name the part of it that they use.
+Imports go one way (see docs/architecture.md): the set-up model and optimizer, checkpoint code
+and launchers sit below the strategies and never import `lite_core.strategies`, not even for a
+type hint. A strategy passes itself to them (`LiteModule(..., strategy)`, `to_state(content,
+strategy)`, `MultiprocessingLauncher(strategy, ...)`); each protocol here names exactly the
+members that one of them calls, and nothing else, so a type checker reports a call outside it.
+Every `lite_core.plugins.Strategy` is each of them (`packages/lite-core/tests/test_roles.py`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Iterator
 
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from lite_core.environments.environment import ClusterEnvironment
     from lite_core.precision.precision import Precision
+
+
+class Named(Protocol):
+    """A strategy as a message names it (`strategy='ddp'`)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class Ranks(Protocol):
@@ -36,23 +49,45 @@ class HasPrecision(Protocol):
     def precision(self) -> Precision: ...
 
 
-class StrategyLike(Ranks, HasPrecision, Protocol):
-    """A strategy as the set-up model, optimizer and loader, and the launchers, see it: every
-    `lite_core.plugins.Strategy` is one."""
+class StepsOptimizers(Protocol):
+    """A strategy as the set-up optimizer (`lite_core.model.optimizer`) sees it."""
 
     @property
-    def name(self) -> str: ...
+    def steps_optimizers_plainly(self) -> bool: ...
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any: ...
+
+
+class RoutesModule(Named, Protocol):
+    """A strategy as the set-up model (`lite_core.model._module`) routes its calls through it."""
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: Any, strict: bool = True,
+                               assign: bool = False) -> Any: ...
+
+    def module_named_parameters(self, module: nn.Module, forward_module: nn.Module, prefix: str = "",
+                                recurse: bool = True, remove_duplicate: bool = True
+                                ) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def call_module_method(self, forward_module: nn.Module, module: nn.Module, name: str, *args: Any,
+                           **kwargs: Any) -> Any: ...
+
+
+class SpawnsRanks(Named, Protocol):
+    """A strategy as `lite_core.launchers.multiprocessing` starts its ranks and ends them."""
 
     @property
-    def root_device(self) -> torch.device: ...
+    def environment(self) -> ClusterEnvironment | None: ...
 
     @property
-    def is_distributed(self) -> bool: ...
+    def device_indexes(self) -> list[int]: ...
 
-    def __getattr__(self, name: str) -> Any: ...
+    @property
+    def global_rank(self) -> int: ...
+
+    def teardown(self, failed: bool = False) -> None: ...
 
 
-class ShardsCheckpoints(Ranks, HasPrecision, Protocol):
+class ShardsCheckpoints(Named, Ranks, HasPrecision, Protocol):
     """A strategy whose checkpoints hold sharded modules and optimizers (`fsdp`, `model_parallel`),
     as `lite_core.checkpoint`'s torch distributed checkpoint code sees it."""
 

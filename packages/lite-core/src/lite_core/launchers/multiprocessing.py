@@ -27,7 +27,7 @@ from lite_core.launchers.script import main_script
 from lite_core.launchers.supervision import GRACE_SECONDS, read_result, run_rank
 
 if TYPE_CHECKING:
-    from lite_core._roles import StrategyLike as Strategy
+    from lite_core._roles import SpawnsRanks
 
 #: The traceback of the rank that failed first; the others usually fail only because of it.
 _FIRST_FAILURE = "first_failure.pkl"
@@ -42,7 +42,7 @@ class MultiprocessingLauncher(Launcher):
     temporary file (so a large result cannot block a pipe).
     """
 
-    def __init__(self, strategy: Strategy, start_method: str) -> None:
+    def __init__(self, strategy: SpawnsRanks, start_method: str) -> None:
         if start_method not in multiprocessing.get_all_start_methods():
             raise ConfigurationError(
                 f"The start method '{start_method}' is not available on this platform: use"
@@ -117,7 +117,7 @@ def _rank_threads(processes: int) -> int | None:
     return threads
 
 
-def _worker(local_rank: int, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
+def _worker(local_rank: int, strategy: SpawnsRanks, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any], result_file: str, parent_pid: int, threads: int | None) -> None:
     # `run_rank` arms the parent-death signal first: it replaces torch's SIGINT, which a rank
     # blocked in a collective would ignore.

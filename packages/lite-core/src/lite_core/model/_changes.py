@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from lite_core.errors import MisuseError
+
+if TYPE_CHECKING:
+    from lite_core._roles import Named
+
 
 class _Guard:
     __slots__ = ("strategy_name", "parameter_ids")
@@ -30,7 +34,7 @@ class _Guard:
         self.parameter_ids = parameter_ids
 
 
-def refuse_conversion(module: nn.Module, strategy: Any, fn: Callable[[torch.Tensor], Any]) -> None:
+def refuse_conversion(module: nn.Module, strategy: Named, fn: Callable[[torch.Tensor], Any]) -> None:
     """Raise if `module._apply(fn)` would change the dtype or device of a parameter or buffer
     (found by applying `fn` to an empty tensor of each kind), which `strategy` cannot follow."""
     kinds = {(t.dtype, t.device) for t in (*module.parameters(), *module.buffers())}

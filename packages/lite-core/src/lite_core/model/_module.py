@@ -35,6 +35,7 @@ from lite_core.model._changes import refuse_conversion
 from lite_core.model._methods import forward_methods
 
 if TYPE_CHECKING:
+    from lite_core._roles import RoutesModule
     from lite_core.precision.precision import Precision
 
 #: The key of Lite's record in the set-up model's `__dict__` (outside `_modules`, `_parameters`
@@ -49,7 +50,7 @@ class _SetUp:
     __slots__ = ("strategy", "precision", "forward_module", "forward_call", "user_class", "plain_forward", "busy",
                  "forward_ran")
 
-    def __init__(self, strategy: Any, precision: Precision, forward_module: nn.Module, forward_call: Callable[..., Any],
+    def __init__(self, strategy: RoutesModule, precision: Precision, forward_module: nn.Module, forward_call: Callable[..., Any],
                  user_class: type[nn.Module]) -> None:
         self.strategy = strategy
         self.precision = precision
@@ -191,7 +192,7 @@ def set_up_class(user_class: type[nn.Module], calls: bool, methods: tuple[str, .
     return type(user_class.__name__, (*mixins, user_class), body)
 
 
-def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: Any, precision: Precision,
+def set_up_in_place(module: nn.Module, forward_module: nn.Module, strategy: RoutesModule, precision: Precision,
                     compiled: nn.Module | None, *, routes: bool, loads: bool, guards: bool, parameters: bool,
                     named_methods: tuple[str, ...] = ()) -> nn.Module:
     """Make `module` the set-up model: the same object, its class a subclass of its own.

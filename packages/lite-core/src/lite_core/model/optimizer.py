@@ -11,7 +11,7 @@ from torch.optim import Optimizer
 
 
 if TYPE_CHECKING:
-    from lite_core._roles import StrategyLike as Strategy
+    from lite_core._roles import StepsOptimizers
     from lite_core.precision.precision import Precision
 
 
@@ -19,7 +19,7 @@ class _LiteOptimizerBase:
     """Methods of a wrapped optimizer; combined with the user's optimizer class at wrap time."""
 
     _optimizer: Optimizer
-    _strategy: Strategy
+    _strategy: StepsOptimizers
 
     @property
     def optimizer(self) -> Optimizer:
@@ -55,7 +55,7 @@ class _LiteOptimizerBase:
         return f"Lite{self._optimizer!r}"
 
 
-def wrap_optimizer(optimizer: Optimizer, strategy: Strategy, precision: Precision) -> Optimizer:
+def wrap_optimizer(optimizer: Optimizer, strategy: StepsOptimizers, precision: Precision) -> Optimizer:
     """An object that is an instance of the optimizer's class but steps through the strategy.
 
     It holds no state of its own: `param_groups`, `state` and hooks are the user's optimizer's,
