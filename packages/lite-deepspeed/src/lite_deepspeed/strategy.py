@@ -18,7 +18,6 @@ from lite_core.plugins import (
     ConfigurationError,
     DDPStrategy,
     MisuseError,
-    Precision,
     PrecisionSupport,
     export_environ,
     precision_entry,
@@ -65,6 +64,7 @@ class DeepSpeedStrategy(DDPStrategy):
     #: autocast in float16 or bfloat16.
     precision_support = PrecisionSupport(families=frozenset({"true", "mixed"}),
                                          true_dtypes=frozenset({torch.float32, torch.bfloat16}))
+    precision_type = DeepSpeedPrecision  # the engine applies the dtype; Lite only casts inputs
     backward_needs_model = True
     changes_backward: ClassVar[bool] = True  # the engine runs the backward pass
     steps_optimizers_plainly: ClassVar[bool] = False  # the engine steps
@@ -111,11 +111,10 @@ class DeepSpeedStrategy(DDPStrategy):
         device_rank(accelerator.name, self.root_device, self.local_rank, self._config)  # refuses now, not in setup
         logging.getLogger("DeepSpeed").setLevel(self._logging_level)
 
-    def build_precision(self, name: str) -> Precision:
+    def check_precision(self, name: str) -> None:
         _config.with_precision(self._config, name)  # refuses a config that contradicts it, now
         if precision_entry(name).dtype == torch.float16:
             _refuse_unsupported_fp16(self.accelerator)
-        return DeepSpeedPrecision(name)
 
     # -- environment -----------------------------------------------------------------------------
     def setup_environment(self) -> None:

@@ -4,7 +4,8 @@ Every decision reads what the classes declare (`Accelerator.priority`, `.support
 `.default_distributed_strategy`, `.default_interactive_strategy`, `.default_single_device_strategy`,
 `.distributed_backend`,
 `Strategy.supported_accelerators`, `.needs_process_group`, `.supported_process_group_backends`,
-`.supported_precisions`, `.is_distributed`); no branch here names a particular backend.
+`.supported_precisions`, `.precision_type`, `.is_distributed`); no branch here names a particular
+backend. The result is the job's `Plan` (`connector/_plan.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
 from lite_core.checkpoint import CheckpointIO
+from lite_core.precision._build import build_precision
 from lite_core.precision.names import normalize_precision, precision_names, unsupported_hint
 from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
@@ -213,9 +215,13 @@ def _check_multi_node(environment: ClusterEnvironment, num_nodes: int, strategy:
 
 
 def _precision(strategy: Strategy, accel: Accelerator, precision: Any) -> Precision:
+    """The plugin for a precision given by name: the one the strategy declares it needs
+    (`Strategy.precision_type`), else the one the precision table builds for the name."""
     name = normalize_precision(precision)
     _check_supported(strategy, accel, name, emulated=False)
-    return strategy.build_precision(name)
+    strategy.check_precision(name)
+    needed = type(strategy).precision_type
+    return needed(name) if needed is not None else build_precision(name, accel.autocast_device_type)
 
 
 def _given_precision(strategy: Strategy, accel: Accelerator, precision: Precision) -> Precision:

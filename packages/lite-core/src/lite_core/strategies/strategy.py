@@ -20,7 +20,6 @@ from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.precision.names import FAMILIES, PrecisionSupport, SupportedPrecisions
-from lite_core.precision._build import build_precision
 from lite_core.precision.precision import Precision
 
 if TYPE_CHECKING:
@@ -72,6 +71,11 @@ class Strategy:
     precision_support: ClassVar[PrecisionSupport] = PrecisionSupport(families=FAMILIES - {"sharded-quantized"})
     #: The names of the precisions `precision_support` accepts (read from the precision table).
     supported_precisions: ClassVar[frozenset[str]] = SupportedPrecisions()  # type: ignore[assignment]
+    #: The precision plugin this strategy's engine needs, built by the connector as
+    #: `precision_type(name)` for a precision the user names (e.g. lite-deepspeed's
+    #: `DeepSpeedPrecision`, whose engine applies the dtype itself). `None`, the default: the plugin
+    #: that the precision's row in the table (`lite_core.precision.names`) builds.
+    precision_type: ClassVar[Callable[[str], Precision] | None] = None
     #: Whether the strategy drives more than one process.
     is_distributed: ClassVar[bool] = False
     #: Whether one process drives every device of `devices` (e.g. `torch.nn.DataParallel`).
@@ -181,10 +185,11 @@ class Strategy:
         self.device_indexes = device_indexes
         self.num_nodes = num_nodes
 
-    def build_precision(self, name: str) -> Precision:
-        """The precision plugin for `name` (strategies with their own precision override this)."""
-        assert self.accelerator is not None
-        return build_precision(name, self.accelerator.autocast_device_type)
+    def check_precision(self, name: str) -> None:
+        """Refuse, in one sentence (a `ConfigurationError`), the precision named `name` where this
+        strategy's configuration cannot run it although its declarations accept it (a DeepSpeed
+        config that names another dtype, a pipeline schedule that cannot scale the loss). The
+        connector calls it once, after the declarations are checked; nothing is refused by default."""
 
     @property
     def launcher(self) -> Launcher | None:

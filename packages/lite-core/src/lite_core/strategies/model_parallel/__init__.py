@@ -150,7 +150,7 @@ class ModelParallelStrategy(FSDPStrategy):
         self._layout = self._requested_layout  # resolved by connect
         self._pipeline = _pipeline.options(self._layout.pipeline, pipeline_schedule, microbatches, split_points,
                                            stages_per_rank, loss_fn)
-        if self._pipeline is not None:  # refused by build_precision with a sentence of its own
+        if self._pipeline is not None:  # 16-mixed is refused by check_precision with a sentence of its own
             self.precision_support = self.precision_support.replace(mixed_dtypes=frozenset({torch.bfloat16, torch.float16}))
         self._pipelines: dict[int, PipelineForward] = {}
         #: Per optimizer set up with a pipeline's model: its parameters' names in the whole model.
@@ -236,13 +236,12 @@ class ModelParallelStrategy(FSDPStrategy):
         return batches if context is None else context.split_batches(batches)
 
     # -- modules -------------------------------------------------------------------------------
-    def build_precision(self, name: str) -> Any:
+    def check_precision(self, name: str) -> None:
         if self._pipeline is not None and name == "16-mixed":
             raise ConfigurationError(
                 "precision='16-mixed' scales the loss before backward, but under pipeline parallelism the schedule"
                 " runs the backward pass itself and cannot scale it: choose 'bf16-mixed', 'bf16-true' or '32-true'."
             )
-        return super().build_precision(name)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         self._apply_recompute(module)
