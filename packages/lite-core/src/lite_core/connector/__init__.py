@@ -1,2 +1,3 @@
-"""From the constructor's arguments to one connected strategy: defaults from the environment,
-argument checks, and the connector that joins accelerator, strategy, devices and precision."""
+"""From the constructor's arguments to the job's `Plan`: defaults from the environment, argument
+checks, the connector that joins accelerator, strategy, devices and precision, and the frozen plan
+it returns (accelerator, environment, precision, checkpoint IO, strategy, launcher)."""
