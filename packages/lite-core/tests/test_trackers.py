@@ -9,6 +9,7 @@ import dataclasses
 import sys
 
 import pytest
+import torch
 
 from lite_core import LightningLite, MLflowLogger, TrackioLogger, WandbLogger
 from lite_core.errors import MisuseError, MissingDependencyError
@@ -53,6 +54,52 @@ def test_steps_that_a_resume_repeats_are_skipped_but_one_step_may_be_logged_in_s
     resumed.load_state_dict({"run_id": "abc", "last_step": 2})
     assert resumed.run_id == "abc"
     assert [resumed._next_step(s) for s in (1, 2, 3, 3, None)] == [None, None, 3, 3, 4]
+
+
+class _Recorded(TrackerLogger):
+    """A tracker logger whose run records what it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self._log_to_run(metrics, step)
+
+    def _open(self):
+        return self
+
+    def _close(self) -> None:
+        pass
+
+    def log(self, values: dict, step: int) -> None:
+        self.sent.append((step, values))
+
+
+def test_a_replica_group_restarted_off_the_logging_process_keeps_what_it_would_send_if_it_came_to_log() -> None:
+    """Kept values travel in the saved state (`"unsent"`): a group saved while another logged, then
+    restarted and found first at the next round, sends the steps since the round began."""
+    moment = {"round": 3, "leads": False}
+    standby = _Recorded()
+    standby._follow(lambda: moment["leads"], lambda: moment["round"])
+    standby._log_to_run({"loss": 0.5}, step=4)
+    standby._log_to_run({"loss": 0.25}, step=5)
+    assert standby.sent == [] and standby.state_dict() == {"run_id": None, "last_step": -1,
+                                                           "unsent": {4: {"loss": 0.5}, 5: {"loss": 0.25}}}
+    restarted = _Recorded()
+    restarted._follow(lambda: moment["leads"], lambda: moment["round"])
+    restarted.load_state_dict(standby.state_dict())
+    moment.update(round=4, leads=True)
+    restarted._log_to_run({"loss": 0.125}, step=6)
+    assert restarted.sent == [(4, {"loss": 0.5}), (5, {"loss": 0.25}), (6, {"loss": 0.125})]
+    assert restarted.state_dict() == {"run_id": None, "last_step": 6}  # sent: not kept any more
+
+
+def test_under_a_strategy_whose_logging_never_moves_nothing_is_kept_off_the_logging_process() -> None:
+    quiet = _Recorded()
+    quiet._follow(lambda: False)  # no logging round: e.g. rank 1 under ddp
+    quiet._log_to_run({"loss": 0.5}, step=0)
+    assert quiet.sent == [] and quiet.state_dict() == {"run_id": None, "last_step": -1}
 
 
 def test_loading_after_a_run_was_opened_is_refused_in_one_sentence() -> None:
@@ -105,3 +152,21 @@ def test_lite_passes_the_config_to_the_loggers_that_take_it() -> None:
     lite = LightningLite(accelerator="cpu", loggers=[recorder, MetricsOnly()])
     lite.log_hyperparams(Config())
     assert recorder.configs == [Config()]
+
+
+def test_lite_gives_the_tracker_loggers_the_strategys_logging_round() -> None:
+    """A strategy whose logging may move (lite-torchft's replica groups) says so by its round: off
+    the logging process, `lite.log` then keeps the values for the round, as the logger's state shows."""
+    from lite_core.plugins import SingleDeviceStrategy
+
+    class Standby(SingleDeviceStrategy):  # another replica group logs in round 7
+        def is_logging_process(self) -> bool:
+            return False
+
+        def logging_round(self) -> int | None:
+            return 7
+
+    logger = _Recorded()
+    lite = LightningLite(accelerator="cpu", strategy=Standby(), loggers=[logger])
+    lite.log("loss", torch.tensor(0.5), step=3)
+    assert logger.sent == [] and logger.state_dict()["unsent"] == {3: {"loss": 0.5}}

@@ -304,6 +304,65 @@ def test_with_a_job_id_the_process_that_takes_over_continues_the_jobs_wandb_run(
     assert steps == list(range(8))
 
 
+def _logging_moves_at_a_sync(first, second) -> None:
+    """Two replica groups' loggers under DiLoCo, whose logging group changes only at a sync (a
+    round): `first` logs (value = step) in round 0 (steps 0, 1) and round 1 (steps 2, 3), where
+    `second` logs too (value = step + 0.5: its share of the batch) and is not sent; `first` dies
+    after step 3 (its saves stored what it logged), `second` trains steps 4 and 5 alone, still in
+    round 1, and leads from round 2 (step 6) on. Lite calls `log_metrics` on every group's rank 0."""
+    moment = {"round": 0, "leader": 0}
+    for index, logger in enumerate((first, second)):
+        logger._follow(lambda index=index: moment["leader"] == index, lambda: moment["round"])
+    for step in range(7):
+        moment["round"] = 0 if step < 2 else 1 if step < 6 else 2
+        moment["leader"] = 1 if step >= 6 else 0
+        if step < 4:
+            first.log_metrics({"value": float(step)}, step=step)
+        second.log_metrics({"value": step + 0.5}, step=step)
+        if step == 3:
+            first.finalize()  # then killed
+    second.finalize()
+
+
+#: What the tracker holds when the logging moved at a sync: the dead leader's steps, then the steps
+#: it never logged from the group that took over (kept since the round began), then that group's.
+MOVED = [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5), (5, 5.5), (6, 6.5)]
+
+
+def test_when_the_logging_moves_at_a_sync_the_steps_since_the_last_one_reach_trackio(monkeypatch) -> None:
+    monkeypatch.setenv("LITE_JOB_ID", "moves-trackio")
+    first, second = TrackioLogger(project="moves"), TrackioLogger(project="moves")
+    _logging_moves_at_a_sync(first, second)
+    assert first.run_id == second.run_id
+    assert trackio_steps(first.run_id, project="moves") == MOVED
+
+
+def test_when_the_logging_moves_at_a_sync_the_steps_since_the_last_one_reach_mlflow(server, tmp_path,
+                                                                                   monkeypatch) -> None:
+    monkeypatch.setenv("LITE_JOB_ID", "moves-mlflow")
+    first, second = (MLflowLogger(experiment_name="moves", tracking_uri=server.uri, fallback_dir=tmp_path)
+                     for _ in range(2))
+    _logging_moves_at_a_sync(first, second)
+    client = mlflow.MlflowClient(tracking_uri=server.uri)
+    [run] = client.search_runs([client.get_experiment_by_name("moves").experiment_id])
+    assert history(client, run.info.run_id, "value") == MOVED
+
+
+def test_when_the_logging_moves_at_a_sync_the_steps_since_the_last_one_reach_wandb(tmp_path, monkeypatch) -> None:
+    """Offline, W&B cannot say which steps the run holds: the group that takes over writes every
+    step it kept since the round began, and `wandb sync` keeps a step's first row (the dead
+    leader's folders come first); what an earlier round kept was dropped at the next one."""
+    monkeypatch.setenv("LITE_JOB_ID", "moves-wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first, second = (WandbLogger(project="moves", save_dir=tmp_path / name, mode="offline") for name in "ab")
+    _logging_moves_at_a_sync(first, second)
+    wandb.teardown()  # the offline service writes a run's last records when it stops
+    rows = {name: [(row["_step"], row["value"]) for run in wandb_runs(tmp_path / name)
+                   for row in wandb_history(run) if "value" in row] for name in "ab"}
+    assert rows["a"] == MOVED[:4]
+    assert rows["b"] == [(2, 2.5), (3, 3.5), *MOVED[4:]], rows  # not 0 and 1: round 0 had a live leader
+
+
 AFTER_FINALIZE = (r"^{name}.{call} was called after finalize\(\), which finished the run: log before run\(\)"
                   r" returns \(Lite finalizes its loggers then\), or start another run\(\) to continue the run.$")
 

@@ -156,6 +156,14 @@ class ReplicaGroups:
         logs once and the logging moves to a live group when that one dies (and back when it returns)."""
         return self.global_rank == 0 and self._first_in_quorum()
 
+    def logging_round(self) -> int | None:
+        """The job's committed steps (`step`): the logging group is chosen at each quorum, and each
+        quorum that commits moves the count on (every step under `ddp_ft`, every sync under DiLoCo;
+        torchft's quorum id moves only when the groups change). So a group that is not logging keeps
+        what it logs since the last commit, and sends what the tracker lacks if it becomes first at
+        the next (its predecessor died, say, between two syncs)."""
+        return None if self._manager is None else self.step
+
     def _first_in_quorum(self) -> bool:
         """Whether this group is first in the last quorum (group 0 before any); every process of a
         group gets the same answer."""

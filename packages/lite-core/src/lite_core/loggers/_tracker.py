@@ -84,16 +84,43 @@ class TrackerLogger:
 
     def __init__(self) -> None:
         self._logging_process: Callable[[], bool] = lambda: global_rank() == 0
+        self._logging_round: Callable[[], int | None] = lambda: None
+        # step -> (round, values): logged off the logging process in that round (see `_keep_unsent`)
+        self._unsent: dict[int, tuple[int, dict[str, Any]]] = {}
         self._run_id: str | None = None
         self._last_step = -1
         self._skip_through = -1  # steps up to this one were logged before a resume: not again
         self._opened_run_id: str | None = None  # the run this process has opened (rank 0)
         self._finalized = False
 
-    def _follow(self, is_logging_process: Callable[[], bool]) -> None:
+    def _follow(self, is_logging_process: Callable[[], bool],
+                logging_round: Callable[[], int | None] = lambda: None) -> None:
         """Send (metrics, artifacts, the run) only where `is_logging_process()` says: `LightningLite`
-        passes its strategy's choice (global rank 0, or one replica group's rank 0)."""
+        passes its strategy's choice (global rank 0, or one replica group's rank 0), and
+        `logging_round()`, the id of that choice where it may move (see `_keep_unsent`)."""
         self._logging_process = is_logging_process
+        self._logging_round = logging_round
+
+    def _keep_unsent(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """Off the logging process, where the logging may move to this one (`logging_round()` is
+        not `None`, rank 0 of its replica group): keep the values logged since the round began.
+        A later round's logging process was alive when that round began, so what an earlier round
+        kept is dropped then; if the logging comes here instead, `_take_unsent` gives them back,
+        and they fill the steps its dead predecessor logged but never stored."""
+        current = self._logging_round()
+        if current is None or step is None or global_rank() != 0:
+            return
+        self._unsent = {kept: entry for kept, entry in self._unsent.items() if entry[0] == current}
+        values = {name: value.item() if hasattr(value, "item") else value for name, value in metrics.items()}
+        self._unsent.setdefault(int(step), (current, {}))[1].update(values)
+
+    def _take_unsent(self, before: int | None) -> list[tuple[int, dict[str, Any]]]:
+        """The values `_keep_unsent` kept for steps before `before` (all, for `None`) that the
+        tracker does not hold yet, in step order, each step counted as logged; the rest is dropped.
+        Call it on the logging process, once the run is open (so its held steps are known)."""
+        kept, self._unsent = self._unsent, {}
+        steps = sorted(step for step in kept if before is None or step < before)
+        return [(step, kept[step][1]) for step in steps if self._next_step(step) is not None]
 
     def _logs(self) -> bool:
         """Whether this process sends to the tracker now."""
@@ -129,9 +156,12 @@ class TrackerLogger:
         (W&B, trackio): sent from the logging process only, each step once."""
         self._refuse_after_finalize("log_metrics")
         if not self._logs():
+            self._keep_unsent(metrics, step)
             self._hand_over()
             return
         run = self._open()
+        for early, values in self._take_unsent(None if step is None else int(step)):
+            run.log(values, step=early)
         step = self._next_step(step)
         if step is not None:
             run.log(dict(metrics), step=step)
@@ -150,10 +180,15 @@ class TrackerLogger:
         """`{"run_id": ..., "last_step": ...}`, taken once what was logged has reached the tracker's
         own storage (see `_persist`), so that a process killed right after the checkpoint loses no
         step the checkpoint covers: put the logger in the state you `save`, and `load` makes the
-        resumed job append to the same tracker run."""
+        resumed job append to the same tracker run. Off the logging process it also holds, as
+        `"unsent"`, the values `_keep_unsent` kept (where there are any), so that a replica group
+        restarted from it can still give them to the tracker if the logging comes to it."""
         if self._logs():
             self._persist()
-        return {"run_id": self._run_id, "last_step": self._last_step}
+        state: dict[str, Any] = {"run_id": self._run_id, "last_step": self._last_step}
+        if self._unsent:
+            state["unsent"] = {step: dict(values) for step, (_, values) in self._unsent.items()}
+        return state
 
     def _persist(self) -> None:
         """The durable point (each tracker's own): what was logged is in the tracker's own storage
@@ -171,6 +206,11 @@ class TrackerLogger:
             )
         self._run_id = run_id
         self._last_step = max(self._last_step, int(state.get("last_step", -1)))
+        unsent = state.get("unsent") or {}
+        if unsent:  # kept in the round this process is in now: dropped once a later round has a logger
+            current = self._logging_round()
+            self._unsent = {int(step): (-1 if current is None else current, dict(values))
+                            for step, values in unsent.items()}
         self._skip_through = max(self._skip_through, self._last_step)
 
     def _next_step(self, step: int | None) -> int | None:

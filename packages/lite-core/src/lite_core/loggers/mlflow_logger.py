@@ -82,12 +82,15 @@ class MLflowLogger(TrackerLogger):
         `flush_every` calls."""
         self._refuse_after_finalize("log_metrics")
         if not self._logs():
+            self._keep_unsent(metrics, step)
             self._hand_over()
             return
+        now = int(time.time() * 1000)
+        for early, values in self._take_unsent(None if step is None else int(step)):  # sent unless the run holds them
+            self._metrics.extend((name, float(value), now, early) for name, value in values.items())
         step = self._next_step(step)
         if step is None:
             return
-        now = int(time.time() * 1000)
         self._metrics.extend((name, float(value), now, step) for name, value in metrics.items())
         self._calls += 1
         if self._calls == 1 or self._calls % self._flush_every == 0:  # the first value opens the run

@@ -35,7 +35,7 @@ class Loggers:
         self._strategy = strategy
         for logger in loggers:
             if isinstance(logger, TrackerLogger):
-                logger._follow(strategy.is_logging_process)
+                logger._follow(strategy.is_logging_process, strategy.logging_round)
 
     def log_dict(self, metrics: dict[str, Any], step: int | None) -> None:
         if not self._strategy.is_logging_process():

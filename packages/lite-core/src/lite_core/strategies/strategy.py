@@ -461,6 +461,14 @@ class Strategy:
         last quorum, so the logging moves to a live group when that one dies)."""
         return self.global_rank == 0
 
+    def logging_round(self) -> int | None:
+        """An id of the current choice of logging process, for a strategy where that choice moves
+        between processes during the job (lite-torchft: the quorum), else `None`, the default. Off
+        the logging process, a tracker logger keeps the values logged since the round began, and
+        sends those the tracker lacks if the logging comes to it in a later round: so the steps
+        between a dying logging process's last word and the next round are not lost."""
+        return None
+
     def fault_tolerance_figures(self) -> dict[str, float]:
         """What this strategy knows of the job's failures and recoveries, by metric name (e.g. a
         fault-tolerant strategy's `fault/replica_groups` in the last quorum and `fault/heals`):
