@@ -107,7 +107,7 @@ def main() -> None:
             print("| seed | faults | steps trained again | samples repeated | seconds | goodput measured | modelled |")
             print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
             for seed in range(options.seed, options.seed + options.runs):
-                schedule = chaos.draw(seed, options.faults, options.strategy)
+                schedule = chaos.draw(seed, options.faults)
                 started = time.monotonic()
                 report = one(f"seed-{seed}", schedule)
                 seconds = time.monotonic() - started

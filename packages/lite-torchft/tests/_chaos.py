@@ -39,10 +39,9 @@ loaded checkpoints); where a group healed, the weights must also be far (above 1
 same job's simulation without faults, so that the comparison is seen to see the heal. Per fault
 kind, under diloco:
 
-- `kill-group` (always group 1: group 0 logs, and logging moves to another group only at a sync.
-  A kill of group 0 after step 5 with 3 steps alone, tried once, failed the trackers' check:
-  trackio lacked steps 5-7 and 24, group 0 waited in its quorum while the survivor synced alone at
-  8, 12 and 16, and healed at 20; open in issue 53):
+- `kill-group` (either group; killing group 0 also kills the logging group, so the logging moves
+  to the survivor at its next sync, and the survivor sends the steps it kept since the last one
+  that the trackers lack, see docs/logging.md; a group that heals logs the job's step it jumped to):
   the victim starts again from its own last checkpoint. If the survivor has not reached a sync
   meanwhile (its steps alone stop short of one), both meet at the next sync and nothing is lost:
   the simulation is the run without faults. If the survivor synced alone, the victim's half of the
@@ -51,9 +50,11 @@ kind, under diloco:
   its lone sync, and the victim, asking for a quorum at its own next sync, waits for the survivor's
   next one and heals there (weights, inner and outer optimizer, weights of the last sync, loader
   position, step): the simulation follows exactly that, and the ledger still holds each sample once
-  per epoch, since the victim's second life trains the half the survivor did not. The harness waits
-  for the heal before the next fault (until then a hold could stop the survivor short of the sync
-  the victim waits in);
+  per epoch, since the victim's second life trains the half the survivor did not. The harness holds
+  the survivor until the victim has asked for its first quorum (released earlier, the survivor could
+  end the job before the victim's first sync, and the victim would then train alone to the end,
+  logging those steps again: seen once with group 0 killed), and waits for the heal before the next
+  fault (until then a hold could stop the survivor short of the sync the victim waits in);
 - `kill-job`, `preempt-job`, `store-down`: every group rolls back to its own last checkpoint (which
   may be one step apart between the groups: the odd steps save in the background); the simulation
   loads the same group's state after that step;
@@ -84,6 +85,7 @@ SAMPLES = 48
 BATCH = 4
 KINDS = ("kill-group", "kill-job", "preempt-job", "store-down", "slow-group", "tracker-down")
 CONFIGS = ("ddp_ft", "diloco")  # the job's strategy (module docstring)
+DILOCO_SYNC_EVERY = 4  # chaos_job.py's SYNC_EVERY
 MLFLOW_DOWN_STEPS = 2  # tracker-down: steps trained (and saved) while the MLflow server is stopped
 #: Seconds a group may take for anything the harness waits on: a hang guard, far above the idle time
 #: (a group's start, the slowest wait, takes about 10 s idle; 120 s was passed once at a load of 12).
@@ -103,17 +105,15 @@ class Fault:
         return f"{self.kind}{victim} after step {self.step}{alone}"
 
 
-def draw(seed: int, faults: int = 3, config: str = "ddp_ft") -> list[Fault]:
-    """A schedule of `faults` faults at distinct steps, in step order (under `diloco`, the same
-    schedule with every `kill-group`'s victim group 1: see the module's docstring)."""
+def draw(seed: int, faults: int = 3) -> list[Fault]:
+    """A schedule of `faults` faults at distinct steps, in step order (either configuration)."""
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(2, STEPS - 4), faults))
     schedule = []
     for step in steps:
         kind = rng.choice(KINDS)
         group = rng.randrange(2)
-        schedule.append(Fault(kind, step, group=1 if config == "diloco" and kind == "kill-group" else group,
-                              alone=rng.randrange(1, 4)))
+        schedule.append(Fault(kind, step, group=group, alone=rng.randrange(1, 4)))
     return schedule
 
 
@@ -240,6 +240,12 @@ class ChaosJob:
                 raise AssertionError(f"waited {PATIENCE:.0f} s for {what}:\n{self.log(0)}\n{self.log(1)}")
             time.sleep(0.02)
 
+    def _quorum_requests(self, group: int) -> int:
+        """How many quorums `group`'s processes have asked the lighthouse for (torchft's manager logs
+        this line as it sends the request)."""
+        path = self.out / f"group-{group}.log"
+        return path.read_text().count("All workers joined - starting quorum") if path.exists() else 0
+
     def committed(self, group: int) -> int:
         """The last step `group`'s current process recorded (0 before its first)."""
         proc = self.procs[group]
@@ -283,7 +289,14 @@ class ChaosJob:
             self.hold(survivor, self.committed(survivor) + fault.alone)
         self._wait(lambda: self.procs[survivor].poll() is not None or self.committed(survivor) >= fault.step + fault.alone
                    or not (self.out / f"hold-{survivor}").exists(), f"group {survivor} to train alone", alive=False)
+        asked = self._quorum_requests(victim)
         self.start((victim,))
+        if self.config == "diloco":
+            # The survivor stays held until the victim asks for its first quorum, at its next sync, where
+            # it waits (the lighthouse forms no quorum of one group while another heartbeats), so the
+            # survivor's next sync meets it. Released at once, the survivor could end its 24 steps first,
+            # and the victim would then train alone to the end, logging those steps a second time.
+            self._wait(lambda: self._quorum_requests(victim) > asked, f"group {victim} to ask for a quorum", victim)
         self.release(survivor)
         if self.config == "diloco":  # until the victim is past the survivor's steps alone (healed, if it must)
             back = fault.step + fault.alone
@@ -429,12 +442,24 @@ def _check_every_sample_once(out: Path, report: Report) -> None:
 
 
 def _trained(out: Path) -> dict[int, set[float]]:
-    """Per step, the values a tracker may hold for it: the sum of each group's share of the batch."""
+    """Per step, the values a tracker may hold for it: the sum of each group's share of the batch.
+    Under diloco a group that healed at a sync logs that inner step as the job's step it jumped to
+    (its peer's, `OUT/diloco-<group>`: outer step x sync_every), as a user's loop counting steps would."""
     trained: dict[int, set[float]] = defaultdict(set)
     for group in (0, 1):
-        for _, step, _, rows in ledger(out, group):
-            trained[step].add(float(sum(rows)))
+        jumped = _healed_steps(out, group)
+        for _, step, pid, rows in ledger(out, group):
+            trained[jumped.get((pid, step), step)].add(float(sum(rows)))
     return trained
+
+
+def _healed_steps(out: Path, group: int) -> dict[tuple[int, int], int]:
+    """diloco: (pid, inner step) -> the job's step, for each step at whose sync `group` healed."""
+    path = out / f"diloco-{group}"
+    events = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+    return {(int(pid), int(step)): int(outer) * DILOCO_SYNC_EVERY
+            for kind, step, pid, *rest in events if kind == "step" and rest[1] == "1"
+            for outer in (rest[2],)}
 
 
 def _check_steps(tracker: str, logged: list[tuple[int, float]], trained: dict[int, set[float]]) -> None:

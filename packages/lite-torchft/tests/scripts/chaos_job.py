@@ -291,7 +291,8 @@ def lite(out: Path, bucket: str) -> None:
                         state["epoch"] = epoch
                         _record(out, group, epoch, trained, index)
                         event(f"step {trained} {os.getpid()} {participants} {int(healed)} {self.strategy.step}")
-                        self.log("batch", float(index.sum()), step=trained)  # from the group that logs
+                        # from the group that logs, at the job's step: the peer's, after a heal
+                        self.log("batch", float(index.sum()), step=state["step"])
                     else:
                         optimizer.step()
                         if self.strategy.step == before:
