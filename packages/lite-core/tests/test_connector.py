@@ -192,7 +192,7 @@ def test_instances_are_used_as_given() -> None:
     assert strategy.accelerator is accelerator
     assert strategy.precision is precision
     assert strategy.environment is environment
-    assert strategy.checkpoint_io is checkpoint_io
+    assert lite._plan.checkpoint_io is checkpoint_io  # the checkpoint room's, handed to each save and load
 
 
 def test_plugins_may_be_a_single_object_and_precision_a_plugin() -> None:
@@ -202,7 +202,7 @@ def test_plugins_may_be_a_single_object_and_precision_a_plugin() -> None:
     lite = LightningLite(accelerator="cpu", plugins=precision)
     assert lite.strategy.precision is precision
     lite = LightningLite(accelerator="cpu", plugins=(checkpoint_io,))
-    assert lite.strategy.checkpoint_io is checkpoint_io
+    assert lite._plan.checkpoint_io is checkpoint_io
 
 
 def test_distributed_strategy_instance_is_used_as_given() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,3 +70,28 @@ def test_a_strategy_that_drops_its_parts_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="Forgetful does not hold the accelerator"):
         LightningLite(accelerator="cpu", strategy=Forgetful())
+
+
+class _RecordingCheckpointIO(TorchCheckpointIO):
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        self.saved.append(str(path))
+        super().save(checkpoint, path)
+
+
+@pytest.mark.parametrize("strategy", ["single_device", "fsdp"])
+def test_the_checkpoint_room_holds_the_checkpoint_io_and_hands_it_to_the_strategy(tmp_path: Path,
+                                                                                   strategy: str) -> None:
+    checkpoint_io = _RecordingCheckpointIO()
+    lite = LightningLite(accelerator="cpu", strategy=strategy, devices=1, plugins=checkpoint_io)
+    assert not hasattr(lite.strategy, "checkpoint_io")
+    assert lite._checkpoints._checkpoint_io is lite._plan.checkpoint_io is checkpoint_io
+
+    def save_and_load(lite: LightningLite) -> Any:
+        lite.save({"step": 3}, tmp_path / "step.pt")
+        return lite.load(tmp_path / "step.pt")["step"]
+
+    assert lite.launch(save_and_load) == 3
+    assert checkpoint_io.saved  # the file, or a sharded checkpoint's file of the values besides the shards

@@ -83,7 +83,8 @@ class _OnSecondHost(XLAStrategy):
 @pytest.mark.parametrize(("local", "writes"), [(0, True), (1, False)])
 def test_each_host_writes_the_checkpoint_it_will_load(tmp_path: Path, local: int, writes: bool) -> None:
     lite = LightningLite(accelerator="tpu", strategy=_OnSecondHost(local), devices=2)
-    lite.strategy.save_checkpoint(str(tmp_path / "ckpt.pt"), {"step": torch.tensor([3.0])})
+    lite.strategy.save_checkpoint(str(tmp_path / "ckpt.pt"), {"step": torch.tensor([3.0])},
+                                  checkpoint_io=lite._plan.checkpoint_io)
     assert (tmp_path / "ckpt.pt").exists() is writes
 
 

@@ -89,10 +89,8 @@ class SpawnsRanks(Named, Protocol):
 
 class ShardsCheckpoints(Named, Ranks, HasPrecision, Protocol):
     """A strategy whose checkpoints hold sharded modules and optimizers (`fsdp`, `model_parallel`),
-    as `lite_core.checkpoint`'s torch distributed checkpoint code sees it."""
-
-    @property
-    def checkpoint_io(self) -> Any: ...
+    as `lite_core.checkpoint`'s torch distributed checkpoint code sees it (the checkpoint IO is
+    handed to that code beside it: the job's, not the strategy's)."""
 
     def module_of(self, optimizer: Any) -> Any: ...
 

@@ -82,7 +82,7 @@ class LightningLite:
         self._plan: Plan = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._loggers = Loggers(checked_loggers(as_list(loggers)), self._plan.strategy)
         self._callbacks = Callbacks(as_list(callbacks))
-        self._checkpoints = Checkpoints(self._plan.strategy)
+        self._checkpoints = Checkpoints(self._plan.strategy, self._plan.checkpoint_io)
         self._collectives = Collectives(self._plan.strategy)
         self._running = Running(self._plan.strategy, self._plan.launcher, self._checkpoints, self._loggers)
         self._start_set_up()

@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.plugins import (
+    CheckpointIO,
     ConfigurationError,
     DDPStrategy,
     MisuseError,
@@ -276,13 +277,13 @@ class DeepSpeedStrategy(DDPStrategy):
         raise MisuseError("DeepSpeed clips gradients by norm only: call clip_gradients(model, optimizer, max_norm=...).")
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
         """Write a DeepSpeed checkpoint directory at `path` (every rank writes its shards) holding
         the model, its optimizer and the rest of `content`; without a DeepSpeed model in `content`,
         one file as the core writes it."""
         if _checkpoint.find_engine(content) is None:
             _checkpoint.refuse_optimizer_alone(content)
-            super().save_checkpoint(path, content)
+            super().save_checkpoint(path, content, checkpoint_io=checkpoint_io)
             return
         _checkpoint.save(path, content, self)
 
@@ -295,15 +296,16 @@ class DeepSpeedStrategy(DDPStrategy):
                 " training; use save(...) (blocking), or DeepSpeed's own asynchronous checkpointing")
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
         """Resume the DeepSpeed model and optimizer in `state` from any checkpoint: a directory
         written by `save_checkpoint` (any ZeRO stage, any number of processes), a one-file or an
         fsdp checkpoint; the other entries are restored as the core restores them."""
         if _checkpoint.find_engine(state or {}) is None:
-            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only,
+                                           checkpoint_io=checkpoint_io)
         if _checkpoint.is_deepspeed_directory(path):
             return _checkpoint.load(path, state or {}, strict, self, weights_only)
-        content = read_checkpoint(path, self.checkpoint_io, weights_only)
+        content = read_checkpoint(path, checkpoint_io, weights_only)
         return _checkpoint.load_whole(content, state or {}, strict, self)
 
     @classmethod

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import LiteError, store_for
+from lite_core.plugins import CheckpointIO, LiteError, store_for
 from lite_torchft._healing import HealingState
 from lite_torchft._stream import LoaderStream
 from lite_torchft._variables import check_lighthouse, read_variables
@@ -249,15 +249,15 @@ class ReplicaGroups:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
         if self._another_group_uploads(path):
             return
-        super().save_checkpoint(path, self._with_manager(content))
+        super().save_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io)
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Any:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> Any:
         if self._another_group_uploads(path):
             return _nothing
-        return super().stage_checkpoint(path, self._with_manager(content))
+        return super().stage_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io)
 
     def _another_group_uploads(self, path: str) -> bool:
         """Whether another group writes the checkpoint at `path`: at a URL, which every group sees,
@@ -272,8 +272,8 @@ class ReplicaGroups:
                 _LOADERS_KEY: [stream.state_dict() for stream in self._healing.streams]}
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io)
         manager_state, loaders = content.pop(_MANAGER_KEY, None), content.pop(_LOADERS_KEY, None)
         if manager_state is not None and self._manager is not None:
             self._manager.load_state_dict(manager_state)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, ContextManager
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import ConfigurationError, DDPStrategy, FSDPStrategy
+from lite_core.plugins import CheckpointIO, ConfigurationError, DDPStrategy, FSDPStrategy
 from lite_torchft._replication import ReplicaGroups
 from lite_torchft._variables import read_variables
 
@@ -167,8 +167,8 @@ class _AlgorithmReplication(ReplicaGroups):
         return {**content, _ALGORITHM_KEY: self._algorithm_hooks.state_dict()}
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io)
         saved = content.pop(_ALGORITHM_KEY, None)
         if saved is not None and self._algorithm is not None:
             self._algorithm_hooks.load_state_dict(saved)

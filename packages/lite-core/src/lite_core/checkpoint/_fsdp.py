@@ -40,6 +40,7 @@ from lite_core.model.parts import forward_module
 
 if TYPE_CHECKING:
     from lite_core._roles import ShardsCheckpoints
+    from lite_core.checkpoint._io import CheckpointIO
 
 
 def _unwrap(value: Any) -> Any:
@@ -147,25 +148,26 @@ def _extra(strategy: ShardsCheckpoints, plain: dict[str, Any]) -> dict[str, Any]
 
 
 # -- save ---------------------------------------------------------------------------------------
-def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> None:
-    """Gather everything to rank 0 and write one file there."""
+def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO) -> None:
+    """Gather everything to rank 0 and write one file there with `checkpoint_io`."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
     extra = _extra(strategy, _gathered(plain))
-    on_rank_zero(strategy, path, lambda: strategy.checkpoint_io.save({**state, **extra}, path))
+    on_rank_zero(strategy, path, lambda: checkpoint_io.save({**state, **extra}, path))
 
 
-def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
+def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO) -> Write:
     """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
     objects, plain = _split(content)
     state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
     extra = stage_to_host(_extra(strategy, _gathered(plain)))
     if strategy.global_rank != 0:
         return nothing
-    return lambda: strategy.checkpoint_io.save({**state, **extra}, path)
+    return lambda: checkpoint_io.save({**state, **extra}, path)
 
 
-def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> None:
+def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any],
+                 checkpoint_io: CheckpointIO) -> None:
     """Every process writes its shards into a fresh directory that then replaces `path`, so a
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
@@ -173,15 +175,16 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
 
     started = time.time()
     store = store_for(path)
-    state, extra, folder = _prepare_sharded(strategy, store, path, content)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io)
     try:
         dcp.save(state, storage_writer=store.shard_writer(folder))
     except CheckpointException as err:  # raised on every rank; a BaseException
         raise shard_failure(path, err) from None
-    on_rank_zero(strategy, path, lambda: store.commit_sharded(folder, path, extra, strategy.checkpoint_io, started))
+    on_rank_zero(strategy, path, lambda: store.commit_sharded(folder, path, extra, checkpoint_io, started))
 
 
-def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]) -> Write:
+def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any],
+                  checkpoint_io: CheckpointIO) -> Write:
     """`save_sharded` in the background: torch distributed checkpoint's `async_save` copies the
     shards to host memory and writes them in its thread, over a process group of its own; when
     they are written (on every rank), rank 0 puts the directory in place as `save_sharded` does.
@@ -194,7 +197,7 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
 
     started = time.time()
     store = store_for(path)
-    state, extra, folder = _prepare_sharded(strategy, store, path, content)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io)
     extra = stage_to_host(extra)
     written = dcp.async_save(state, storage_writer=store.shard_writer(folder), process_group=checkpoint_process_group())
 
@@ -204,13 +207,13 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
         except CheckpointException as err:  # a BaseException: the writer thread would not report it
             raise shard_failure(path, err) from None
         if strategy.global_rank == 0:
-            store.commit_sharded(folder, path, extra, strategy.checkpoint_io, started)
+            store.commit_sharded(folder, path, extra, checkpoint_io, started)
 
     return write
 
 
-def _prepare_sharded(strategy: Any, store: Store, path: str,
-                     content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+def _prepare_sharded(strategy: Any, store: Store, path: str, content: dict[str, Any],
+                     checkpoint_io: CheckpointIO) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(the sharded state of the modules, the optimizers and the values that hold `DTensor`s, the
     other values, the folder every rank writes its shards into: `store.start_sharded`'s, on rank 0)."""
     from torch.distributed.tensor import DTensor
@@ -220,7 +223,7 @@ def _prepare_sharded(strategy: Any, store: Store, path: str,
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     state.update({key: value for key, value in plain.items() if _holds(value, DTensor)})
     extra = _extra(strategy, {key: value for key, value in plain.items() if key not in state})
-    folder = on_rank_zero(strategy, path, lambda: store.start_sharded(path, extra, strategy.checkpoint_io))
+    folder = on_rank_zero(strategy, path, lambda: store.start_sharded(path, extra, checkpoint_io))
     return state, extra, folder
 
 
@@ -247,21 +250,22 @@ def _warn_of_a_file_name(strategy: Any, path: str) -> None:
 
 # -- load ---------------------------------------------------------------------------------------
 def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
-         weights_only: bool) -> dict[str, Any]:
-    """Restore `state`'s objects from a sharded or full checkpoint; return the content."""
+         weights_only: bool, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+    """Restore `state`'s objects from a sharded or full checkpoint read with `checkpoint_io`;
+    return the content."""
     store = store_for(path)
     sharded = is_sharded(path)  # first: a sharded checkpoint needs no other check (one request at a URL)
     if not sharded and not store.exists(path):
         raise store.missing(path)
     if state is None:
         if sharded:
-            return read_sharded(path, strategy.checkpoint_io, weights_only)
-        return read_checkpoint(path, strategy.checkpoint_io, weights_only)
+            return read_sharded(path, checkpoint_io, weights_only)
+        return read_checkpoint(path, checkpoint_io, weights_only)
     objects, plain = _split(state)
     if sharded:
-        content = _load_sharded(strategy, path, objects, strict, weights_only, plain)
+        content = _load_sharded(strategy, path, objects, strict, weights_only, plain, checkpoint_io)
     else:
-        content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
+        content = read_checkpoint(path, checkpoint_io, weights_only)
         _check_keys(objects, content, strict)
         for key, obj in objects.items():
             if key in content:
@@ -272,13 +276,13 @@ def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, s
 
 
 def _load_sharded(strategy: ShardsCheckpoints, path: str, objects: dict[str, Any], strict: bool,
-                  weights_only: bool, plain: dict[str, Any]) -> dict[str, Any]:
+                  weights_only: bool, plain: dict[str, Any], checkpoint_io: CheckpointIO) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.api import CheckpointException
 
     store = store_for(path)
-    content = strategy.checkpoint_io.load(store.join(path, EXTRA_FILE), weights_only=weights_only)
+    content = checkpoint_io.load(store.join(path, EXTRA_FILE), weights_only=weights_only)
     reader = reading_metadata_once(storage_reader(path, weights_only, store))
     metadata = reader.read_metadata().state_dict_metadata
     saved = set(metadata)

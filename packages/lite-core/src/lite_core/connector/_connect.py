@@ -20,7 +20,7 @@ from lite_core._user_frame import warn_user
 from lite_core.accelerators.accelerator import Accelerator
 from lite_core.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from lite_core.errors import BackendImportError, ConfigurationError, IncompatibleBackendError
-from lite_core.checkpoint import CheckpointIO
+from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO
 from lite_core.precision._build import build_precision
 from lite_core.precision.names import normalize_precision, precision_names, unsupported_hint
 from lite_core.precision.precision import Precision
@@ -60,9 +60,8 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
         _precision(chosen, accel, precision)
     _connect_precision(plugin, chosen, accel, indexes)
     chosen.precision = plugin
-    if CheckpointIO in given:
-        chosen.checkpoint_io = given[CheckpointIO]
-    return Plan(accelerator=accel, environment=environment, precision=plugin, checkpoint_io=chosen.checkpoint_io,
+    checkpoint_io = given[CheckpointIO] if CheckpointIO in given else TorchCheckpointIO()
+    return Plan(accelerator=accel, environment=environment, precision=plugin, checkpoint_io=checkpoint_io,
                 strategy=chosen, launcher=chosen.launcher, device_indexes=tuple(indexes), num_nodes=num_nodes)
 
 

@@ -29,7 +29,8 @@ class Plan:
         accelerator: the accelerator the processes compute on.
         environment: the cluster environment the processes come from (or will be started in).
         precision: the precision plugin every forward, backward and step goes through.
-        checkpoint_io: what writes and reads one-file checkpoints.
+        checkpoint_io: what writes and reads checkpoint files (`plugins=`, else `TorchCheckpointIO`);
+            the checkpoint room holds it and hands it to the strategy's save and load.
         strategy: how the model, optimizers and collectives are spread over the processes.
         launcher: what starts the processes; `None` runs the user's code in this process only.
         device_indexes: the indexes of this node's devices the job uses.
@@ -49,7 +50,6 @@ class Plan:
         _check_wired(self.strategy, "accelerator", self.accelerator)
         _check_wired(self.strategy, "environment", self.environment)
         _check_wired(self.strategy, "precision", self.precision)
-        _check_wired(self.strategy, "checkpoint_io", self.checkpoint_io)
 
     def __getstate__(self) -> dict[str, Any]:
         # The launcher holds processes and threads: a copy sent to a worker runs inside it.

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.checkpoint import to_state
+from lite_core.checkpoint import CheckpointIO, to_state
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
 from lite_core.precision.names import PrecisionSupport
@@ -88,13 +88,13 @@ class DDPShardedStrategy(DDPStrategy):
         self.precision.unscale_gradients(optimizer)
         return optimizer.clip_grad_norm(max_norm, norm_type=norm_type)  # type: ignore[attr-defined]
 
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
         # Gather each optimizer's shards on rank 0 first; `state_dict()` works only there.
         for value in content.values():
             inner = getattr(value, "optimizer", value)
             if hasattr(inner, "consolidate_state_dict"):
                 inner.consolidate_state_dict(recipient_rank=0)
-        on_rank_zero(self, path, lambda: self.checkpoint_io.save(to_state(content, self), path))
+        on_rank_zero(self, path, lambda: checkpoint_io.save(to_state(content, self), path))
 
 
 class DDPShardedSpawnStrategy(DDPShardedStrategy):

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import CheckpointIO
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import PrecisionSupport
@@ -261,21 +262,23 @@ class FSDPStrategy(DDPStrategy):
         return _clip.clip_grad_norm(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
         if self.state_dict_type == "full":
-            _fsdp_checkpoint.save_full(self, path, content)
+            _fsdp_checkpoint.save_full(self, path, content, checkpoint_io)
         else:
-            _fsdp_checkpoint.save_sharded(self, path, content)
+            _fsdp_checkpoint.save_sharded(self, path, content, checkpoint_io)
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Callable[[], None]:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *,
+                         checkpoint_io: CheckpointIO) -> Callable[[], None]:
         """Sharded: torch distributed checkpoint's `async_save`; full: gathered to rank 0 and copied."""
         if self.state_dict_type == "full":
-            return _fsdp_checkpoint.stage_full(self, path, content)
-        return _fsdp_checkpoint.stage_sharded(self, path, content)
+            return _fsdp_checkpoint.stage_full(self, path, content, checkpoint_io)
+        return _fsdp_checkpoint.stage_sharded(self, path, content, checkpoint_io)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        return _fsdp_checkpoint.load(self, path, state, strict=strict, weights_only=weights_only)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+        return _fsdp_checkpoint.load(self, path, state, strict=strict, weights_only=weights_only,
+                                     checkpoint_io=checkpoint_io)
 
     def module_of(self, optimizer: Optimizer) -> nn.Module:
         """The sharded module whose parameters `optimizer` updates."""

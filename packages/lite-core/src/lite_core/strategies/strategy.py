@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core.model._methods import call_through
 from lite_core.model.parts import trainable_names
 from lite_core.move import move_to_device
-from lite_core.checkpoint import CheckpointIO, TorchCheckpointIO, read_checkpoint, restore, to_state
+from lite_core.checkpoint import CheckpointIO, read_checkpoint, restore, to_state
 from lite_core.checkpoint._background import nothing, stage_to_host
 from lite_core.checkpoint._plain import plain_tensors
 from lite_core.checkpoint._rank_zero import on_rank_zero
@@ -170,7 +170,6 @@ class Strategy:
         self.accelerator: Accelerator | None = None
         self.precision: Precision = Precision()
         self.environment: ClusterEnvironment | None = None
-        self.checkpoint_io: CheckpointIO = TorchCheckpointIO()
         self.device_indexes: list[int] = [0]
         self.num_nodes = 1
         self._environment_ready = False
@@ -476,16 +475,20 @@ class Strategy:
         return {}
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
-        """Write `content` to `path` on rank 0; modules, optimizers (wrapped or not) and other
-        objects with `state_dict()` are saved as their state dicts, with the user's keys.
+    # The checkpoint IO is the job's (`LightningLite(plugins=MyCheckpointIO())`, else
+    # `TorchCheckpointIO`): Lite's checkpoint room holds it and hands it to each call below.
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+        """Write `content` to `path` on rank 0 with `checkpoint_io`; modules, optimizers (wrapped
+        or not) and other objects with `state_dict()` are saved as their state dicts, with the
+        user's keys.
 
         If writing fails on rank 0, every rank raises a `CheckpointError` naming that failure.
         """
         state = to_state(content, self)
-        on_rank_zero(self, path, lambda: self.checkpoint_io.save(state, path))
+        on_rank_zero(self, path, lambda: checkpoint_io.save(state, path))
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any]) -> Callable[[], None]:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *,
+                         checkpoint_io: CheckpointIO) -> Callable[[], None]:
         """The first half of `save(..., blocking=False)`: copy `content`'s state into host memory
         now (what `save_checkpoint` would write), and return the rest of the save, which Lite runs
         in a background thread on every rank and whose failure it then tells every rank.
@@ -498,7 +501,7 @@ class Strategy:
         state = stage_to_host(to_state(content, self))
         if self.global_rank != 0:
             return nothing
-        return lambda: self.checkpoint_io.save(state, path)
+        return lambda: checkpoint_io.save(state, path)
 
     def why_no_background_save(self) -> str | None:
         """Why `save(blocking=False)` cannot write in the background under this strategy (the end
@@ -509,10 +512,10 @@ class Strategy:
         return None
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
-        """Read the checkpoint at `path` on every process, restore `state`'s objects in place and
-        return the content."""
-        content = read_checkpoint(path, self.checkpoint_io, weights_only)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+        """Read the checkpoint at `path` on every process with `checkpoint_io`, restore `state`'s
+        objects in place and return the content."""
+        content = read_checkpoint(path, checkpoint_io, weights_only)
         if state is not None:
             restore(state, content, strict=strict, strategy=self)
         return content

@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core.plugins import (
+    CheckpointIO,
     MisuseError,
     TrainableState,
     check_weights_fit,
@@ -160,7 +161,7 @@ class XLAFSDPStrategy(XLAStrategy):
         return nn.modules.module._IncompatibleKeys(missing, unexpected)
 
     # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any]) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
         """Every replica writes its shard to `path/shard-RANK-of-WORLD.pt`; models are saved as
         their sharded state and metadata (join them with `lite_xla.consolidate_checkpoint`). If a
         write fails, every replica raises."""
@@ -177,17 +178,17 @@ class XLAFSDPStrategy(XLAStrategy):
 
         def write() -> None:
             Path(path).mkdir(parents=True, exist_ok=True)
-            self.checkpoint_io.save(state, str(sharded.shard_file(path, self.global_rank, self.world_size)))
+            checkpoint_io.save(state, str(sharded.shard_file(path, self.global_rank, self.world_size)))
 
         on_writing_ranks(self, path, write, writes=True)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
         """Read this replica's shard from the folder `path` and restore `state` from it."""
         from lite_xla import _sharded_checkpoint as sharded
 
         shard = sharded.shard_file(path, self.global_rank, self.world_size)
-        content = self.checkpoint_io.load(str(shard), weights_only=weights_only)
+        content = checkpoint_io.load(str(shard), weights_only=weights_only)
         if state is None:
             return content
         modules = {k for k, v in content.items() if isinstance(v, dict) and v.get(sharded.MARK)}

@@ -16,7 +16,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lite_core._experts import check_experts_averaged, count_loads_over
-from lite_core.checkpoint import is_sharded
+from lite_core.checkpoint import CheckpointIO, is_sharded
 from lite_core.checkpoint.stores import store_for
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.model._meta import meta_copy
@@ -392,10 +392,11 @@ class ModelParallelStrategy(FSDPStrategy):
         return self._keys_before_split.get(id(module))
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
         if self._pipeline is not None and state is not None and store_for(path).is_file(path) and not is_sharded(path):
-            return _pipeline_load.load_full(self, path, state, strict, weights_only)
-        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+            return _pipeline_load.load_full(self, path, state, strict, weights_only, checkpoint_io)
+        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only,
+                                       checkpoint_io=checkpoint_io)
 
     def pipeline_of(self, module: nn.Module) -> PipelineForward | None:
         """The pipeline that runs `module` (what `setup_module` returned), if any."""

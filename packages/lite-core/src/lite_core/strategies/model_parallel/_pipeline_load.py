@@ -14,15 +14,17 @@ from typing import Any
 
 from torch.optim import Optimizer
 
+from lite_core.checkpoint import CheckpointIO
 from lite_core.checkpoint._fsdp import _check_keys, _load_into, _split
 from lite_core.checkpoint._state import is_keyed_by_name, positions_to_names, read_checkpoint, restore
 
 
 def load_full(strategy: Any, path: str, state: dict[str, Any], strict: bool,
-              weights_only: bool) -> dict[str, Any]:
-    """Restore `state`'s objects from the one-file checkpoint at `path`; return its content.
-    `strategy` is the `ModelParallelStrategy` with the pipeline (handed in, not imported)."""
-    content = read_checkpoint(path, strategy.checkpoint_io, weights_only)
+              weights_only: bool, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+    """Restore `state`'s objects from the one-file checkpoint at `path`, read with `checkpoint_io`;
+    return its content. `strategy` is the `ModelParallelStrategy` with the pipeline (handed in, not
+    imported)."""
+    content = read_checkpoint(path, checkpoint_io, weights_only)
     objects, plain = _split(state)
     _check_keys(objects, content, strict)
     for key, obj in objects.items():
