@@ -125,3 +125,47 @@ def test_a_heal_in_the_optimizer_steps_sync_into_the_peers_next_epoch_draws_the_
     data.set_epoch(1)
     assert _committed_pass(healed) == rest, "the next pass did not draw the peer's epoch from its position"
     assert healed.epoch == 2
+
+
+def test_a_checkpoint_taken_after_a_heal_into_the_next_epoch_resumes_in_the_users_epoch() -> None:
+    """The user's loop saves right after the optimizer step whose sync healed it into the peer's
+    next epoch, its own epoch counter still the old one (the pass ends at the loop's next batch).
+    Resumed from that checkpoint, the loop finishes the old epoch's pass with no batch and the next
+    pass is the peer's epoch from its position. Found by the diloco chaos soak (seed 21): the
+    resumed loop trained epoch 1 as its epoch 0, then a third epoch alone."""
+    data = _EpochOrder()
+    loader = DataLoader(data, batch_size=4)
+    peer = LoaderStream(loader, split_batches=True)
+    assert len(_committed_pass(peer)) == 6
+    data.set_epoch(1)
+    assert len(_take(peer, 1)) == 1  # one step into epoch 1
+    position = peer.state_dict()
+    order = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
+    rest = [order[i:i + 4] for i in range(4, 24, 4)]
+
+    healed = LoaderStream(loader, split_batches=True)
+    healed.load_state_dict({"epoch": 0, "committed": 3})
+    data.set_epoch(0)
+    batches = healed.batches(_one_step)
+    next(batches)
+    healed.commit()
+    healed.load_state_dict(position)  # the sync of this step's optimizer step heals it
+    saved = healed.state_dict()  # the user's save, its loop still in epoch 0's pass
+    assert saved["pass_over"] and (saved["epoch"], saved["committed"]) == (1, 1)
+
+    resumed = LoaderStream(loader, split_batches=True)  # the group started again from that checkpoint
+    resumed.load_state_dict(saved, resumed=True)
+    assert resumed.state_dict()["pass_over"]  # a save before its first pass keeps it
+    assert _committed_pass(resumed) == [], "the resumed loop's epoch 0 trained epoch 1's batches"
+    data.set_epoch(1)
+    assert _committed_pass(resumed) == rest
+    assert resumed.epoch == 2 and "pass_over" not in resumed.state_dict()
+
+
+def test_a_peers_position_ends_no_pass_of_its_own() -> None:
+    """A peer's `pass_over` says where the peer's loop is, not the healed group's: a heal ignores it."""
+    loader = DataLoader(TensorDataset(torch.arange(24)), batch_size=4)
+    healed = LoaderStream(loader, split_batches=True)
+    healed.load_state_dict({"epoch": 1, "committed": 1, "pass_over": True})
+    assert _committed_pass(healed) == [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19],
+                                       [20, 21, 22, 23]]

@@ -22,6 +22,7 @@ class HealingState:
         self.optimizers: list[Optimizer] = []
         self.streams: list[LoaderStream] = []
         self._waiting_loaders: list[dict[str, Any]] = []
+        self._waiting_resumed = False  # whether those positions came from a checkpoint
         self.heals = 0  # the peer states this group took over (torchft's first sync of a new group too)
 
     def add_stream(self, stream: LoaderStream) -> None:
@@ -29,7 +30,7 @@ class HealingState:
         index = len(self.streams)
         self.streams.append(stream)
         if index < len(self._waiting_loaders):
-            stream.load_state_dict(self._waiting_loaders[index])
+            stream.load_state_dict(self._waiting_loaders[index], resumed=self._waiting_resumed)
 
     def state_dict(self) -> dict[str, Any]:
         """What a peer needs to continue from here."""
@@ -48,8 +49,9 @@ class HealingState:
             optimizer.load_state_dict(optimizer_state)
         self.load_positions(state["loaders"])
 
-    def load_positions(self, positions: list[dict[str, Any]]) -> None:
-        """Move every loader to its position (a loader not iterated yet takes it at its first pass)."""
+    def load_positions(self, positions: list[dict[str, Any]], resumed: bool = False) -> None:
+        """Move every loader to its position (a loader not iterated yet takes it at its first pass);
+        `resumed`: the positions come from a checkpoint, not from a peer (see `LoaderStream`)."""
         for stream, position in zip(self.streams, positions):
-            stream.load_state_dict(position)
-        self._waiting_loaders = list(positions)
+            stream.load_state_dict(position, resumed=resumed)
+        self._waiting_loaders, self._waiting_resumed = list(positions), resumed

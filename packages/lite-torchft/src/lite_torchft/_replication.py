@@ -278,7 +278,7 @@ class ReplicaGroups:
         if manager_state is not None and self._manager is not None:
             self._manager.load_state_dict(manager_state)
         if loaders is not None:
-            self._healing.load_positions(loaders)
+            self._healing.load_positions(loaders, resumed=True)
         return content
 
 

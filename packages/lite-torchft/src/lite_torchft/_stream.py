@@ -39,21 +39,33 @@ class LoaderStream:
         self._iterator: Iterator[Any] | None = None
         #: The states of `_generators()` when this epoch's pass began (None before it began).
         self._epoch_rng: list[torch.Tensor] | None = None
+        self._pass_epoch: int | None = None  # the epoch of the pass the user's loop is in (None between passes)
+        self._skip_pass = False  # resumed in a pass a heal had ended: the user's loop ends it with no batch
 
     # -- position ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The committed position, and the generators' states that the epoch's order came from."""
+        """The committed position, and the generators' states that the epoch's order came from.
+
+        `"pass_over"`: a heal moved this stream into a later epoch while the user's loop was still
+        in an earlier epoch's pass (under an algorithm the heal comes in the optimizer step, and
+        the loop saves before it asks for the next batch, which ends that pass). The user's state
+        then still says the earlier epoch; resumed from it, the loop must finish that pass with no
+        batch and start the position's epoch with its next one, as it would have gone on."""
         position: dict[str, Any] = {"epoch": self.epoch, "committed": self.committed}
         if self._epoch_rng is not None:
             position["rng"] = list(self._epoch_rng)
+        if self._skip_pass or (self._pass_epoch is not None and self._pass_epoch != self.epoch):
+            position["pass_over"] = True
         return position
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Move to a committed position (a peer's, while healing): fetched batches are dropped,
-        and the epoch's pass starts again from the generators' states it began with there."""
+    def load_state_dict(self, state: dict[str, Any], resumed: bool = False) -> None:
+        """Move to a committed position (a peer's, while healing; a checkpoint's, `resumed`): fetched
+        batches are dropped, and the epoch's pass starts again from the generators' states it began
+        with there. A checkpoint's `"pass_over"` (see `state_dict`) makes the next pass empty."""
         self.epoch, self.committed = int(state["epoch"]), int(state["committed"])
         self._epoch_rng = list(state["rng"]) if "rng" in state else None
         self._pending, self._taken, self._iterator = [], 0, None
+        self._skip_pass = resumed and bool(state.get("pass_over"))
 
     def commit(self) -> None:
         """The open step committed: what it took is consumed."""
@@ -72,7 +84,17 @@ class LoaderStream:
         `begin_step` opens the step's quorum (healing this process if a peer's state is due) and
         returns this process's index among the processes alive in the step and their number.
         """
-        pass_epoch = self.epoch
+        if self._skip_pass:  # the pass a heal had ended before the checkpoint (see `state_dict`)
+            self._skip_pass = False
+            return
+        pass_epoch = self._pass_epoch = self.epoch
+        try:
+            yield from self._pass(begin_step, pass_epoch)
+        finally:
+            self._pass_epoch = None
+
+    def _pass(self, begin_step: Callable[[], tuple[int, int]], pass_epoch: int) -> Iterator[Any]:
+        """The pass of epoch `pass_epoch` (see `batches`)."""
         self._set_epoch()
         while self.epoch == pass_epoch and self._fill(1):
             index, count = begin_step()
