@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -99,8 +100,14 @@ def main() -> None:
                 out = Path(folder) / name
                 out.mkdir()
                 bucket = f"s3://{server.new_bucket()}/chaos"
-                return chaos.run(out, address, bucket, server, conftest.script_env, conftest.free_port, schedule,
-                                 mlflow, options.strategy)
+                try:
+                    return chaos.run(out, address, bucket, server, conftest.script_env, conftest.free_port,
+                                     schedule, mlflow, options.strategy)
+                except BaseException:  # keep what the failed run wrote (ledgers, events, logs) to read
+                    kept = Path(tempfile.mkdtemp(prefix=f"chaos-soak-{name}-"))
+                    shutil.copytree(out, kept, dirs_exist_ok=True)
+                    print(f"the run's folder is kept in {kept}", flush=True)
+                    raise
 
             base = one("baseline", []).seconds
             print(f"baseline ({options.strategy}, no fault): {base:.1f} s for {chaos.STEPS} steps")

@@ -289,8 +289,10 @@ def lite(out: Path, bucket: str) -> None:
                         assert healed or not synced or state["step"] == self.strategy.step * SYNC_EVERY, (
                             f"inner step {trained} synced as outer step {self.strategy.step}")
                         state["epoch"] = epoch
-                        _record(out, group, epoch, trained, index)
+                        # the event first: the harness kills once the ledger shows the step (a soak run
+                        # killed a group between the two writes, and the simulation found no event for it)
                         event(f"step {trained} {os.getpid()} {participants} {int(healed)} {self.strategy.step}")
+                        _record(out, group, epoch, trained, index)
                         # from the group that logs, at the job's step: the peer's, after a heal
                         self.log("batch", float(index.sum()), step=state["step"])
                     else:
