@@ -88,11 +88,14 @@ def test_a_replica_group_restarted_off_the_logging_process_keeps_what_it_would_s
                                                            "unsent": {4: {"loss": 0.5}, 5: {"loss": 0.25}}}
     restarted = _Recorded()
     restarted._follow(lambda: moment["leads"], lambda: moment["round"])
+    moment.update(round=0)  # the strategy's own state (its round) loads after the loggers'
     restarted.load_state_dict(standby.state_dict())
-    moment.update(round=4, leads=True)
+    moment.update(round=4)  # the first round the restarted group logs in: another group leads
     restarted._log_to_run({"loss": 0.125}, step=6)
-    assert restarted.sent == [(4, {"loss": 0.5}), (5, {"loss": 0.25}), (6, {"loss": 0.125})]
-    assert restarted.state_dict() == {"run_id": None, "last_step": 6}  # sent: not kept any more
+    moment.update(round=5, leads=True)
+    restarted._log_to_run({"loss": 0.0625}, step=7)
+    assert restarted.sent == [(4, {"loss": 0.5}), (5, {"loss": 0.25}), (6, {"loss": 0.125}), (7, {"loss": 0.0625})]
+    assert restarted.state_dict() == {"run_id": None, "last_step": 7}  # sent: not kept any more
 
 
 def test_under_a_strategy_whose_logging_never_moves_nothing_is_kept_off_the_logging_process() -> None:

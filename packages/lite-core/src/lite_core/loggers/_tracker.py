@@ -85,8 +85,9 @@ class TrackerLogger:
     def __init__(self) -> None:
         self._logging_process: Callable[[], bool] = lambda: global_rank() == 0
         self._logging_round: Callable[[], int | None] = lambda: None
-        # step -> (round, values): logged off the logging process in that round (see `_keep_unsent`)
-        self._unsent: dict[int, tuple[int, dict[str, Any]]] = {}
+        # step -> (round, values): logged off the logging process in that round (see `_keep_unsent`);
+        # round None: loaded from a checkpoint, in the first round this process logs in
+        self._unsent: dict[int, tuple[int | None, dict[str, Any]]] = {}
         self._run_id: str | None = None
         self._last_step = -1
         self._skip_through = -1  # steps up to this one were logged before a resume: not again
@@ -110,7 +111,8 @@ class TrackerLogger:
         current = self._logging_round()
         if current is None or step is None or global_rank() != 0:
             return
-        self._unsent = {kept: entry for kept, entry in self._unsent.items() if entry[0] == current}
+        self._unsent = {kept: (current, values) for kept, (round_, values) in self._unsent.items()
+                        if round_ is None or round_ == current}
         values = {name: value.item() if hasattr(value, "item") else value for name, value in metrics.items()}
         self._unsent.setdefault(int(step), (current, {}))[1].update(values)
 
@@ -207,10 +209,8 @@ class TrackerLogger:
         self._run_id = run_id
         self._last_step = max(self._last_step, int(state.get("last_step", -1)))
         unsent = state.get("unsent") or {}
-        if unsent:  # kept in the round this process is in now: dropped once a later round has a logger
-            current = self._logging_round()
-            self._unsent = {int(step): (-1 if current is None else current, dict(values))
-                            for step, values in unsent.items()}
+        if unsent:  # kept through the first round this process logs in (its strategy's state may load later)
+            self._unsent = {int(step): (None, dict(values)) for step, values in unsent.items()}
         self._skip_through = max(self._skip_through, self._last_step)
 
     def _next_step(self, step: int | None) -> int | None:
