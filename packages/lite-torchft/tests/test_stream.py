@@ -96,6 +96,16 @@ class _EpochOrder(torch.utils.data.IterableDataset):
         return iter([(i,) for i in order])  # rows as a TensorDataset's: a batch is `(tensor,)`
 
 
+def _peer_one_step_into_epoch_1(loader: DataLoader, data: _EpochOrder) -> tuple[dict, list[list[int]]]:
+    """A peer's position one committed step into epoch 1 of `data`, and the batches left of it."""
+    peer = LoaderStream(loader, split_batches=True)
+    assert len(_committed_pass(peer)) == 6
+    data.set_epoch(1)
+    assert len(_take(peer, 1)) == 1
+    order = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
+    return peer.state_dict(), [order[i:i + 4] for i in range(4, 24, 4)]
+
+
 def test_a_heal_in_the_optimizer_steps_sync_into_the_peers_next_epoch_draws_the_peers_order() -> None:
     """Under an algorithm (`diloco`) a group heals in its optimizer step's sync, after the step's
     batch, not at the next batch's quorum: the pass under way ends there too, and the next pass,
@@ -104,13 +114,7 @@ def test_a_heal_in_the_optimizer_steps_sync_into_the_peers_next_epoch_draws_the_
     and the next pass went on with that iterator (epoch 0's order in epoch 1)."""
     data = _EpochOrder()
     loader = DataLoader(data, batch_size=4)
-    peer = LoaderStream(loader, split_batches=True)
-    assert len(_committed_pass(peer)) == 6
-    data.set_epoch(1)
-    assert len(_take(peer, 1)) == 1  # one step into epoch 1
-    position = peer.state_dict()
-    order = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
-    rest = [order[i:i + 4] for i in range(4, 24, 4)]
+    position, rest = _peer_one_step_into_epoch_1(loader, data)
 
     healed = LoaderStream(loader, split_batches=True)
     healed.load_state_dict({"epoch": 0, "committed": 3})  # the checkpoint it resumed from
@@ -135,13 +139,7 @@ def test_a_checkpoint_taken_after_a_heal_into_the_next_epoch_resumes_in_the_user
     resumed loop trained epoch 1 as its epoch 0, then a third epoch alone."""
     data = _EpochOrder()
     loader = DataLoader(data, batch_size=4)
-    peer = LoaderStream(loader, split_batches=True)
-    assert len(_committed_pass(peer)) == 6
-    data.set_epoch(1)
-    assert len(_take(peer, 1)) == 1  # one step into epoch 1
-    position = peer.state_dict()
-    order = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
-    rest = [order[i:i + 4] for i in range(4, 24, 4)]
+    position, rest = _peer_one_step_into_epoch_1(loader, data)
 
     healed = LoaderStream(loader, split_batches=True)
     healed.load_state_dict({"epoch": 0, "committed": 3})
