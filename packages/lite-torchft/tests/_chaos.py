@@ -455,11 +455,16 @@ def _trained(out: Path) -> dict[int, set[float]]:
 
 def _healed_steps(out: Path, group: int) -> dict[tuple[int, int], int]:
     """diloco: (pid, inner step) -> the job's step, for each step at whose sync `group` healed."""
+    return {(pid, step): outer * DILOCO_SYNC_EVERY for step, pid, _, healed, outer in _diloco_steps(out, group)
+            if healed}
+
+
+def _diloco_steps(out: Path, group: int) -> list[tuple[int, ...]]:
+    """`group`'s diloco step events (chaos_job.py writes them): (inner step, pid, participants,
+    healed, outer step) each; none outside diloco."""
     path = out / f"diloco-{group}"
-    events = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
-    return {(int(pid), int(step)): int(outer) * DILOCO_SYNC_EVERY
-            for kind, step, pid, *rest in events if kind == "step" and rest[1] == "1"
-            for outer in (rest[2],)}
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [tuple(map(int, line.split()[1:])) for line in lines if line.startswith("step ")]
 
 
 def _check_steps(tracker: str, logged: list[tuple[int, float]], trained: dict[int, set[float]]) -> None:
@@ -550,8 +555,7 @@ def _check_diloco_weights(out: Path, env: dict[str, str], report: Report) -> Non
     heal, far from where the same job without faults ends (`replay forget-faults`)."""
     first, second = (torch.load(out / f"weights-{g}.pt", weights_only=True) for g in (0, 1))
     assert all(torch.equal(first[name], second[name]) for name in first), "the groups ended with other weights"
-    report.heals = sum(line.split()[4] == "1" for g in (0, 1) if (out / f"diloco-{g}").exists()
-                       for line in (out / f"diloco-{g}").read_text().splitlines() if line.startswith("step "))
+    report.heals = sum(len(_healed_steps(out, g)) for g in (0, 1))
     subprocess.run([sys.executable, str(SCRIPT), str(out), "replay"], check=True, timeout=PATIENCE, env=env)
     simulated = torch.load(out / "weights-replay.pt", weights_only=True)
     for name in simulated:

@@ -49,7 +49,6 @@ class Plan:
     def __post_init__(self) -> None:
         _check_wired(self.strategy, "accelerator", self.accelerator)
         _check_wired(self.strategy, "environment", self.environment)
-        _check_wired(self.strategy, "precision", self.precision)
 
     def __getstate__(self) -> dict[str, Any]:
         # The launcher holds processes and threads: a copy sent to a worker runs inside it.
