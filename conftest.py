@@ -442,6 +442,127 @@ def check_each_sample_once(records: list[tuple[int, int, list[int]]], steps: int
             f"epoch {epoch} trained {len(set(seen))} distinct samples of {samples}, {repeated} more than once")
 
 
+
+# -- the trackers a chaos job logs to (packages/lite-torchft/tests/_chaos.py, tests/integration/elastic/test_chaos_nodes.py)
+class MLflowServer:
+    """`mlflow server` on 127.0.0.1 with a SQLite store in `folder`; `stop()` kills it (its whole
+    process group), `start()` brings it back on the same port and store. `patience`: seconds any
+    wait may take, a hang guard (it answers in seconds, and is gone in milliseconds)."""
+
+    def __init__(self, folder: Path, port: int, patience: float = 240.0) -> None:
+        self.folder, self.port, self.patience = folder, port, patience
+        self.uri = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        import urllib.request
+
+        command = [sys.executable, "-m", "mlflow", "server",
+                   "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
+                   "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1"]
+        log = (self.folder / "server.log").open("ab")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.folder, start_new_session=True)
+        deadline = time.monotonic() + 2 * self.patience
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"mlflow server did not answer: {(self.folder / 'server.log').read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        """Kill the server's process group and wait until none of it is left to answer on the port."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        deadline = time.monotonic() + self.patience
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def check_tracked_steps(tracker: str, logged: list[tuple[int, float]], trained: dict[int, set[float]],
+                        steps: int) -> None:
+    """`logged` (step, value) holds every step 1..`steps` once, each with a value that the job's
+    ledger says the step trained with (`trained`: per step, every value its attempts logged)."""
+    held = [step for step, _ in logged]
+    assert sorted(held) == list(range(1, steps + 1)), (
+        f"{tracker} holds steps {held}: missing {sorted(set(range(1, steps + 1)) - set(held))},"
+        f" twice {sorted({s for s in held if held.count(s) > 1})}")
+    wrong = {step: (value, sorted(trained.get(step, ()))) for step, value in logged if value not in trained.get(step, ())}
+    assert not wrong, f"{tracker}: steps logged with a value no attempt trained (logged, trained): {wrong}"
+
+
+def check_trackio_run(store: Path, project: str, key: str, trained: dict[int, set[float]], steps: int,
+                      patience: float = 240.0) -> None:
+    """One trackio run in the local store `store` (a TRACKIO_DIR) holding `key` at every step once,
+    each with a value the ledger says (read in a fresh process: trackio reads TRACKIO_DIR on import)."""
+    import json
+
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S;"
+            f" runs = S.get_runs({project!r});"
+            f" print(json.dumps([runs, [S.get_logs({project!r}, run) for run in runs]], default=str))")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRACKIO_DIR=str(store)),
+                          capture_output=True, text=True, timeout=patience, check=True)
+    runs, logs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(runs) == 1, f"the job logged to {len(runs)} trackio runs: {runs}"
+    check_tracked_steps("trackio", [(int(row["step"]), row[key]) for row in logs[0] if key in row], trained, steps)
+
+
+def check_mlflow_run(uri: str, experiment: str, key: str, trained: dict[int, set[float]], steps: int,
+                     fallback_dirs: list[Path]) -> None:
+    """One MLflow run in `experiment` on the server at `uri` holding `key` at every step once (its
+    metric history keeps every value sent, so a step sent twice shows), each with a value the
+    ledger says; and nothing left unsent (no `mlflow-unsent-*` file in `fallback_dirs`)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment} on the server"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, f"the job logged to {len(runs)} MLflow runs: {[run.info.run_id for run in runs]}"
+    history = client.get_metric_history(runs[0].info.run_id, key)
+    check_tracked_steps("MLflow", [(metric.step, metric.value) for metric in history], trained, steps)
+    unsent = [path for folder in fallback_dirs for path in folder.glob("mlflow-unsent-*")]
+    assert not unsent, f"MLflowLogger wrote values it could not send to {unsent}"
+
+
+def check_wandb_run(folders: list[Path], key: str, trained: dict[int, set[float]], steps: int) -> int:
+    """One W&B run id over a job's offline run folders (`offline-run-*`: a new one after each
+    checkpoint, see docs/logging.md), holding `key` at every step as `wandb sync` keeps it (the
+    first row of a step, folder after folder in their names' order, which is their start time's),
+    each with a value the ledger says. A step the files hold with two values must be one the ledger
+    shows trained twice with those values: rows of steps that a job wrote after its last committed
+    checkpoint stay in its folder when the resumed job writes them again (W&B's files are
+    append-only; `wandb sync` keeps the first), and a step trained again after a rollback by another
+    set of processes may log another value. Returns how many steps the files hold with two values."""
+    from collections import defaultdict
+
+    folders = sorted(folders, key=lambda folder: folder.name)
+    ids = {next(folder.glob("run-*.wandb")).stem.removeprefix("run-") for folder in folders}
+    assert len(ids) == 1, f"the job logged to {len(ids)} W&B runs: {sorted(ids)}"
+    values: dict[int, list[float]] = defaultdict(list)
+    for folder in folders:
+        for row in wandb_history(folder):
+            if key in row:
+                values[int(row["_step"])].append(float(row[key]))
+    two = {step: sorted(set(held)) for step, held in values.items() if len(set(held)) > 1}
+    once = {step: (held, sorted(trained.get(step, ()))) for step, held in two.items()
+            if len(trained.get(step, ())) < 2 or not set(held) <= trained[step]}
+    assert not once, f"W&B holds steps with two different values that the ledger does not show trained twice: {once}"
+    check_tracked_steps("W&B", [(step, held[0]) for step, held in values.items()], trained, steps)
+    return len(two)
+
+
 def linear_adam(lr: float, **lite_kwargs: Any) -> tuple[Any, Any, Any]:
     """A one-process `LightningLite(accelerator="cpu", **lite_kwargs)` and a set-up `nn.Linear(3, 2)`
     with its Adam optimizer (learning rate `lr`), as the checkpoint tests train them."""

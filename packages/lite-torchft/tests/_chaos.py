@@ -71,12 +71,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+# The repository's conftest.py (test_chaos and the soak put it on the path): the MLflow server and the
+# trackers' checks are shared with tests/integration/elastic/test_chaos_nodes.py.
+from conftest import MLflowServer, check_mlflow_run, check_trackio_run, check_wandb_run  # noqa: F401
 
 SCRIPT = Path(__file__).parent / "scripts" / "chaos_job.py"
 STEPS = 24  # chaos_job: 2 epochs of 12 global batches
@@ -115,49 +118,6 @@ def draw(seed: int, faults: int = 3) -> list[Fault]:
         group = rng.randrange(2)
         schedule.append(Fault(kind, step, group=group, alone=rng.randrange(1, 4)))
     return schedule
-
-
-class MLflowServer:
-    """`mlflow server` on 127.0.0.1 with a SQLite store in `folder`; `stop()` kills it (its whole
-    process group), `start()` brings it back on the same port and store."""
-
-    def __init__(self, folder: Path, port: int) -> None:
-        self.folder, self.port = folder, port
-        self.uri = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "mlflow", "server",
-                   "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
-                   "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--workers", "1"]
-        log = (self.folder / "server.log").open("ab")
-        self.proc = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.folder, start_new_session=True)
-        deadline = time.monotonic() + 2 * PATIENCE  # a hang guard: it answers in seconds
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"mlflow server did not answer: {(self.folder / 'server.log').read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        """Kill the server's process group and wait until none of it is left to answer on the port."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        deadline = time.monotonic() + PATIENCE  # a hang guard: the group is gone within milliseconds
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
 
 
 def stream_url(bucket: str) -> str:
@@ -467,73 +427,25 @@ def _diloco_steps(out: Path, group: int) -> list[tuple[int, ...]]:
     return [tuple(map(int, line.split()[1:])) for line in lines if line.startswith("step ")]
 
 
-def _check_steps(tracker: str, logged: list[tuple[int, float]], trained: dict[int, set[float]]) -> None:
-    """`logged` (step, value) holds every step once, each with a value the ledger says it trained on."""
-    steps = [step for step, _ in logged]
-    assert sorted(steps) == list(range(1, STEPS + 1)), (
-        f"{tracker} holds steps {steps}: missing {sorted(set(range(1, STEPS + 1)) - set(steps))},"
-        f" twice {sorted({s for s in steps if steps.count(s) > 1})}")
-    wrong = {step: (value, sorted(trained[step])) for step, value in logged if value not in trained[step]}
-    assert not wrong, f"{tracker}: steps logged with a value no group trained (logged, trained): {wrong}"
-
-
 def _check_tracker(out: Path, trained: dict[int, set[float]]) -> None:
     """One trackio run holding every step once, each with a value the ledger says the step trained
     on (the sum of the logging group's share of the batch): a step logged after the last checkpoint of a killed job, or
     by a group that died, is neither lost nor logged twice."""
-    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; runs = S.get_runs('chaos');"
-            " print(json.dumps([runs, [S.get_logs('chaos', run) for run in runs]], default=str))")
-    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRACKIO_DIR=str(out / "trackio")),
-                          capture_output=True, text=True, timeout=PATIENCE, check=True)
-    runs, logs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(runs) == 1, f"the job logged to {len(runs)} trackio runs: {runs}"
-    _check_steps("trackio", [(int(row["step"]), row["batch"]) for row in logs[0] if "batch" in row], trained)
+    check_trackio_run(out / "trackio", "chaos", "batch", trained, STEPS, PATIENCE)
 
 
 def _check_mlflow(out: Path, uri: str, trained: dict[int, set[float]]) -> None:
-    """One MLflow run on the server holding every step once (its metric history keeps every value
-    sent, so a step sent twice shows), each with a value the ledger says; nothing left unsent."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(f"chaos-{out.name}")
-    assert experiment is not None, f"no MLflow experiment chaos-{out.name} on the server"
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1, f"the job logged to {len(runs)} MLflow runs: {[run.info.run_id for run in runs]}"
-    history = client.get_metric_history(runs[0].info.run_id, "batch")
-    _check_steps("MLflow", [(metric.step, metric.value) for metric in history], trained)
-    unsent = list(out.glob("mlflow-unsent-*"))
-    assert not unsent, f"MLflowLogger wrote values it could not send to {unsent}"
+    """One MLflow run on the server holding every step once, each with a value the ledger says;
+    nothing left unsent (conftest's `check_mlflow_run`)."""
+    check_mlflow_run(uri, f"chaos-{out.name}", "batch", trained, STEPS, [out])
 
 
 def _check_wandb(out: Path, trained: dict[int, set[float]], report: Report) -> None:
-    """One W&B run id over the job's offline folders (a new folder after each checkpoint, see
-    docs/logging.md), holding every step as `wandb sync` keeps it (the first row of a step, folder
-    after folder), each with a value the ledger says. A step the files hold with two values must be
-    one the ledger shows trained twice with those values: rows of steps that a job wrote after its
-    last committed checkpoint stay in its folder when the resumed job writes them again (W&B's files
-    are append-only; `wandb sync` keeps the first), and a step trained again after a rollback by
-    another set of groups logs another share of the batch. Counted in `report.wandb_steps_twice`."""
-    from conftest import wandb_history  # the repository's conftest.py (test_chaos and the soak put it on the path)
-
-    folders = sorted((out / "wandb" / "wandb").glob("offline-run-*"))
-    ids = {_wandb_run_id(folder) for folder in folders}
-    assert len(ids) == 1, f"the job logged to {len(ids)} W&B runs: {sorted(ids)}"
-    values: dict[int, list[float]] = defaultdict(list)
-    for folder in folders:
-        for row in wandb_history(folder):
-            if "batch" in row:
-                values[int(row["_step"])].append(float(row["batch"]))
-    two = {step: sorted(set(held)) for step, held in values.items() if len(set(held)) > 1}
-    report.wandb_steps_twice = len(two)
-    once = {step: (held, sorted(trained[step])) for step, held in two.items()
-            if len(trained[step]) < 2 or not set(held) <= trained[step]}
-    assert not once, f"W&B holds steps with two different values that the ledger does not show trained twice: {once}"
-    _check_steps("W&B", [(step, held[0]) for step, held in values.items()], trained)
-
-
-def _wandb_run_id(folder: Path) -> str:
-    return next(folder.glob("run-*.wandb")).stem.removeprefix("run-")
+    """One W&B run id over the job's offline folders, every step once as `wandb sync` keeps it, a
+    step with two values only where the ledger shows it trained twice with them (conftest's
+    `check_wandb_run`); those steps are counted in `report.wandb_steps_twice`."""
+    report.wandb_steps_twice = check_wandb_run(sorted((out / "wandb" / "wandb").glob("offline-run-*")), "batch",
+                                               trained, STEPS)
 
 
 def _check_weights(out: Path, env: dict[str, str]) -> None:
