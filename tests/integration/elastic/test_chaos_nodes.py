@@ -2,7 +2,10 @@
 its own folder (they share none), meeting at a c10d rendezvous and training
 tests/scripts/chaos_nodes_job.py under `strategy="fsdp"` over a stream of global batches
 (`split_batches=True`), its sharded checkpoints in a bucket of moto's S3 server on loopback, under a
-seeded schedule of faults drawn and printed (`LITE_CHAOS_SEED=S` replays seed S alone):
+seeded schedule of faults drawn and printed (`LITE_CHAOS_SEED=S` replays seed S alone, with
+`LITE_CHAOS_FAULTS=N` for a schedule of N faults). The job logs its loss at each step, from global
+rank 0 wherever it runs, to an MLflow tracking server on loopback (one for the module) and a W&B
+offline run, both loggers in its saved state as docs/logging.md shows. The faults:
 
 - `kill-worker`: SIGKILL of one node's rank; both agents restart their ranks (`--max-restarts`);
 - `kill-in-save`: SIGKILL of rank 0 inside a sharded save, after every shard is in the bucket and
@@ -11,21 +14,40 @@ seeded schedule of faults drawn and printed (`LITE_CHAOS_SEED=S` replays seed S 
 - `kill-node`: SIGKILL of node 2's launcher (node 1 hosts the rendezvous store); node 1 trains on
   alone for a few steps at world size 1, then node 2 is started again and taken in;
 - `preempt`: SIGTERM to both launchers; each rank saves at its next step and returns, and both
-  nodes are started again;
+  nodes are started again, node 2 first: the rendezvous ranks the agents of one host by their
+  pids, so global rank 0, the one that logs, moves to node 2 (whose W&B folder then continues the
+  run that node 1's began: the run id comes from the checkpoint in the bucket);
 - `store-down`: the S3 server stops; the ranks fail at their next save and are restarted by their
-  agents, held at the job's gate until the server is back.
+  agents, held at the job's gate until the server is back;
+- `tracker-down`: the MLflow server stops; both ranks train two steps (their saves cannot send the
+  buffered values, which `MLflowLogger` keeps), the server comes back, and both train one more
+  step, whose save sends them, before the next fault (as packages/lite-torchft/tests/_chaos.py's);
+- `slow-node`: one node's rank sleeps half a second after each step for the rest of the run
+  (restarts included); the other waits for it in every step's collectives.
 
 Each fault lands while both ranks are held between two steps (the job waits while its folder's
 `hold` names a step it has reached), so what happened is known exactly. Afterwards: every epoch
 trained each sample exactly once (the job's own ledger; a step trained again after a rollback
-counts once and must have taken the same batch), both nodes end with the weights of one
-uninterrupted plain PyTorch process (1e-6), the last checkpoint is the last step's and loads with
-`weights_only`, the bucket holds no pending marker, temporary or partial upload, and no process of
-either node is left.
+counts once and must have taken the same batch), each tracker holds one run for the job with
+every step 1..16 once and the loss global rank 0's ledger line gives for it (MLflow's metric
+history on the server; W&B's offline files over both nodes' folders, a step with two values only
+where the ledger shows it trained twice with them: conftest's `check_mlflow_run` and
+`check_wandb_run`, shared with the replica-group chaos job), nothing left unsent in a fallback
+file, both nodes end with the weights of one uninterrupted plain PyTorch process (1e-6), the last
+checkpoint is the last step's and loads with `weights_only`, the bucket holds no pending marker,
+temporary or partial upload, and no process of either node is left (nor any process that carries
+the run's environment, such as a rank's W&B service).
 
 Planted fault seen to fail it: `latest()` taking a folder of shards without `.metadata` for a
 complete checkpoint (seed 16, kill-in-save after step 1): every restart resumed from the partial
 `step-2` and died in `load` with `CheckpointError`, and the run failed waiting for the next step.
+Planted with the trackers (`CHAOS_PLANT`, see chaos_nodes_job.py), seed 15 with 4 faults:
+`wandb-not-at-save` (`WandbLogger` skips its durable point at `save`: a checkpoint commits before
+its tracker has the steps it covers) failed it with "W&B holds steps [1, 2, 13, 14, 15, 16]:
+missing [3, ..., 12]" (global rank 0, on node 2 since the preemption, was SIGKILLed inside the save
+of step 6 and after step 12, before its W&B service had written those rows); `loggers-not-saved`
+(the loggers left out of the saved state) failed it with "the job logged to 4 MLflow runs" (each
+restart opened a run of its own).
 """
 
 from __future__ import annotations
@@ -39,20 +61,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
 
-from conftest import _live_in_session, check_each_sample_once, free_port, script_env  # the repository's conftest.py
+from conftest import (MLflowServer, _live_in_session, check_each_sample_once, check_mlflow_run,  # the repository's
+                      check_wandb_run, free_port, script_env)  # conftest.py
 
-pytestmark = [pytest.mark.multiprocess]
+pytest.importorskip("mlflow", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
+pytest.importorskip("wandb", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.trackers]
 
 SCRIPTS = Path(__file__).parents[2] / "scripts"
 SCRIPT = SCRIPTS / "chaos_nodes_job.py"
 STEPS, STEPS_PER_EPOCH, SAMPLES, BATCH = 16, 4, 32, 8  # chaos_nodes_job: 4 epochs of 4 global batches
-KINDS = ("kill-worker", "kill-in-save", "kill-node", "preempt", "store-down")
+KINDS = ("kill-worker", "kill-in-save", "kill-node", "preempt", "store-down", "tracker-down", "slow-node")
+MLFLOW_DOWN_STEPS = 2  # tracker-down: steps trained (and saved) while the MLflow server is stopped
 #: Seconds anything the harness waits on may take: a hang guard, far above the idle time.
 PATIENCE = 120.0
 RESTARTS = 12
@@ -77,32 +105,38 @@ RDZV_CONF = _elastic_nodes.RDZV_CONF
 class Fault:
     kind: str
     step: int  # the step after which it lands (both ranks held there)
-    node: int = 0  # kill-worker's victim
+    node: int = 0  # kill-worker's victim, slow-node's node
     alone: int = 1  # kill-node: steps node 1 trains alone before node 2 is back
 
     def __str__(self) -> str:
-        more = {"kill-worker": f" node {self.node}", "kill-node": f" node 1 ({self.alone} steps alone)"}
+        more = {"kill-worker": f" node {self.node}", "slow-node": f" node {self.node}",
+                "kill-node": f" node 1 ({self.alone} steps alone)"}
         return f"{self.kind}{more.get(self.kind, '')} after step {self.step}"
 
 
 def draw(seed: int, faults: int = 3) -> list[Fault]:
-    """`faults` faults in step order, at least 4 steps apart (a lost node's steps alone fit between)."""
+    """`faults` faults in step order, at least 4 steps apart (a lost node's steps alone, or
+    tracker-down's three steps, fit between), or 1 after a slow-node (it lands at once)."""
     rng = random.Random(seed)
     while True:
         steps = sorted(rng.sample(range(1, STEPS - 3), faults))
-        if all(b - a >= 4 for a, b in zip(steps, steps[1:])):
+        kinds = [rng.choice(KINDS) for _ in steps]
+        if all(b - a >= (1 if kind == "slow-node" else 4) for a, b, kind in zip(steps, steps[1:], kinds)):
             break
-    return [Fault(rng.choice(KINDS), step, node=rng.randrange(2), alone=rng.randrange(1, 3)) for step in steps]
+    return [Fault(kind, step, node=rng.randrange(2), alone=rng.randrange(1, 3)) for step, kind in zip(steps, kinds)]
 
 
 class Nodes:
     """The two nodes of one run: node N's folder is `root/nodeN`, its launcher's log `agent.log` there."""
 
-    def __init__(self, root: Path, bucket: str, server: Any) -> None:
+    def __init__(self, root: Path, bucket: str, server: Any, mlflow: MLflowServer) -> None:
         self.folders = [root / "node0", root / "node1"]
         for folder in self.folders:
             folder.mkdir()
-        self.bucket, self.server, self.port = bucket, server, free_port()
+        self.bucket, self.server, self.mlflow, self.port = bucket, server, mlflow, free_port()
+        #: the run's MLflow experiment, unique on the module's server; also how the run's processes
+        #: are found (each carries it in its environment, `processes`)
+        self.experiment = f"chaos-nodes-{root.name}"
         self.agents: dict[int, subprocess.Popen[str]] = {}
         self.sessions: set[int] = set()
 
@@ -112,7 +146,9 @@ class Nodes:
         for name in ("held", "preempted", "paused", "worker"):
             (folder / name).unlink(missing_ok=True)
         options = _elastic_nodes.node_options(self.port, node, "1:2", RESTARTS, RDZV_CONF)
-        env = script_env(LITE_ACCELERATOR="cpu", LITE_STRATEGY="fsdp", LITE_COLLECTIVE_TIMEOUT="30", **self.server.env)
+        env = script_env(LITE_ACCELERATOR="cpu", LITE_STRATEGY="fsdp", LITE_COLLECTIVE_TIMEOUT="30",
+                         CHAOS_MLFLOW_URI=self.mlflow.uri, CHAOS_MLFLOW_EXPERIMENT=self.experiment, WANDB_SILENT="true",
+                         **self.server.env)
         with open(folder / "agent.log", "a") as log:
             agent = subprocess.Popen([sys.executable, *options, "--shutdown-timeout", "60", str(SCRIPT), str(folder),
                                       self.bucket], env=env, cwd=SCRIPTS, stdout=log, stderr=subprocess.STDOUT,
@@ -142,10 +178,12 @@ class Nodes:
         return self.agents[node].wait(timeout=PATIENCE)
 
     def processes(self) -> list[int]:
-        """The live processes of the run: in a launcher's session, or a rank (torch's agent starts
-        each rank in a session of its own)."""
+        """The live processes of the run: in a launcher's session, a rank (torch's agent starts
+        each rank in a session of its own), or any process started with the run's environment (a
+        rank's W&B service, whichever session it is in)."""
         ranks = [pid for node in (0, 1) for pid in self.ready(node) if _alive(pid) and _runs_the_job(pid)]
-        return [pid for session in self.sessions for pid in _live_in_session(session)] + ranks
+        launched = [pid for session in self.sessions for pid in _live_in_session(session)]
+        return sorted(set(launched + ranks + _carrying(f"CHAOS_MLFLOW_EXPERIMENT={self.experiment}")))
 
     def stop_all(self) -> None:
         for pid in self.processes():
@@ -225,7 +263,7 @@ class Nodes:
             self.exited(node)
             preempted = self.read(node, "preempted")
             assert preempted is not None and preempted[0] == pids[node], f"node {node} did not save at SIGTERM:\n{self.logs()}"
-        self.start(0), self.start(1)
+        self.start(1), self.start(0)  # node 2 first: global rank 0 moves to it (see the module's docstring)
 
     def _store_down(self, fault: Fault, pids: list[int], after: int | None) -> None:
         before = [self.ready(node) for node in (0, 1)]
@@ -240,6 +278,21 @@ class Nodes:
             self.server.start()
         for folder in self.folders:
             (folder / "gate").unlink()
+
+    def _tracker_down(self, fault: Fault, pids: list[int], after: int | None) -> None:
+        self.mlflow.stop()
+        try:
+            self.hold(fault.step + MLFLOW_DOWN_STEPS)  # each step's save finds no server
+            self.held_at(fault.step + MLFLOW_DOWN_STEPS)
+        finally:
+            self.mlflow.start()
+        self.hold(fault.step + MLFLOW_DOWN_STEPS + 1)  # that step's save sends what was kept
+        self.held_at(fault.step + MLFLOW_DOWN_STEPS + 1)
+        self.hold(after)
+
+    def _slow_node(self, fault: Fault, pids: list[int], after: int | None) -> None:
+        (self.folders[fault.node] / "slow").touch()  # for the rest of the run
+        self.hold(after)
 
     def finish(self) -> None:
         self.hold(None)
@@ -261,6 +314,19 @@ def _runs_the_job(pid: int) -> bool:
         return False
 
 
+def _carrying(variable: str) -> list[int]:
+    """The live processes whose environment holds `variable` (`NAME=value`), this user's."""
+    found, wanted = [], variable.encode() + b"\0"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if (b"\0" + environment).find(b"\0" + wanted) >= 0 and _alive(int(pid)):
+            found.append(int(pid))
+    return found
+
+
 def _listing(url: str) -> list[str]:
     """The names under `url` in the bucket, fresh (no cached listing)."""
     import fsspec
@@ -270,16 +336,18 @@ def _listing(url: str) -> list[str]:
     return [path.rsplit("/", 1)[-1] for path in fs.find(root)] if fs.exists(root) else []
 
 
-def ledger(folder: Path) -> list[tuple[int, int, int, int, list[int]]]:
-    """(epoch, step, world, pid, sample ids) of each step a rank of the node trained, in order."""
+def ledger(folder: Path) -> list[tuple[int, int, int, int, int, float, list[int]]]:
+    """(epoch, step, world, rank, pid, loss, sample ids) of each step a rank of the node trained, in order."""
     path = folder / "ledger"
     lines = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
-    return [(int(e), int(s), int(w), int(p), [int(i) for i in ids]) for e, s, w, p, *ids in lines]
+    return [(int(e), int(s), int(w), int(r), int(p), float(loss), [int(i) for i in ids])
+            for e, s, w, r, p, loss, *ids in lines]
 
 
 def check(nodes: Nodes) -> None:
     """What the job must show after any schedule (see the module's docstring)."""
     _check_every_sample_once(nodes.folders)
+    _check_trackers(nodes)
     _check_weights(nodes.folders)
     _check_bucket(nodes.bucket)
     left = nodes.processes()
@@ -287,8 +355,29 @@ def check(nodes: Nodes) -> None:
 
 
 def _check_every_sample_once(folders: list[Path]) -> None:
-    records = [(epoch, step, ids) for folder in folders for epoch, step, _, _, ids in ledger(folder)]
+    records = [(epoch, step, ids) for folder in folders for epoch, step, _, _, _, _, ids in ledger(folder)]
     check_each_sample_once(records, STEPS, BATCH, STEPS_PER_EPOCH, SAMPLES)
+
+
+def _check_trackers(nodes: Nodes) -> None:
+    """One MLflow run and one W&B run, each with every step once and a loss global rank 0 trained
+    with at that step (the ledger's; a step trained again after a rollback, at another world size,
+    may have logged another); nothing left unsent."""
+    trained: dict[int, set[float]] = defaultdict(set)
+    hosts = []  # the nodes that hosted global rank 0, in turn
+    for node, folder in enumerate(nodes.folders):
+        for _, step, _, rank, pid, loss, _ in ledger(folder):
+            if rank == 0:
+                trained[step].add(loss)
+                hosts.append((step, pid, node + 1))
+    check_mlflow_run(nodes.mlflow.uri, nodes.experiment, "loss", trained, STEPS, nodes.folders)
+    runs = [run for folder in nodes.folders for run in (folder / "wandb" / "wandb").glob("offline-run-*")]
+    twice = check_wandb_run(runs, "loss", trained, STEPS)
+    turns = [node for _, pid, node in sorted(set(hosts))]
+    turns = [node for i, node in enumerate(turns) if i == 0 or turns[i - 1] != node]
+    print(f"  trackers: MLflow and W&B hold steps 1..{STEPS} once; {len(runs)} W&B offline folders,"
+          f" {twice} steps in them twice with two values; global rank 0 on node {' then '.join(map(str, turns))}",
+          flush=True)
 
 
 def _check_weights(folders: list[Path]) -> None:
@@ -325,19 +414,32 @@ def _check_bucket(bucket: str) -> None:
     assert not partial, f"partial uploads left in the bucket: {partial}"
 
 
-#: Two schedules of three faults that together hold every kind (4: preempt, kill-in-save,
-#: kill-worker; 9: store-down, kill-node, kill-in-save); LITE_CHAOS_SEED=S runs seed S alone.
-SEEDS = [int(os.environ["LITE_CHAOS_SEED"])] if os.environ.get("LITE_CHAOS_SEED") else [4, 9]
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    """One MLflow tracking server for the module (each run logs to its own experiment)."""
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow"), free_port(), patience=2 * PATIENCE)
+    server.start()
+    yield server
+    server.stop()
+
+
+#: (seed, faults) of CI's two runs, whose schedules together hold every kind: seed 4 (kill-node
+#: after step 1, store-down after 5, tracker-down after 9) and seed 15 with four faults (preempt
+#: after 1, kill-in-save after 5, slow-node of node 2 after 9, kill-worker of node 2 after 12).
+#: LITE_CHAOS_SEED=S runs seed S alone (LITE_CHAOS_FAULTS=N: N faults, 3 unless given).
+SEEDS = ([(int(os.environ["LITE_CHAOS_SEED"]), int(os.environ.get("LITE_CHAOS_FAULTS", "3")))]
+         if os.environ.get("LITE_CHAOS_SEED") else [(4, 3), (15, 4)])
 
 
 @pytest.mark.timeout(600)  # a hang guard (about 200-310 s at load 10 on 2 cores); each wait inside is bounded too
-@pytest.mark.parametrize("seed", SEEDS)
-def test_nodes_under_random_faults_train_every_sample_once_and_end_as_one_process(
-        tmp_path: Path, s3_server: Any, s3_bucket: str, seed: int) -> None:
-    schedule = draw(seed)
-    print(f"chaos seed {seed}: " + "; ".join(map(str, schedule)), flush=True)
+@pytest.mark.parametrize(("seed", "faults"), SEEDS, ids=[f"seed-{seed}-faults-{faults}" for seed, faults in SEEDS])
+def test_nodes_under_random_faults_train_every_sample_once_log_every_step_once_and_end_as_one_process(
+        tmp_path: Path, s3_server: Any, s3_bucket: str, mlflow_server: MLflowServer, seed: int, faults: int) -> None:
+    schedule = draw(seed, faults)
+    print(f"chaos seed {seed} ({faults} faults; LITE_CHAOS_SEED={seed} LITE_CHAOS_FAULTS={faults} replays it): "
+          + "; ".join(map(str, schedule)), flush=True)
     bucket = f"{s3_bucket}/chaos"
-    nodes = Nodes(tmp_path, bucket, s3_server)
+    nodes = Nodes(tmp_path, bucket, s3_server, mlflow_server)
     started = time.monotonic()
     try:
         nodes.hold(schedule[0].step)
