@@ -110,7 +110,7 @@ class Scenario(LightningLite):
         result.update(failed_save=self.failed_save(model, out_dir), **self.what_ran())
         from evaluation import NOT_EVALUATED, evaluate_all  # its loops; test_evaluation.py checks them
 
-        if resume is None and self.strategy.precision.name == "32-true" and self.strategy.name not in NOT_EVALUATED:
+        if resume is None and self._plan.precision.name == "32-true" and self.strategy.name not in NOT_EVALUATED:
             result["evaluation"] = evaluate_all(self, model)  # of the accumulated weights
         return result
 
@@ -158,7 +158,7 @@ class Scenario(LightningLite):
         kinds = self.all_gather(torch.tensor(PROCESS_KINDS.index(_process_kind())))
         return {"strategy": strategy.name, "strategy_class": f"{type(strategy).__module__}:{type(strategy).__name__}",
                 "accelerator": strategy.accelerator.name, "world_size": self.world_size,
-                "precision": strategy.precision.name, "processes": [PROCESS_KINDS[k] for k in kinds.flatten().tolist()],
+                "precision": self._plan.precision.name, "processes": [PROCESS_KINDS[k] for k in kinds.flatten().tolist()],
                 "computed_in": sorted(set(self.computed_in))}
 
     def setup_training(self, model: nn.Module) -> tuple[Any, Any]:

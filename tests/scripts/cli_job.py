@@ -60,7 +60,7 @@ class Job(LightningLite):
         record = {
             "pid": os.getpid(), "ppid": os.getppid(), "global_rank": rank, "local_rank": self.local_rank,
             "node_rank": self.node_rank, "world_size": self.world_size, "strategy": self.strategy.name,
-            "accelerator": self.strategy.accelerator.name, "precision": self.strategy.precision.name,
+            "accelerator": self.strategy.accelerator.name, "precision": self._plan.precision.name,
             "losses": losses, "weight": model.weight.detach().double().flatten().tolist(),
             "env": {name: os.environ.get(name) for name in _ENV},
         }

@@ -133,8 +133,8 @@ class OwnFormatStrategy(SingleDeviceStrategy):
     name = "own_format"
     stages_checkpoints = False
 
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: Any) -> None:
-        super().save_checkpoint(path, content, checkpoint_io=checkpoint_io)
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: Any, precision: Any) -> None:
+        super().save_checkpoint(path, content, checkpoint_io=checkpoint_io, precision=precision)
 
 
 def test_a_strategy_that_cannot_save_in_the_background_saves_in_the_foreground_with_a_warning(tmp_path: Path) -> None:

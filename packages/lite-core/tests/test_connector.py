@@ -124,7 +124,7 @@ def test_precision_unsupported_by_the_accelerator_names_the_supported_ones(monke
                  r" \['32-true', 'bf16-true'\]", accelerator="fake", precision="16-mixed")
 
     lite = LightningLite(accelerator="fake", precision="bf16-true")
-    assert lite.strategy.precision.name == "bf16-true"
+    assert lite._plan.precision.name == "bf16-true"
 
 
 # --- precision names ---------------------------------------------------------------------------------
@@ -138,13 +138,13 @@ def test_legacy_precision_values_work_with_a_warning_that_names_the_new_value(gi
     with pytest.warns(FutureWarning, match=rf"^precision={given!r} is deprecated: pass precision='{name}' instead\.$") \
             as caught:
         lite = LightningLite(accelerator="cpu", precision=given)
-    assert lite.strategy.precision.name == name
+    assert lite._plan.precision.name == name
     assert caught[0].filename == __file__  # attributed to the line that constructed LightningLite
 
 
 def test_current_precision_names_give_no_warning(recwarn: pytest.WarningsRecorder) -> None:
     for name in ("bf16-true", "32-true", "64-true"):
-        assert LightningLite(accelerator="cpu", precision=name).strategy.precision.name == name
+        assert LightningLite(accelerator="cpu", precision=name)._plan.precision.name == name
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
 
@@ -190,7 +190,7 @@ def test_instances_are_used_as_given() -> None:
 
     assert lite.strategy is strategy
     assert strategy.accelerator is accelerator
-    assert strategy.precision is precision
+    assert lite._plan.precision is precision
     assert strategy.environment is environment
     assert lite._plan.checkpoint_io is checkpoint_io  # the checkpoint room's, handed to each save and load
 
@@ -200,7 +200,7 @@ def test_plugins_may_be_a_single_object_and_precision_a_plugin() -> None:
     checkpoint_io = _DictCheckpointIO()
 
     lite = LightningLite(accelerator="cpu", plugins=precision)
-    assert lite.strategy.precision is precision
+    assert lite._plan.precision is precision
     lite = LightningLite(accelerator="cpu", plugins=(checkpoint_io,))
     assert lite._plan.checkpoint_io is checkpoint_io
 

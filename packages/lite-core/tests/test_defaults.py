@@ -32,7 +32,7 @@ def test_without_variables_the_defaults_apply() -> None:
         warnings.simplefilter("error")
         lite = LightningLite()
     assert lite.strategy.name == "single_device"
-    assert lite.strategy.precision.name == "32-true"
+    assert lite._plan.precision.name == "32-true"
 
 
 def test_variables_supply_the_arguments_the_code_leaves_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,7 +45,7 @@ def test_variables_supply_the_arguments_the_code_leaves_out(monkeypatch: pytest.
         lite = LightningLite()
     assert lite.strategy.name == "ddp_spawn"
     assert lite.strategy.device_indexes == [0, 1, 2]
-    assert lite.strategy.precision.name == "bf16-mixed"
+    assert lite._plan.precision.name == "bf16-mixed"
     assert lite.strategy.accelerator is not None and lite.strategy.accelerator.name == "cpu"
 
 
@@ -64,7 +64,7 @@ def test_explicit_argument_wins_and_the_warning_names_the_ignored_variable(monke
     with pytest.warns(UserWarning) as record:
         lite = LightningLite(accelerator="cpu", devices=1, precision="64-true")
     assert lite.strategy.device_indexes == [0]
-    assert lite.strategy.precision.name == "64-true"
+    assert lite._plan.precision.name == "64-true"
     messages = sorted(str(w.message) for w in record)
     assert messages == [
         "LITE_DEVICES='2' is ignored because the code passes devices=1: remove the argument from"

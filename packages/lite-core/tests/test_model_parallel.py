@@ -9,7 +9,7 @@ from torch import nn
 
 from lite_core import LightningLite
 from lite_core.errors import ConfigurationError, MisuseError
-from lite_core.plugins import CPUAccelerator
+from lite_core.plugins import CPUAccelerator, Precision
 from lite_core.strategies import FSDPStrategy, ModelParallelStrategy
 
 
@@ -60,7 +60,7 @@ def test_the_name_suffices_to_choose_it_and_setup_asks_for_the_function(clean_en
     strategy = _strategy_of("model_parallel", devices=4)
     assert type(strategy) is ModelParallelStrategy and strategy.mesh_shape == (1, 4)
     with pytest.raises(MisuseError) as info:
-        strategy.setup_module(nn.Linear(2, 2))
+        strategy.setup_module(nn.Linear(2, 2), precision=Precision())
     assert "pass strategy=ModelParallelStrategy(parallelize_fn=...)" in str(info.value)
     assert _one_sentence(str(info.value))
 

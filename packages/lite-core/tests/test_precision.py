@@ -58,7 +58,7 @@ def test_mixed_precision_runs_forward_under_autocast() -> None:
 
 def test_16_mixed_uses_a_grad_scaler_saved_in_checkpoints(tmp_path) -> None:
     lite = LightningLite(accelerator="cpu", precision="16-mixed")
-    precision = lite.strategy.precision
+    precision = lite._plan.precision
     assert isinstance(precision, MixedPrecision) and precision.scaler is not None
     model = lite.setup(nn.Linear(2, 1))
     optimizer = lite.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -67,9 +67,9 @@ def test_16_mixed_uses_a_grad_scaler_saved_in_checkpoints(tmp_path) -> None:
     precision.scaler.update(new_scale=123.0)
     lite.save({"model": model}, tmp_path / "ckpt.pt")
     other = LightningLite(accelerator="cpu", precision="16-mixed")
-    assert other.strategy.precision.scaler.get_scale() != 123.0
+    assert other._plan.precision.scaler.get_scale() != 123.0
     content = other.load(tmp_path / "ckpt.pt", {"model": nn.Linear(2, 1)})
-    assert other.strategy.precision.scaler.get_scale() == 123.0
+    assert other._plan.precision.scaler.get_scale() == 123.0
     assert "lite_precision" not in content
 
 
@@ -102,7 +102,7 @@ def test_the_grad_scaler_is_built_in_the_process_that_trains(monkeypatch: pytest
     model, optimizer = lite.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     lite.backward(model(torch.ones(1, 2)).sum())
     assert built == [("cpu",)]
-    assert lite.strategy.precision.scaler is lite.strategy.precision.scaler
+    assert lite._plan.precision.scaler is lite._plan.precision.scaler
 
 
 # -- 16-mixed with a gradient scaler: torch's AMP recipe, one scale update per iteration ----------
@@ -154,7 +154,7 @@ def test_16_mixed_with_two_optimizers_equals_torchs_amp_recipe() -> None:
     expected, expected_scale = _torch_amp_recipe(steps=3)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
-    assert lite.strategy.precision.state_dict()["scaler"]["scale"] == expected_scale
+    assert lite._plan.precision.state_dict()["scaler"]["scale"] == expected_scale
 
 
 def test_16_mixed_clipping_an_overflowing_step_skips_it_and_lowers_the_scale(tmp_path) -> None:
@@ -173,7 +173,7 @@ def test_16_mixed_clipping_an_overflowing_step_skips_it_and_lowers_the_scale(tmp
     lite.save({"model": model}, tmp_path / "ckpt.pt")  # the scale update is due: saving runs it
     resumed = LightningLite(accelerator="cpu", precision="16-mixed")
     resumed.load(tmp_path / "ckpt.pt", {"model": _two_layers()})
-    assert resumed.strategy.precision.scaler.get_scale() == 2.0**99
+    assert resumed._plan.precision.scaler.get_scale() == 2.0**99
 
 
 def test_32_true_clipping_non_finite_gradients_still_raises() -> None:

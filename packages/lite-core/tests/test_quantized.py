@@ -64,7 +64,7 @@ def quantized_names(model: nn.Module, kind: type) -> set[str]:
                                             ("fp4-dq", "Linear4bit"), ("int8", "Linear8bitLt")])
 def test_the_frozen_base_is_quantized_and_the_head_adapters_and_trained_layers_are_not(mode: str, kind: str) -> None:
     lite = LightningLite(accelerator="cpu", precision=mode)
-    assert isinstance(lite.strategy.precision, QuantizedPrecision) and lite.strategy.precision.name == mode
+    assert isinstance(lite._plan.precision, QuantizedPrecision) and lite._plan.precision.name == mode
     model = lite.setup(frozen_net())
     assert quantized_names(model, getattr(bnb.nn, kind)) == {"up", "attn.base_layer"}
     for name in ("attn.lora_A.default", "attn.lora_B.default", "trained", "head"):

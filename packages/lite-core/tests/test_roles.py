@@ -33,3 +33,9 @@ def test_every_connected_strategy_is_each_protocol(strategy: str) -> None:
         if protocol is _roles.ShardsCheckpoints and strategy != "fsdp":
             continue  # only the sharding strategies hand themselves to that code
         assert not missing, f"{type(connected).__name__} lacks {missing} of {protocol.__name__}"
+
+
+def test_no_protocol_reads_a_precision_from_the_strategy() -> None:
+    # The job's precision is the plan's: the rooms hand it to the strategy's hooks beside it.
+    for protocol in _PROTOCOLS:
+        assert "precision" not in _members(protocol), protocol.__name__

@@ -114,7 +114,7 @@ class _Wrapper(nn.Module):
 
 
 class _WrappingStrategy(SingleDeviceStrategy):
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Any) -> nn.Module:
         return _Wrapper(module)
 
 
@@ -124,7 +124,7 @@ class _IgnoringWrapper(_Wrapper):
 
 
 class _IgnoringStrategy(SingleDeviceStrategy):
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Any) -> nn.Module:
         return _IgnoringWrapper(module)
 
 
@@ -329,7 +329,7 @@ class _ShardHolder(nn.Module):
 class _ShardingStrategy(SingleDeviceStrategy):
     routes_named_parameters = True
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Any) -> nn.Module:
         return _ShardHolder(module)
 
     def module_named_parameters(self, module: nn.Module, forward_module: nn.Module, prefix: str = "",

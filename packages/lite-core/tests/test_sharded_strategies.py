@@ -43,7 +43,7 @@ def test_fsdp_bf16_mixed_autocasts_over_float32_parameters_unless_given_a_policy
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     lite = LightningLite(accelerator="cpu", strategy="fsdp", devices=2, precision="bf16-mixed")
-    assert lite.strategy.precision.changes_forward  # autocast, as under ddp
+    assert lite._plan.precision.changes_forward  # autocast, as under ddp
     assert lite.strategy._mp_policy() == MixedPrecisionPolicy()  # fully_shard casts nothing
     with lite.autocast():
         assert torch.is_autocast_enabled("cpu")

@@ -161,7 +161,7 @@ def test_an_unknown_matmul_precision_is_refused() -> None:
 )
 def test_every_precision_is_offered_on_cuda(fake_gpus: Any, precision: str, kind: type, dtype: torch.dtype) -> None:
     fake_gpus(1)
-    built = LightningLite(accelerator="cuda", precision=precision).strategy.precision
+    built = LightningLite(accelerator="cuda", precision=precision)._plan.precision
     assert type(built) is kind and built._dtype == dtype  # type: ignore[attr-defined]
     if kind is MixedPrecision:
         assert built._device_type == "cuda"  # type: ignore[attr-defined]
@@ -169,7 +169,7 @@ def test_every_precision_is_offered_on_cuda(fake_gpus: Any, precision: str, kind
 
 def test_16_mixed_has_a_cuda_grad_scaler(fake_gpus: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_gpus(1)
-    precision = LightningLite(accelerator="cuda", precision="16-mixed").strategy.precision
+    precision = LightningLite(accelerator="cuda", precision="16-mixed")._plan.precision
     # Only a CUDA build of torch enables a CUDA scaler; here its device type is what matters.
     monkeypatch.setattr(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False)
     assert isinstance(precision, MixedPrecision)
@@ -182,7 +182,7 @@ def test_the_cuda_grad_scaler_state_travels_with_checkpoints(fake_gpus: Any, mon
     fake_gpus(1)
     monkeypatch.setattr(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False)
     lite = LightningLite(accelerator="cuda", precision="16-mixed")
-    scaler = lite.strategy.precision.scaler  # type: ignore[attr-defined]
+    scaler = lite._plan.precision.scaler  # type: ignore[attr-defined]
     scaler.load_state_dict({**scaler.state_dict(), "scale": 123.0, "_growth_tracker": 7})
     lite.save({"step": 5}, tmp_path / "ckpt.pt")
 
@@ -190,7 +190,7 @@ def test_the_cuda_grad_scaler_state_travels_with_checkpoints(fake_gpus: Any, mon
     state = {"step": 0}
     other.load(tmp_path / "ckpt.pt", state)
 
-    restored = other.strategy.precision.scaler  # type: ignore[attr-defined]
+    restored = other._plan.precision.scaler  # type: ignore[attr-defined]
     assert restored._device == "cuda"
     assert (restored.get_scale(), restored.state_dict()["_growth_tracker"], state["step"]) == (123.0, 7, 5)
 
@@ -218,7 +218,7 @@ def test_bf16_on_an_ampere_gpu_is_accepted_at_construction_and_in_the_process(fa
     fake_gpus(1, capability=(8, 6), described=False)
     lite = LightningLite(accelerator="cuda", precision="bf16-true")
     lite.strategy.setup_environment()
-    assert lite.strategy.precision.name == "bf16-true"
+    assert lite._plan.precision.name == "bf16-true"
 
 
 @pytest.mark.parametrize("precision", ["fp8-rowwise", "fp8-tensorwise"])
@@ -236,7 +236,7 @@ def test_fp8_below_compute_capability_8_9_fails_at_construction_and_names_emulat
 def test_fp8_on_a_hopper_gpu_is_accepted(fake_gpus: Any) -> None:
     pytest.importorskip("torchao", reason="needs lite-core[fp8] (torchao), which test-cuda installs")
     fake_gpus(1, name="NVIDIA H100 80GB HBM3", capability=(9, 0))
-    assert LightningLite(accelerator="cuda", precision="fp8-rowwise").strategy.precision.name == "fp8-rowwise"
+    assert LightningLite(accelerator="cuda", precision="fp8-rowwise")._plan.precision.name == "fp8-rowwise"
 
 
 @pytest.mark.parametrize(("experts", "gpu", "capability", "refusal"), [
@@ -256,7 +256,7 @@ def test_experts_in_low_precision_below_their_gpu_generation_fail_at_constructio
     one_sentence(refusal, accelerator="cuda", devices=2, precision=Float8Precision(experts=experts))
     fake.gpu = _runtime.GPU("NVIDIA B200", (10, 0))
     lite = LightningLite(accelerator="cuda", devices=2, precision=Float8Precision(experts=experts))
-    assert lite.strategy.precision.experts == experts
+    assert lite._plan.precision.experts == experts
 
 
 def test_a_hardware_feature_every_gpu_declares_passes_the_per_gpu_check(fake_gpus: Any) -> None:
@@ -265,7 +265,7 @@ def test_a_hardware_feature_every_gpu_declares_passes_the_per_gpu_check(fake_gpu
     fake_gpus(1, name="NVIDIA H100 80GB HBM3", capability=(9, 0))
     precision = TruePrecision("32-true", torch.float32)
     precision.hardware_features = {"fp8": "a toy precision"}
-    assert LightningLite(accelerator="cuda", precision=precision).strategy.precision is precision
+    assert LightningLite(accelerator="cuda", precision=precision)._plan.precision is precision
 
 
 # --- never initialise CUDA in the parent -----------------------------------------------------------------
@@ -301,8 +301,8 @@ def test_spawned_workers_receive_the_tf32_choice_and_the_pending_bf16_check(fake
     fake_gpus(2, described=False)
     lite = LightningLite(accelerator=CUDAAccelerator(matmul_precision="medium"), strategy="ddp_spawn", devices=2,
                          precision="bf16-mixed")
-    copy = pickle.loads(pickle.dumps(lite.strategy))
+    copy = pickle.loads(pickle.dumps(lite._plan))  # the plan: the strategy, and the precision beside it
 
-    assert copy.accelerator.matmul_precision == "medium"
-    assert copy.accelerator._unchecked_bf16 == "bf16-mixed"
+    assert copy.strategy.accelerator.matmul_precision == "medium"
+    assert copy.strategy.accelerator._unchecked_bf16 == "bf16-mixed"
     assert copy.precision.name == "bf16-mixed"

@@ -111,7 +111,7 @@ def test_mixed_precision_trains_on_a_gpu(precision: str, tmp_path: Path) -> None
     assert seen["dtype"] == (torch.float16 if precision == "16-mixed" else torch.bfloat16)
     assert wrapped(x[:4].to(lite.device)).dtype == torch.float32  # what the caller gets back
     assert sum(losses[-4:]) < sum(losses[:4])  # each sum covers the same four batches
-    scaler = lite.strategy.precision.scaler  # type: ignore[attr-defined]
+    scaler = lite._plan.precision.scaler  # type: ignore[attr-defined]
     assert (scaler is not None) == (precision == "16-mixed")
     if scaler is not None:
         assert scaler.is_enabled()
@@ -120,7 +120,7 @@ def test_mixed_precision_trains_on_a_gpu(precision: str, tmp_path: Path) -> None
         other = LightningLite(accelerator="cuda", precision=precision)
         fresh, _, _ = _model_and_data()
         other.load(tmp_path / "ckpt.pt", {"model": fresh})
-        assert other.strategy.precision.scaler.get_scale() == 123.0  # type: ignore[attr-defined]
+        assert other._plan.precision.scaler.get_scale() == 123.0  # type: ignore[attr-defined]
         assert torch.equal(fresh[0].weight, model[0].weight.cpu())
 
 

@@ -62,10 +62,10 @@ def test_dp_wraps_the_module_for_the_chosen_gpus(fake_gpus: Any, monkeypatch: py
     fake_gpus(4)
     recorder = _Recorder()
     monkeypatch.setattr(dp_module, "DataParallel", recorder)
-    strategy = LightningLite(accelerator="cuda", strategy="dp", devices=[1, 3], precision=precision).strategy
+    lite = LightningLite(accelerator="cuda", strategy="dp", devices=[1, 3], precision=precision)
     model = nn.Linear(2, 2)
 
-    strategy.setup_module(model)
+    lite.strategy.setup_module(model, precision=lite._plan.precision)
 
     [(module, kwargs)] = recorder.calls
     assert kwargs == {"device_ids": [torch.device("cuda", 1), torch.device("cuda", 3)],

@@ -53,9 +53,10 @@ def test_a_json_config_path_is_read(tmp_path):
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 3}))
-    strategy = LightningLite(accelerator="cpu", strategy=DeepSpeedStrategy(config=path), devices=2).strategy
+    lite = LightningLite(accelerator="cpu", strategy=DeepSpeedStrategy(config=path), devices=2)
+    strategy = lite.strategy
     assert strategy.stage == 1
-    full = strategy._full_config()
+    full = strategy._full_config(lite._plan.precision.name)
     assert full["train_micro_batch_size_per_gpu"] == 3  # the user's batch size is kept
     assert full["gradient_clipping"] == 0.0  # Lite clips only when asked
 
@@ -73,9 +74,9 @@ _NO_FP16 = pytest.mark.skipif("not _cpu_has_fp16()", reason="this CPU has no flo
 @pytest.mark.parametrize(("precision", "section"), [pytest.param("16-mixed", "fp16", marks=_NO_FP16),
                                                     ("bf16-mixed", "bf16"), ("bf16-true", "bf16")])
 def test_precision_maps_onto_deepspeed_sections(precision, section):
-    strategy = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2, precision=precision).strategy
-    assert strategy._full_config()[section] == {"enabled": True}
-    assert type(strategy.precision).__name__ == "DeepSpeedPrecision"
+    lite = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2, precision=precision)
+    assert lite.strategy._full_config(lite._plan.precision.name)[section] == {"enabled": True}
+    assert type(lite._plan.precision).__name__ == "DeepSpeedPrecision"
 
 
 def test_fp16_on_a_cpu_without_it_is_refused_at_construction():
@@ -89,7 +90,8 @@ def test_fp16_on_a_cpu_without_it_is_refused_at_construction():
 
 
 def test_32_true_adds_no_low_precision_section():
-    full = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2).strategy._full_config()
+    lite = LightningLite(accelerator="cpu", strategy="deepspeed", devices=2)
+    full = lite.strategy._full_config(lite._plan.precision.name)
     assert "fp16" not in full and "bf16" not in full
 
 

@@ -193,7 +193,7 @@ def test_precision(precision: str, param_dtype: torch.dtype, inner_dtype: torch.
     optimizer.step()
     assert torch.isfinite(torch.stack([p.float().sum() for p in model.parameters()]).cpu()).all()
     with lite.autocast():
-        assert lite.strategy.precision.name == precision
+        assert lite._plan.precision.name == precision
 
 
 def test_save_writes_cpu_tensors_and_load_restores_on_the_device(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ class _OnSecondHost(XLAStrategy):
 def test_each_host_writes_the_checkpoint_it_will_load(tmp_path: Path, local: int, writes: bool) -> None:
     lite = LightningLite(accelerator="tpu", strategy=_OnSecondHost(local), devices=2)
     lite.strategy.save_checkpoint(str(tmp_path / "ckpt.pt"), {"step": torch.tensor([3.0])},
-                                  checkpoint_io=lite._plan.checkpoint_io)
+                                  checkpoint_io=lite._plan.checkpoint_io, precision=lite._plan.precision)
     assert (tmp_path / "ckpt.pt").exists() is writes
 
 
@@ -111,13 +111,14 @@ def test_without_the_cpu_harness_every_collective_gets_torch_xlas_defaults(monke
     monkeypatch.setattr(xla_fsdp, "XlaFullyShardedDataParallel", record("fsdp", lambda module: module))
     monkeypatch.setattr(xr, "world_size", lambda: 2)
     for name in ("xla", "xla_fsdp"):
-        strategy = LightningLite(accelerator="tpu", strategy=name, devices=2).strategy
+        lite = LightningLite(accelerator="tpu", strategy=name, devices=2)
+        strategy = lite.strategy
         strategy._environment_ready = True  # as inside a replica
         strategy.barrier()
         strategy.all_reduce(torch.tensor([1.0]))
         strategy.all_gather(torch.tensor([1.0]))
         strategy.broadcast("hello")
-        strategy.setup_module(torch.nn.Linear(2, 2))
+        strategy.setup_module(torch.nn.Linear(2, 2), precision=lite._plan.precision)
         strategy.reduce_gradients(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
     names = {name for name, _ in record.calls}
     assert names == {"all_reduce", "all_gather", "reduce_gradients", "fsdp"}

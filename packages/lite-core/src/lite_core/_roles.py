@@ -2,10 +2,11 @@
 
 Imports go one way (see docs/architecture.md): the set-up model and optimizer, checkpoint code
 and launchers sit below the strategies and never import `lite_core.strategies`, not even for a
-type hint. A strategy passes itself to them (`LiteModule(..., strategy)`, `to_state(content,
-strategy)`, `MultiprocessingLauncher(strategy, ...)`); each protocol here names exactly the
-members that one of them calls, and nothing else, so a type checker reports a call outside it.
-Every `lite_core.plugins.Strategy` is each of them (`packages/lite-core/tests/test_roles.py`).
+type hint. A strategy passes itself to them (`LiteModule(..., strategy)`, `save_full(strategy,
+...)`, `MultiprocessingLauncher(strategy, ...)`); each protocol here names exactly the members that
+one of them calls, and nothing else, so a type checker reports a call outside it. Every
+`lite_core.plugins.Strategy` is each of them (`packages/lite-core/tests/test_roles.py`). None names
+a precision: the job's is handed to the strategy's calls beside the strategy, never read from it.
 """
 
 from __future__ import annotations
@@ -42,20 +43,13 @@ class Ranks(Protocol):
     def batch_to_device(self, batch: Any) -> Any: ...
 
 
-class HasPrecision(Protocol):
-    """An object whose precision plugin is saved and restored with a checkpoint."""
-
-    @property
-    def precision(self) -> Precision: ...
-
-
 class StepsOptimizers(Protocol):
     """A strategy as the set-up optimizer (`lite_core.model.optimizer`) sees it."""
 
     @property
     def steps_optimizers_plainly(self) -> bool: ...
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any: ...
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any: ...
 
 
 class RoutesModule(Named, Protocol):
@@ -87,10 +81,10 @@ class SpawnsRanks(Named, Protocol):
     def teardown(self, failed: bool = False) -> None: ...
 
 
-class ShardsCheckpoints(Named, Ranks, HasPrecision, Protocol):
+class ShardsCheckpoints(Named, Ranks, Protocol):
     """A strategy whose checkpoints hold sharded modules and optimizers (`fsdp`, `model_parallel`),
-    as `lite_core.checkpoint`'s torch distributed checkpoint code sees it (the checkpoint IO is
-    handed to that code beside it: the job's, not the strategy's)."""
+    as `lite_core.checkpoint`'s torch distributed checkpoint code sees it (the checkpoint IO and
+    the precision are handed to that code beside it: the job's, not the strategy's)."""
 
     def module_of(self, optimizer: Any) -> Any: ...
 

@@ -82,7 +82,7 @@ class LightningLite:
         self._plan: Plan = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._loggers = Loggers(checked_loggers(as_list(loggers)), self._plan.strategy)
         self._callbacks = Callbacks(as_list(callbacks))
-        self._checkpoints = Checkpoints(self._plan.strategy, self._plan.checkpoint_io)
+        self._checkpoints = Checkpoints(self._plan.strategy, self._plan.checkpoint_io, self._plan.precision)
         self._collectives = Collectives(self._plan.strategy)
         self._running = Running(self._plan.strategy, self._plan.launcher, self._checkpoints, self._loggers)
         self._start_set_up()
@@ -281,7 +281,7 @@ class LightningLite:
                 models it skips parameter initialisation (for weights loaded right after). Either
                 way, buffers written in `__init__` (masks, constants) keep their values.
         """
-        return self._plan.strategy.module_init_context(empty_init)
+        return self._plan.strategy.module_init_context(empty_init, precision=self._plan.precision)
 
     def to_device(self, obj: Any) -> Any:
         """Move a module, or every tensor in a nested structure, to this process's device.

@@ -202,10 +202,8 @@ class ThroughputMonitor:
         self._checkpoints_at_last_row = (0.0, 0)  # (stalled seconds, saves) when the last row was logged
 
     def _accelerator_peak(self, dtype: str | None) -> float | None:
-        strategy = self._lite.strategy
-        if strategy.accelerator is None:
-            return None
-        return strategy.accelerator.peak_flops(strategy.root_device, dtype or _matmul_dtype(strategy.precision.name))
+        plan = self._lite._plan  # the job's accelerator and precision, not the strategy's
+        return plan.accelerator.peak_flops(plan.strategy.root_device, dtype or _matmul_dtype(plan.precision.name))
 
     def timed(self, dataloader: Iterable[T]) -> Iterator[T]:
         """Iterate `dataloader`, counting the time each batch took to arrive as data-loading time."""
@@ -309,8 +307,8 @@ class ThroughputMonitor:
         return figures
 
     def _peak_memory(self) -> int:
-        strategy = self._lite.strategy
-        return strategy.accelerator.peak_memory(strategy.root_device) if strategy.accelerator is not None else 0
+        plan = self._lite._plan
+        return plan.accelerator.peak_memory(plan.strategy.root_device)
 
     def _show(self, metrics: dict[str, float]) -> None:
         if self._bar is None:

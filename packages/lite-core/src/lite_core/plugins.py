@@ -23,8 +23,10 @@ What is here, by purpose:
   frozen 4- and 8-bit weights) and `SHARDED_QUANTIZED_PRECISIONS` (torchao's NF4) are the table's
   names when Lite is imported.
 - Errors to raise: `LiteError` and its subclasses.
-- Checkpoints: `to_state` (content with modules, optimizers and other stateful objects replaced
-  by their state), `restore` (load state back into live objects), `read_checkpoint`,
+- Checkpoints: `to_state(content, precision)` (content with modules, optimizers and other stateful
+  objects replaced by their state, and the job's precision's state under `PRECISION_KEY`),
+  `restore(state, content, strict, precision)` (load state back into live objects and the
+  precision), `read_checkpoint`,
   `on_rank_zero` (a rank-0 write whose failure every rank raises), `on_writing_ranks` (the
   same for a write that several ranks do, each its part or each host its copy), `PRECISION_KEY`, and
   `READER_FILE` (written into a backend's checkpoint directory, it names the strategy whose

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from torch.nn import DataParallel
 
-from lite_core.plugins import PrecisionSupport, Strategy
+from lite_core.plugins import Precision, PrecisionSupport, Strategy
 
 
 class DataParallelStrategy(Strategy):
@@ -24,13 +24,13 @@ class DataParallelStrategy(Strategy):
     precision_support = PrecisionSupport(families=frozenset({"true", "mixed", "fp8"}))
     drives_devices_from_one_process = True
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         assert self.accelerator is not None
         devices = [self.accelerator.get_device(index) for index in self.device_indexes]
-        if self.precision.changes_forward:
+        if precision.changes_forward:
             # DataParallel runs each replica in its own thread, where an autocast dtype set in
-            # the caller's thread does not apply: enter the precision's context in each replica.
-            module = _InPrecision(module, self.precision)
+            # the caller's thread does not apply: enter the job's precision's context in each replica.
+            module = _InPrecision(module, precision)
         return DataParallel(module, device_ids=devices, output_device=devices[0])
 
 

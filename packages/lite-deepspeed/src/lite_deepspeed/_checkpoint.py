@@ -39,7 +39,6 @@ class DeepSpeedRun(Protocol):
     global_rank: int
     stage: int
     accelerator: Any
-    precision: Any
 
     def broadcast(self, obj: Any, src: int = 0) -> Any: ...
 
@@ -100,13 +99,14 @@ def _optimizer_keys(content: dict[str, Any], engine: Any) -> list[str]:
     return keys
 
 
-def save(path: str, content: dict[str, Any], strategy: DeepSpeedRun) -> None:
-    """Every rank writes its shards of the model and optimizer; the rest goes into the client state."""
+def save(path: str, content: dict[str, Any], strategy: DeepSpeedRun, *, precision: Any) -> None:
+    """Every rank writes its shards of the model and optimizer; the rest, and the state of
+    `precision` (the job's), goes into the client state."""
     key, engine = find_engine(content)  # type: ignore[misc]
     optimizer_keys = _optimizer_keys(content, engine)
     rest = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
     refuse_reserved_keys(rest)
-    client_state = to_state(rest, strategy)
+    client_state = to_state(rest, precision)
     trainable = content[key].names() if isinstance(content[key], TrainableState) else None
     client_state[_LAYOUT_KEY] = {"model": key, "optimizers": optimizer_keys, "saved": sorted(client_state),
                                  "trainable": trainable}
@@ -173,15 +173,15 @@ def refuse_reserved_keys(rest: dict[str, Any]) -> None:
 
 
 def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
-         weights_only: bool = True) -> dict[str, Any]:
+         weights_only: bool = True, *, precision: Any) -> dict[str, Any]:
     """Restore the model (and optimizer, if `state` holds it) from the DeepSpeed checkpoint
     directory `path`, then the rest: through DeepSpeed when it can read the shards as they are
     (same ZeRO layout and number of ranks), else by reading the checkpoint whole. With
     `weights_only`, files that name anything but DeepSpeed's own classes are refused first."""
     key, engine = find_engine(state)  # type: ignore[misc]
     saved = _latest_tag_dir(Path(path))
-    if saved is None or not _deepspeed_reads_as_is(saved, strategy):
-        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy)
+    if saved is None or not _deepspeed_reads_as_is(saved, strategy, precision.name):
+        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy, precision=precision)
     if weights_only:
         refuse_code(saved, path)
     # DeepSpeed's own load names a weight of another shape in torch's raw lists. Shapes only: the
@@ -191,7 +191,7 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
     optimizer_keys = _optimizer_keys(state, engine)
     trainable = isinstance(state[key], TrainableState)
     if trainable and _portable.trainable_names(saved) is None:  # the whole model saved: read it whole
-        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy)
+        return load_whole(_portable.read_whole(path, weights_only), state, strict, strategy, precision=precision)
     if trainable and strict:
         state[key].check_names(_portable.trainable_names(saved) or [])
     load_path, client_state = engine.load_checkpoint(
@@ -204,12 +204,13 @@ def load(path: str, state: dict[str, Any], strict: bool, strategy: DeepSpeedRun,
     saved_keys = (client_state or {}).get(_LAYOUT_KEY, {}).get("saved", [])
     client_state = {k: client_state[k] for k in saved_keys}
     rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
-    restore(rest, client_state, strict=strict, strategy=strategy)
+    restore(rest, client_state, strict=strict, precision=precision)
     state.update(rest)
     return client_state
 
 
-def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, strategy: DeepSpeedRun) -> dict[str, Any]:
+def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, strategy: DeepSpeedRun, *,
+               precision: Any) -> dict[str, Any]:
     """Restore `state` from whole `content` (a one-file, fsdp or other-layout ZeRO checkpoint):
     the DeepSpeed model and its optimizer by scattering full tensors into the shards, the rest as
     the core does; returns the content other than the model and optimizer."""
@@ -230,12 +231,12 @@ def load_whole(content: dict[str, Any], state: dict[str, Any], strict: bool, str
         _portable.load_whole(engine, model_state, optimizer_state, strict)
     others = {k: v for k, v in content.items() if k != key and k not in optimizer_keys}
     rest = {k: v for k, v in state.items() if k != key and k not in optimizer_keys}
-    restore(rest, others, strict=strict, strategy=strategy)
+    restore(rest, others, strict=strict, precision=precision)
     state.update(rest)
     return others
 
 
-def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedRun) -> bool:
+def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedRun, precision_name: str) -> bool:
     """Whether DeepSpeed's own `load_checkpoint` restores the save in `saved` correctly here."""
     shards = list(saved.glob("*zero_pp_rank_*_optim_states.pt"))
     if shards and len(shards) != strategy.world_size:
@@ -248,7 +249,7 @@ def _deepspeed_reads_as_is(saved: Path, strategy: DeepSpeedRun) -> bool:
     # Measured with DeepSpeed 0.19.8 on the CPU accelerator: ZeRO-3 in bf16 restores the fp32
     # shards into the bf16 parameters byte for byte, i.e. garbage weights, without an error.
     assert strategy.accelerator is not None
-    return not (strategy.stage == 3 and strategy.accelerator.name == "cpu" and strategy.precision.name.startswith("bf16"))
+    return not (strategy.stage == 3 and strategy.accelerator.name == "cpu" and precision_name.startswith("bf16"))
 
 
 def _keyed_by_name(optimizer_state: Any) -> bool:

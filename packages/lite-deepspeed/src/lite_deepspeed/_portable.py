@@ -229,7 +229,7 @@ def _load_optimizer(engine: Any, optimizer_state: dict[str, Any]) -> None:
         from lite_core.plugins import restore
 
         restore({"model": engine.module, "optimizer": engine.optimizer}, {"model": {}, "optimizer": optimizer_state},
-                strict=False, strategy=None)  # type: ignore[arg-type]
+                strict=False, precision=None)  # type: ignore[arg-type]  # no precision entry here
         return
     saved = optimizer_state["state"]
     _create_states(engine, next(iter(saved.values()), {}))

@@ -19,6 +19,7 @@ from lite_core.plugins import (
     ConfigurationError,
     DDPStrategy,
     MisuseError,
+    Precision,
     PrecisionSupport,
     export_environ,
     precision_entry,
@@ -140,12 +141,12 @@ class DeepSpeedStrategy(DDPStrategy):
             before, self._environ_before = self._environ_before, {}
             restore_environ(before)
 
-    def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
+    def module_init_context(self, empty_init: bool | None = None, *, precision: Precision) -> ContextManager[Any]:
         if self.stage == 3:
-            return self._zero_init()
-        return super().module_init_context(empty_init)
+            return self._zero_init(precision.name)
+        return super().module_init_context(empty_init, precision=precision)
 
-    def _zero_init(self) -> ContextManager[Any]:
+    def _zero_init(self, precision_name: str) -> ContextManager[Any]:
         if not self._environment_ready:
             raise MisuseError(
                 "ZeRO-3 builds models across the processes, which are not running yet: create the model"
@@ -156,7 +157,7 @@ class DeepSpeedStrategy(DDPStrategy):
         # optimizer, refuses to load under that patch, so it must be imported before.
         import torch._dynamo  # noqa: F401
 
-        config = _config.with_batch_size(self._full_config(), 1)
+        config = _config.with_batch_size(self._full_config(precision_name), 1)
         remote = "cpu" if _config.offloads_parameters(config) else None
         with self._deepspeed_local_rank():  # zero.Init takes its device from LOCAL_RANK, now
             return deepspeed.zero.Init(config_dict_or_path=config, remote_device=remote)
@@ -167,31 +168,33 @@ class DeepSpeedStrategy(DDPStrategy):
         index = device_rank(self.accelerator.name, self.root_device, self.local_rank, self._config)
         return _local_rank_env(index)
 
-    def _full_config(self) -> dict[str, Any]:
-        return _config.with_precision(_config.with_lite_defaults(self._config), self.precision.name)
+    def _full_config(self, precision_name: str) -> dict[str, Any]:
+        """The config DeepSpeed runs: the user's, with Lite's defaults and the section of the job's
+        precision (named by the hook that builds an engine or `zero.Init`; the strategy holds none)."""
+        return _config.with_precision(_config.with_lite_defaults(self._config), precision_name)
 
     # -- models and optimizers -------------------------------------------------------------------
     def module_to_device(self, module: nn.Module) -> nn.Module:
         # ZeRO-3 places (or offloads) each parameter shard itself.
         return module if self.stage == 3 else super().module_to_device(module)
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
         if len(optimizers) > 1:
             raise MisuseError(
                 "DeepSpeed steps one optimizer per model: put the parameter groups into one optimizer,"
                 " or set up each model with its own optimizer."
             )
-        engine = self._initialize(module, optimizers[0] if optimizers else None)
+        engine = self._initialize(module, optimizers[0] if optimizers else None, precision.name)
         return engine, [DeepSpeedEngineOptimizer(engine, o) for o in optimizers]
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         if self.stage in (1, 2):
             raise MisuseError(
                 f"ZeRO stage {self.stage} shards the optimizer, so it needs one: call setup(model, optimizer),"
                 " or use stage 3 for a model without an optimizer (e.g. inference)."
             )
-        return self._initialize(module, None)
+        return self._initialize(module, None, precision.name)
 
     def full_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """Under stage 3 the partitions are gathered for the copy (DeepSpeed's `GatheredParameters`)."""
@@ -208,10 +211,10 @@ class DeepSpeedStrategy(DDPStrategy):
             " of setup_module() and setup_optimizers()."
         )
 
-    def _initialize(self, module: nn.Module, optimizer: Optimizer | None) -> Any:
+    def _initialize(self, module: nn.Module, optimizer: Optimizer | None, precision_name: str) -> Any:
         import deepspeed
 
-        config = _config.with_batch_size(self._full_config(), self._micro_batch_size or 1)
+        config = _config.with_batch_size(self._full_config(precision_name), self._micro_batch_size or 1)
         _configure_activation_checkpointing(config)
         with self._deepspeed_local_rank():
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config,
@@ -239,15 +242,16 @@ class DeepSpeedStrategy(DDPStrategy):
         raise MisuseError("This optimizer was not set up with its model by DeepSpeed: pass the one setup(model, optimizer) returned.")
 
     # -- training step -----------------------------------------------------------------------------
-    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        engine = _engine(module)
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, precision: Precision,
+                 **kwargs: Any) -> None:
+        engine = _engine(module)  # which applies the precision itself (its config's section)
         self._guard.running = True
         try:
             engine.backward(tensor, *args, **kwargs)
         finally:
             self._guard.running = False
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any:
         if kwargs.get("closure") is not None:
             raise MisuseError("DeepSpeed cannot step an optimizer with a closure (e.g. LBFGS): use an optimizer without one.")
         engine = self.engine_of(optimizer)
@@ -261,7 +265,8 @@ class DeepSpeedStrategy(DDPStrategy):
         return _accumulating(_engine(module))
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor | None:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor | None:
         if norm_type != 2.0:
             raise MisuseError(f"DeepSpeed clips by the 2-norm only but norm_type={norm_type}: pass norm_type=2.0.")
         engine = self.engine_of(optimizer)
@@ -273,19 +278,21 @@ class DeepSpeedStrategy(DDPStrategy):
         engine.optimizer.clip_grad = float(max_norm)
         return None
 
-    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float, *,
+                             precision: Precision) -> None:
         raise MisuseError("DeepSpeed clips gradients by norm only: call clip_gradients(model, optimizer, max_norm=...).")
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         """Write a DeepSpeed checkpoint directory at `path` (every rank writes its shards) holding
         the model, its optimizer and the rest of `content`; without a DeepSpeed model in `content`,
         one file as the core writes it."""
         if _checkpoint.find_engine(content) is None:
             _checkpoint.refuse_optimizer_alone(content)
-            super().save_checkpoint(path, content, checkpoint_io=checkpoint_io)
+            super().save_checkpoint(path, content, checkpoint_io=checkpoint_io, precision=precision)
             return
-        _checkpoint.save(path, content, self)
+        _checkpoint.save(path, content, self, precision=precision)
 
     def why_no_background_save(self) -> str | None:
         """DeepSpeed writes its engine checkpoint itself (`engine.save_checkpoint`, with collectives
@@ -296,17 +303,18 @@ class DeepSpeedStrategy(DDPStrategy):
                 " training; use save(...) (blocking), or DeepSpeed's own asynchronous checkpointing")
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
         """Resume the DeepSpeed model and optimizer in `state` from any checkpoint: a directory
         written by `save_checkpoint` (any ZeRO stage, any number of processes), a one-file or an
         fsdp checkpoint; the other entries are restored as the core restores them."""
         if _checkpoint.find_engine(state or {}) is None:
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only,
-                                           checkpoint_io=checkpoint_io)
+                                           checkpoint_io=checkpoint_io, precision=precision)
         if _checkpoint.is_deepspeed_directory(path):
-            return _checkpoint.load(path, state or {}, strict, self, weights_only)
+            return _checkpoint.load(path, state or {}, strict, self, weights_only, precision=precision)
         content = read_checkpoint(path, checkpoint_io, weights_only)
-        return _checkpoint.load_whole(content, state or {}, strict, self)
+        return _checkpoint.load_whole(content, state or {}, strict, self, precision=precision)
 
     @classmethod
     def read_whole_checkpoint(cls, path: str, weights_only: bool = True) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import CheckpointIO, LiteError, store_for
+from lite_core.plugins import CheckpointIO, LiteError, Precision, store_for
 from lite_torchft._healing import HealingState
 from lite_torchft._stream import LoaderStream
 from lite_torchft._variables import check_lighthouse, read_variables
@@ -184,16 +184,16 @@ class ReplicaGroups:
         and their number (asked at the step's first batch, forward pass and backward)."""
         raise NotImplementedError
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        wrapped = self._group_module(module)
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
+        wrapped = self._group_module(module, precision)
         self._healing.modules.append(module)
         self._wrapped.append(wrapped)
         wrapped.register_forward_pre_hook(self._before_forward)
         return wrapped
 
-    def _group_module(self, module: nn.Module) -> nn.Module:
+    def _group_module(self, module: nn.Module, precision: Precision) -> nn.Module:
         """The module as the group's own strategy sets it up (DDP, FSDP)."""
-        return super().setup_module(module)
+        return super().setup_module(module, precision=precision)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if module.training and torch.is_grad_enabled():
@@ -249,15 +249,18 @@ class ReplicaGroups:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         if self._another_group_uploads(path):
             return
-        super().save_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io)
+        super().save_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io, precision=precision)
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> Any:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                         precision: Precision) -> Any:
         if self._another_group_uploads(path):
             return _nothing
-        return super().stage_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io)
+        return super().stage_checkpoint(path, self._with_manager(content), checkpoint_io=checkpoint_io,
+                                        precision=precision)
 
     def _another_group_uploads(self, path: str) -> bool:
         """Whether another group writes the checkpoint at `path`: at a URL, which every group sees,
@@ -272,8 +275,10 @@ class ReplicaGroups:
                 _LOADERS_KEY: [stream.state_dict() for stream in self._healing.streams]}
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io,
+                                          precision=precision)
         manager_state, loaders = content.pop(_MANAGER_KEY, None), content.pop(_LOADERS_KEY, None)
         if manager_state is not None and self._manager is not None:
             self._manager.load_state_dict(manager_state)
@@ -314,18 +319,19 @@ class FaultTolerantReplication(ReplicaGroups):
             self._share = replica_rank * self.world_size + self.global_rank, groups * self.world_size
         return self._share  # asked several times a step (batch, forward, backward, step): once per quorum
 
-    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, precision: Precision,
+                 **kwargs: Any) -> None:
         self._begin_step()
-        super().backward(tensor, module, *args, **kwargs)
+        super().backward(tensor, module, *args, precision=precision, **kwargs)
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any:
         if self._decision is None:
             self._begin_step()
             self._average_across_groups()
             self._decision = self._manager.should_commit()
             for stream in self._healing.streams:
                 stream.commit() if self._decision else stream.abort()
-        return super().optimizer_step(optimizer, **kwargs) if self._decision else None
+        return super().optimizer_step(optimizer, precision=precision, **kwargs) if self._decision else None
 
     def _average_across_groups(self) -> None:
         """Average every set-up model's gradients over the groups alive in the step (one all-reduce;

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, ContextManager
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import CheckpointIO, ConfigurationError, DDPStrategy, FSDPStrategy
+from lite_core.plugins import CheckpointIO, ConfigurationError, DDPStrategy, FSDPStrategy, Precision
 from lite_torchft._replication import ReplicaGroups
 from lite_torchft._variables import read_variables
 
@@ -119,8 +119,8 @@ class _AlgorithmReplication(ReplicaGroups):
         self._group = (group_id, read_variables().num_groups)
         return super()._build_manager(group_id, lighthouse)
 
-    def _group_module(self, module: nn.Module) -> nn.Module:
-        return module if self.world_size == 1 else super()._group_module(module)
+    def _group_module(self, module: nn.Module, precision: Precision) -> nn.Module:
+        return module if self.world_size == 1 else super()._group_module(module, precision)
 
     # -- the step: no quorum of its own --------------------------------------------------------------
     def _begin_step(self) -> tuple[int, int]:
@@ -152,12 +152,12 @@ class _AlgorithmReplication(ReplicaGroups):
         modules = self._healing.modules
         return modules[0] if len(modules) == 1 else nn.ModuleList(modules)
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any:
         """The inner step (the algorithm's hooks sync when due). The loaders move on first: a peer
         that heals from this group in that sync takes the position after this step."""
         for stream in self._healing.streams:
             stream.commit()
-        return super().optimizer_step(optimizer, **kwargs)
+        return super().optimizer_step(optimizer, precision=precision, **kwargs)
 
     # -- checkpoints: what the algorithm's `state_dict` returns ---------------------------------------
     def _with_manager(self, content: dict[str, Any]) -> dict[str, Any]:
@@ -167,8 +167,10 @@ class _AlgorithmReplication(ReplicaGroups):
         return {**content, _ALGORITHM_KEY: self._algorithm_hooks.state_dict()}
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
-        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io)
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
+        content = super().load_checkpoint(path, state, strict, weights_only, checkpoint_io=checkpoint_io,
+                                          precision=precision)
         saved = content.pop(_ALGORITHM_KEY, None)
         if saved is not None and self._algorithm is not None:
             self._algorithm_hooks.load_state_dict(saved)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from lite_core.plugins import DDPStrategy
+from lite_core.plugins import DDPStrategy, Precision
 from lite_torchft._replication import FaultTolerantReplication
 
 
@@ -18,7 +18,7 @@ class DDPFTStrategy(FaultTolerantReplication, DDPStrategy):
 
     name = "ddp_ft"
 
-    def _group_module(self, module: nn.Module) -> nn.Module:
+    def _group_module(self, module: nn.Module, precision: Precision) -> nn.Module:
         # a group of one process has nothing to synchronise inside it: no DDP wrapper, no
         # all-reduce over a one-rank group before the one across groups
-        return module if self.world_size == 1 else super()._group_module(module)
+        return module if self.world_size == 1 else super()._group_module(module, precision)

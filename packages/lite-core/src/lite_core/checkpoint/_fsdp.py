@@ -41,6 +41,7 @@ from lite_core.model.parts import forward_module
 if TYPE_CHECKING:
     from lite_core._roles import ShardsCheckpoints
     from lite_core.checkpoint._io import CheckpointIO
+    from lite_core.precision.precision import Precision
 
 
 def _unwrap(value: Any) -> Any:
@@ -139,35 +140,38 @@ def _gathered(plain: dict[str, Any]) -> dict[str, Any]:
             else value for key, value in plain.items()}
 
 
-def _extra(strategy: ShardsCheckpoints, plain: dict[str, Any]) -> dict[str, Any]:
+def _extra(precision: Precision, plain: dict[str, Any]) -> dict[str, Any]:
     """The values saved besides modules and optimizers: stateful objects (an LR scheduler, a
-    scaler) as their `state_dict()`, plus the precision plugin's state."""
+    scaler) as their `state_dict()`, plus the state of `precision` (the job's)."""
     extra = {key: state_of(value) for key, value in plain.items()}
-    precision_state = strategy.precision.state_dict()
+    precision_state = precision.state_dict()
     return {**extra, PRECISION_KEY: precision_state} if precision_state else extra
 
 
 # -- save ---------------------------------------------------------------------------------------
-def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO) -> None:
-    """Gather everything to rank 0 and write one file there with `checkpoint_io`."""
+def save_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO,
+              precision: Precision) -> None:
+    """Gather everything to rank 0 and write one file there with `checkpoint_io` (with
+    `precision`'s state)."""
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=True) for key, obj in objects.items()}
-    extra = _extra(strategy, _gathered(plain))
+    extra = _extra(precision, _gathered(plain))
     on_rank_zero(strategy, path, lambda: checkpoint_io.save({**state, **extra}, path))
 
 
-def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO) -> Write:
+def stage_full(strategy: ShardsCheckpoints, path: str, content: dict[str, Any], checkpoint_io: CheckpointIO,
+               precision: Precision) -> Write:
     """`save_full` in the background: gather to rank 0 and copy there now, write in the thread."""
     objects, plain = _split(content)
     state = stage_to_host({key: _state_of(strategy, obj, full=True) for key, obj in objects.items()})
-    extra = stage_to_host(_extra(strategy, _gathered(plain)))
+    extra = stage_to_host(_extra(precision, _gathered(plain)))
     if strategy.global_rank != 0:
         return nothing
     return lambda: checkpoint_io.save({**state, **extra}, path)
 
 
 def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any],
-                 checkpoint_io: CheckpointIO) -> None:
+                 checkpoint_io: CheckpointIO, precision: Precision) -> None:
     """Every process writes its shards into a fresh directory that then replaces `path`, so a
     crash while writing leaves the previous checkpoint intact."""
     import torch.distributed.checkpoint as dcp
@@ -175,7 +179,7 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
 
     started = time.time()
     store = store_for(path)
-    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io, precision)
     try:
         dcp.save(state, storage_writer=store.shard_writer(folder))
     except CheckpointException as err:  # raised on every rank; a BaseException
@@ -184,7 +188,7 @@ def save_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any]
 
 
 def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any],
-                  checkpoint_io: CheckpointIO) -> Write:
+                  checkpoint_io: CheckpointIO, precision: Precision) -> Write:
     """`save_sharded` in the background: torch distributed checkpoint's `async_save` copies the
     shards to host memory and writes them in its thread, over a process group of its own; when
     they are written (on every rank), rank 0 puts the directory in place as `save_sharded` does.
@@ -197,7 +201,7 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
 
     started = time.time()
     store = store_for(path)
-    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io)
+    state, extra, folder = _prepare_sharded(strategy, store, path, content, checkpoint_io, precision)
     extra = stage_to_host(extra)
     written = dcp.async_save(state, storage_writer=store.shard_writer(folder), process_group=checkpoint_process_group())
 
@@ -213,7 +217,7 @@ def stage_sharded(strategy: ShardsCheckpoints, path: str, content: dict[str, Any
 
 
 def _prepare_sharded(strategy: Any, store: Store, path: str, content: dict[str, Any],
-                     checkpoint_io: CheckpointIO) -> tuple[dict[str, Any], dict[str, Any], str]:
+                     checkpoint_io: CheckpointIO, precision: Precision) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(the sharded state of the modules, the optimizers and the values that hold `DTensor`s, the
     other values, the folder every rank writes its shards into: `store.start_sharded`'s, on rank 0)."""
     from torch.distributed.tensor import DTensor
@@ -222,7 +226,7 @@ def _prepare_sharded(strategy: Any, store: Store, path: str, content: dict[str, 
     objects, plain = _split(content)
     state = {key: _state_of(strategy, obj, full=False) for key, obj in objects.items()}
     state.update({key: value for key, value in plain.items() if _holds(value, DTensor)})
-    extra = _extra(strategy, {key: value for key, value in plain.items() if key not in state})
+    extra = _extra(precision, {key: value for key, value in plain.items() if key not in state})
     folder = on_rank_zero(strategy, path, lambda: store.start_sharded(path, extra, checkpoint_io))
     return state, extra, folder
 
@@ -250,9 +254,9 @@ def _warn_of_a_file_name(strategy: Any, path: str) -> None:
 
 # -- load ---------------------------------------------------------------------------------------
 def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, strict: bool,
-         weights_only: bool, checkpoint_io: CheckpointIO) -> dict[str, Any]:
-    """Restore `state`'s objects from a sharded or full checkpoint read with `checkpoint_io`;
-    return the content."""
+         weights_only: bool, checkpoint_io: CheckpointIO, precision: Precision) -> dict[str, Any]:
+    """Restore `state`'s objects (and `precision`'s state) from a sharded or full checkpoint read
+    with `checkpoint_io`; return the content."""
     store = store_for(path)
     sharded = is_sharded(path)  # first: a sharded checkpoint needs no other check (one request at a URL)
     if not sharded and not store.exists(path):
@@ -270,7 +274,7 @@ def load(strategy: ShardsCheckpoints, path: str, state: dict[str, Any] | None, s
         for key, obj in objects.items():
             if key in content:
                 _load_into(strategy, obj, content[key], full=True, strict=strict)
-    restore(plain, content, strict=strict, strategy=strategy)
+    restore(plain, content, strict=strict, precision=precision)
     state.update(plain)
     return content
 

@@ -17,14 +17,15 @@ from lite_core.errors import CheckpointError
 
 if TYPE_CHECKING:
     from lite_core.checkpoint._io import CheckpointIO
-    from lite_core._roles import HasPrecision
+    from lite_core.precision.precision import Precision
 
 #: Key under which the precision plugin's state (e.g. the gradient scaler) is stored.
 PRECISION_KEY = "lite_precision"
 
 
-def to_state(content: dict[str, Any], strategy: HasPrecision) -> dict[str, Any]:
-    """`content` with every stateful object replaced by its `state_dict()`.
+def to_state(content: dict[str, Any], precision: Precision) -> dict[str, Any]:
+    """`content` with every stateful object replaced by its `state_dict()`, and `precision`'s state
+    (the job's precision plugin: a gradient scaler's) under `PRECISION_KEY` where it has any.
 
     Stateful means a module, an optimizer, or any object with both `state_dict()` and
     `load_state_dict()` (an LR scheduler, a `GradScaler`, your own class); other values are kept
@@ -32,7 +33,7 @@ def to_state(content: dict[str, Any], strategy: HasPrecision) -> dict[str, Any]:
     nor are the tensor subclasses a precision wraps parameters in (`plain_tensors`).
     """
     state = plain_tensors({key: state_of(value) for key, value in content.items()})
-    precision_state = strategy.precision.state_dict()
+    precision_state = precision.state_dict()
     if precision_state:
         state[PRECISION_KEY] = precision_state
     return state
@@ -71,15 +72,16 @@ def _backend_reader(path: str) -> Any:
     return STRATEGIES.load(name).read_whole_checkpoint
 
 
-def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, strategy: HasPrecision) -> None:
-    """Load `content` into the objects of `state` in place; plain values are replaced."""
+def restore(state: dict[str, Any], content: dict[str, Any], strict: bool, precision: Precision) -> None:
+    """Load `content` into the objects of `state` in place, and its `PRECISION_KEY` entry into
+    `precision` (the job's); plain values are replaced."""
     missing = [key for key in state if key not in content]
     if strict and missing:
         raise CheckpointError(
             f"The checkpoint has no entry for {missing}: save them too, or load with strict=False."
         )
     if PRECISION_KEY in content:
-        strategy.precision.load_state_dict(content.pop(PRECISION_KEY))
+        precision.load_state_dict(content.pop(PRECISION_KEY))
     for key, target in list(state.items()):
         if key not in content:
             continue

@@ -59,7 +59,6 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     plugin = _given_precision(chosen, accel, given[Precision]) if Precision in given else \
         _precision(chosen, accel, precision)
     _connect_precision(plugin, chosen, accel, indexes)
-    chosen.precision = plugin
     checkpoint_io = given[CheckpointIO] if CheckpointIO in given else TorchCheckpointIO()
     return Plan(accelerator=accel, environment=environment, precision=plugin, checkpoint_io=checkpoint_io,
                 strategy=chosen, launcher=chosen.launcher, device_indexes=tuple(indexes), num_nodes=num_nodes)

@@ -28,7 +28,8 @@ class Plan:
     Attributes:
         accelerator: the accelerator the processes compute on.
         environment: the cluster environment the processes come from (or will be started in).
-        precision: the precision plugin every forward, backward and step goes through.
+        precision: the precision plugin every forward, backward and step goes through; the rooms
+            hand it to the strategy's hooks that compose with it (the strategy holds none).
         checkpoint_io: what writes and reads checkpoint files (`plugins=`, else `TorchCheckpointIO`);
             the checkpoint room holds it and hands it to the strategy's save and load.
         strategy: how the model, optimizers and collectives are spread over the processes.

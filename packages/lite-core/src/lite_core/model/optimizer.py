@@ -20,6 +20,7 @@ class _LiteOptimizerBase:
 
     _optimizer: Optimizer
     _strategy: StepsOptimizers
+    _precision: Precision
 
     @property
     def optimizer(self) -> Optimizer:
@@ -28,7 +29,7 @@ class _LiteOptimizerBase:
 
     def step(self, closure: Any = None) -> Any:
         kwargs = {} if closure is None else {"closure": closure}
-        return self._strategy.optimizer_step(self._optimizer, **kwargs)
+        return self._strategy.optimizer_step(self._optimizer, precision=self._precision, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         return self._optimizer.state_dict()
@@ -40,7 +41,7 @@ class _LiteOptimizerBase:
         self._optimizer.add_param_group(param_group)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_optimizer", "_strategy"):
+        if name in ("_optimizer", "_strategy", "_precision"):
             raise AttributeError(name)
         return getattr(self._optimizer, name)
 
@@ -56,7 +57,8 @@ class _LiteOptimizerBase:
 
 
 def wrap_optimizer(optimizer: Optimizer, strategy: StepsOptimizers, precision: Precision) -> Optimizer:
-    """An object that is an instance of the optimizer's class but steps through the strategy.
+    """An object that is an instance of the optimizer's class but steps through the strategy, which
+    it hands `precision` (the job's) at each step.
 
     It holds no state of its own: `param_groups`, `state` and hooks are the user's optimizer's,
     so LR schedulers built on either object see the same values. Where neither the strategy nor
@@ -66,6 +68,7 @@ def wrap_optimizer(optimizer: Optimizer, strategy: StepsOptimizers, precision: P
     wrapper = object.__new__(cls)
     object.__setattr__(wrapper, "_optimizer", optimizer)
     object.__setattr__(wrapper, "_strategy", strategy)
+    object.__setattr__(wrapper, "_precision", precision)
     wrapper._bind_fast_paths(strategy.steps_optimizers_plainly and not precision.changes_optimizer_step)
     return wrapper  # type: ignore[return-value]
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from lite_core._user_frame import warn_user
 from lite_core.checkpoint import CheckpointIO
+from lite_core.precision.precision import Precision
 from lite_core.checkpoint._background import BackgroundSaves
 from lite_core.checkpoint.stores import as_local, store_for
 from lite_core.errors import CheckpointError, ConfigurationError, MissingDependencyError
@@ -20,13 +21,14 @@ from lite_core._install import install_hint
 
 
 class Checkpoints:
-    """`save`, `load` and `wait_for_checkpoint` through one strategy, with the job's checkpoint IO,
-    which this room holds and hands to the strategy's `save_checkpoint`, `stage_checkpoint` and
-    `load_checkpoint`."""
+    """`save`, `load` and `wait_for_checkpoint` through one strategy, with the job's checkpoint IO
+    and precision (whose state a checkpoint holds), which this room holds and hands to the
+    strategy's `save_checkpoint`, `stage_checkpoint` and `load_checkpoint`."""
 
-    def __init__(self, strategy: Strategy, checkpoint_io: CheckpointIO) -> None:
+    def __init__(self, strategy: Strategy, checkpoint_io: CheckpointIO, precision: Precision) -> None:
         self._strategy = strategy
         self._checkpoint_io = checkpoint_io
+        self._precision = precision
         self._background = BackgroundSaves()
         #: Seconds the loop spent inside `save` (a blocking write, or a background save's copy to
         #: host memory and its wait for the save before it) and the saves so far: what
@@ -54,10 +56,11 @@ class Checkpoints:
             if reason is not None:
                 warn_user(f"save(blocking=False) writes '{path}' before it returns under"
                           f" strategy={self._strategy.name!r}: {reason}.")
-            self._strategy.save_checkpoint(path, content, checkpoint_io=self._checkpoint_io)
+            self._strategy.save_checkpoint(path, content, checkpoint_io=self._checkpoint_io,
+                                           precision=self._precision)
             return
-        self._background.start(path, lambda: self._strategy.stage_checkpoint(path, content,
-                                                                               checkpoint_io=self._checkpoint_io))
+        self._background.start(path, lambda: self._strategy.stage_checkpoint(
+            path, content, checkpoint_io=self._checkpoint_io, precision=self._precision))
 
     def _checked(self, filepath: str | os.PathLike[str]) -> str:
         """`filepath` as a str (`file://` URLs as local paths), refused before any write or read if it
@@ -125,7 +128,7 @@ class Checkpoints:
         if missing_ok and not store.exists(path):
             return {}
         return self._strategy.load_checkpoint(path, state, strict=strict, weights_only=weights_only,
-                                              checkpoint_io=self._checkpoint_io)
+                                              checkpoint_io=self._checkpoint_io, precision=self._precision)
 
 
 def _under(state: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_map_only
 from lite_core.environ import restore_environ
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.launchers.launcher import Launcher
+from lite_core.precision.precision import Precision
 from lite_core.strategies._progress import CollectiveProgress
 from lite_core.strategies._recompute import recompute
 from lite_core.strategies._settle import settle_collectives
@@ -199,7 +200,7 @@ class DDPStrategy(Strategy):
         """`module` with the `activation_checkpointing` blocks recomputed (in place; names unchanged)."""
         return module if self._recompute is None else self._recompute.apply(module)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         module = self._apply_recompute(module)
         device = self.root_device
         device_ids = [device] if device.index is not None else None

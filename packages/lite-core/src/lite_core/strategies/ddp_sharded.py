@@ -19,6 +19,7 @@ from lite_core.checkpoint import CheckpointIO, to_state
 from lite_core.checkpoint._rank_zero import on_rank_zero
 from lite_core.errors import BackendNotInstalledError, ConfigurationError, MisuseError
 from lite_core.precision.names import PrecisionSupport
+from lite_core.precision.precision import Precision
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core._install import install_hint
 
@@ -57,7 +58,7 @@ class DDPShardedStrategy(DDPStrategy):
         super().__init__(timeout=timeout, process_group_backend=process_group_backend)
         self._sharded_kwargs = {**sharded_kwargs, "reduce_buffer_size": 0}
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         raise MisuseError(
             f"strategy={self.name!r} wraps the model together with its optimizers: call"
             " setup(model, optimizer) instead of setup_module()."
@@ -69,12 +70,12 @@ class DDPShardedStrategy(DDPStrategy):
             " setup(model, optimizer) instead of setup_optimizers()."
         )
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
         from fairscale.nn.data_parallel import ShardedDataParallel
 
         if not optimizers:
-            self.setup_module(module)
+            self.setup_module(module, precision=precision)
         sharded = [_shard_optimizer(o) for o in optimizers]
         return ShardedDataParallel(module, sharded, **self._sharded_kwargs), sharded
 
@@ -83,18 +84,20 @@ class DDPShardedStrategy(DDPStrategy):
         return no_sync() if callable(no_sync) else nullcontext()
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor:
         # Each process holds the reduced gradients of its own shard only: OSS adds the norms up.
-        self.precision.unscale_gradients(optimizer)
+        precision.unscale_gradients(optimizer)
         return optimizer.clip_grad_norm(max_norm, norm_type=norm_type)  # type: ignore[attr-defined]
 
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         # Gather each optimizer's shards on rank 0 first; `state_dict()` works only there.
         for value in content.values():
             inner = getattr(value, "optimizer", value)
             if hasattr(inner, "consolidate_state_dict"):
                 inner.consolidate_state_dict(recipient_rank=0)
-        on_rank_zero(self, path, lambda: checkpoint_io.save(to_state(content, self), path))
+        on_rank_zero(self, path, lambda: checkpoint_io.save(to_state(content, precision), path))
 
 
 class DDPShardedSpawnStrategy(DDPShardedStrategy):

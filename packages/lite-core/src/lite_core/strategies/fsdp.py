@@ -16,6 +16,7 @@ from lite_core.checkpoint import CheckpointIO
 from lite_core.checkpoint import _fsdp as _fsdp_checkpoint
 from lite_core.errors import ConfigurationError, MisuseError
 from lite_core.precision.names import PrecisionSupport
+from lite_core.precision.precision import Precision
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.ddp import DDPStrategy
 from lite_core.model.parts import trainable_names
@@ -106,14 +107,14 @@ class FSDPStrategy(DDPStrategy):
             )
 
     # -- modules -------------------------------------------------------------------------------
-    def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
+    def module_init_context(self, empty_init: bool | None = None, *, precision: Precision) -> ContextManager[Any]:
         if not empty_init:
-            return super().module_init_context(empty_init)
+            return super().module_init_context(empty_init, precision=precision)
         stack = ExitStack()
         self._init_rng_state = _fsdp_init.capture_rng(self.root_device)
         stack.enter_context(self.root_device)
         stack.enter_context(_fsdp_init.parameters_on_meta())
-        stack.enter_context(self.precision.module_init_context())
+        stack.enter_context(precision.module_init_context())
         return stack
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
@@ -121,7 +122,7 @@ class FSDPStrategy(DDPStrategy):
             return module  # fully_shard places the shards; a meta module has nothing to move yet
         return super().module_to_device(module)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         on_meta = _fsdp_init.has_meta_tensors(module)
@@ -217,13 +218,13 @@ class FSDPStrategy(DDPStrategy):
         options = StateDictOptions(full_state_dict=True, strict=strict)
         return set_model_state_dict(module, dict(state_dict), options=options)
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
         """Shard `module` and re-point each optimizer, in place, at the shards of the parameters
         it held: the same object keeps its class, param groups, hyperparameters and state
         (sharded like the parameters), so LR schedulers built on it before setup keep working."""
         moves = [_fsdp_optimizers.capture(optimizer, module) for optimizer in optimizers]
-        sharded = self.setup_module(module)
+        sharded = self.setup_module(module, precision=precision)
         for move in moves:
             move.onto(sharded)
         return sharded, [self.setup_optimizer(optimizer) for optimizer in optimizers]
@@ -254,31 +255,34 @@ class FSDPStrategy(DDPStrategy):
         return _no_gradient_sync(module)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor:
         # One norm over every parameter, whatever its mesh and placements (see `_clip`).
-        self.precision.unscale_gradients(optimizer)
+        precision.unscale_gradients(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
+        error_if_nonfinite = error_if_nonfinite and not precision.skips_nonfinite_steps
         return _clip.clip_grad_norm(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         if self.state_dict_type == "full":
-            _fsdp_checkpoint.save_full(self, path, content, checkpoint_io)
+            _fsdp_checkpoint.save_full(self, path, content, checkpoint_io, precision)
         else:
-            _fsdp_checkpoint.save_sharded(self, path, content, checkpoint_io)
+            _fsdp_checkpoint.save_sharded(self, path, content, checkpoint_io, precision)
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any], *,
-                         checkpoint_io: CheckpointIO) -> Callable[[], None]:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                         precision: Precision) -> Callable[[], None]:
         """Sharded: torch distributed checkpoint's `async_save`; full: gathered to rank 0 and copied."""
         if self.state_dict_type == "full":
-            return _fsdp_checkpoint.stage_full(self, path, content, checkpoint_io)
-        return _fsdp_checkpoint.stage_sharded(self, path, content, checkpoint_io)
+            return _fsdp_checkpoint.stage_full(self, path, content, checkpoint_io, precision)
+        return _fsdp_checkpoint.stage_sharded(self, path, content, checkpoint_io, precision)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
         return _fsdp_checkpoint.load(self, path, state, strict=strict, weights_only=weights_only,
-                                     checkpoint_io=checkpoint_io)
+                                     checkpoint_io=checkpoint_io, precision=precision)
 
     def module_of(self, optimizer: Optimizer) -> nn.Module:
         """The sharded module whose parameters `optimizer` updates."""

@@ -168,7 +168,6 @@ class Strategy:
 
     def __init__(self) -> None:
         self.accelerator: Accelerator | None = None
-        self.precision: Precision = Precision()
         self.environment: ClusterEnvironment | None = None
         self.device_indexes: list[int] = [0]
         self.num_nodes = 1
@@ -242,20 +241,20 @@ class Strategy:
         self._environment_ready = False
 
     # -- modules and optimizers ---------------------------------------------------------------
-    def module_init_context(self, empty_init: bool | None = None) -> ContextManager[Any]:
-        """Context in which the user builds modules: on the device, in the precision.
+    def module_init_context(self, empty_init: bool | None = None, *, precision: Precision) -> ContextManager[Any]:
+        """Context in which the user builds modules: on the device, in `precision` (the job's).
 
         With `empty_init=True` the parameters are allocated but not initialised (for weights that
         are loaded right after); sharding strategies override this to build on the meta device.
         """
         stack = ExitStack()
         stack.enter_context(self.root_device)
-        stack.enter_context(self.precision.module_init_context())
+        stack.enter_context(precision.module_init_context())
         if empty_init:
             from lite_core.model._empty_init import SkipInitialisation
 
             stack.enter_context(SkipInitialisation())
-            stack.enter_context(self.precision.empty_init_context())
+            stack.enter_context(precision.empty_init_context())
         return stack
 
     def run_context(self) -> ContextManager[Any]:
@@ -268,15 +267,17 @@ class Strategy:
         """Move `module` to this process's device."""
         return module.to(self.root_device)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        """Wrap `module` for this strategy (e.g. in DistributedDataParallel)."""
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
+        """Wrap `module` for this strategy (e.g. in DistributedDataParallel). `precision` is the
+        job's, for a wrapper that must apply it itself (DataParallel's replica threads, DeepSpeed's
+        engine config); the set-up model applies it to every forward pass anyway."""
         return module
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
         """Set up a module together with its optimizers (strategies such as DeepSpeed need both
         at once); by default `setup_module`, then `setup_optimizer` for each."""
-        return self.setup_module(module), [self.setup_optimizer(o) for o in optimizers]
+        return self.setup_module(module, precision=precision), [self.setup_optimizer(o) for o in optimizers]
 
     def call_module_method(self, forward_module: nn.Module, module: nn.Module, name: str,
                            *args: Any, **kwargs: Any) -> Any:
@@ -356,34 +357,39 @@ class Strategy:
         """
         return move_to_device(batch, self.root_device)
 
-    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        """Backward pass through the precision plugin; `module` is what `setup_module` returned."""
-        self.precision.backward(tensor, module, *args, **kwargs)
+    # The precision is the job's (`LightningLite(precision=...)`): the room that owns it hands it
+    # to each call below (and to `module_init_context`, `setup_module*` and the checkpoints).
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, precision: Precision,
+                 **kwargs: Any) -> None:
+        """Backward pass through `precision`; `module` is what `setup_module` returned."""
+        precision.backward(tensor, module, *args, **kwargs)
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """Step `optimizer` through the precision plugin."""
-        return self.precision.optimizer_step(optimizer, **kwargs)
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any:
+        """Step `optimizer` through `precision`."""
+        return precision.optimizer_step(optimizer, **kwargs)
 
     def no_backward_sync(self, module: nn.Module) -> ContextManager[Any]:
         """Context in which backward passes skip gradient synchronisation."""
         return nullcontext()
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor:
         """Scale gradients so that their total norm is at most `max_norm`; returns the norm.
 
-        A non-finite norm raises only when the precision would not skip the step anyway (a
+        A non-finite norm raises only when `precision` would not skip the step anyway (a
         gradient scaler's overflow is not an error: the step is skipped and the scale lowered).
         """
-        self.precision.unscale_gradients(optimizer)
+        precision.unscale_gradients(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
+        error_if_nonfinite = error_if_nonfinite and not precision.skips_nonfinite_steps
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
                                               error_if_nonfinite=error_if_nonfinite)
 
-    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
-        """Clamp every gradient to `[-clip_val, clip_val]`."""
-        self.precision.unscale_gradients(optimizer)
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float, *,
+                             precision: Precision) -> None:
+        """Clamp every gradient to `[-clip_val, clip_val]` (unscaled by `precision` first)."""
+        precision.unscale_gradients(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
         torch.nn.utils.clip_grad_value_(parameters, clip_val)
 
@@ -475,20 +481,23 @@ class Strategy:
         return {}
 
     # -- checkpoints ----------------------------------------------------------------------------
-    # The checkpoint IO is the job's (`LightningLite(plugins=MyCheckpointIO())`, else
-    # `TorchCheckpointIO`): Lite's checkpoint room holds it and hands it to each call below.
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
-        """Write `content` to `path` on rank 0 with `checkpoint_io`; modules, optimizers (wrapped
-        or not) and other objects with `state_dict()` are saved as their state dicts, with the
-        user's keys.
+    # The checkpoint IO and the precision are the job's (`LightningLite(plugins=MyCheckpointIO())`,
+    # else `TorchCheckpointIO`; `precision=...`): Lite's checkpoint room holds them and hands them
+    # to each call below. The precision's state (a gradient scaler's) is saved and restored with
+    # the checkpoint under `PRECISION_KEY`.
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
+        """Write `content` and `precision`'s state to `path` on rank 0 with `checkpoint_io`;
+        modules, optimizers (wrapped or not) and other objects with `state_dict()` are saved as
+        their state dicts, with the user's keys.
 
         If writing fails on rank 0, every rank raises a `CheckpointError` naming that failure.
         """
-        state = to_state(content, self)
+        state = to_state(content, precision)
         on_rank_zero(self, path, lambda: checkpoint_io.save(state, path))
 
-    def stage_checkpoint(self, path: str, content: dict[str, Any], *,
-                         checkpoint_io: CheckpointIO) -> Callable[[], None]:
+    def stage_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                         precision: Precision) -> Callable[[], None]:
         """The first half of `save(..., blocking=False)`: copy `content`'s state into host memory
         now (what `save_checkpoint` would write), and return the rest of the save, which Lite runs
         in a background thread on every rank and whose failure it then tells every rank.
@@ -498,7 +507,7 @@ class Strategy:
         declares `stages_checkpoints = False`, and `save(blocking=False)` then writes in the
         foreground with the warning `why_no_background_save` gives.
         """
-        state = stage_to_host(to_state(content, self))
+        state = stage_to_host(to_state(content, precision))
         if self.global_rank != 0:
             return nothing
         return lambda: checkpoint_io.save(state, path)
@@ -512,12 +521,13 @@ class Strategy:
         return None
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
         """Read the checkpoint at `path` on every process with `checkpoint_io`, restore `state`'s
-        objects in place and return the content."""
+        objects and `precision`'s state in place and return the content."""
         content = read_checkpoint(path, checkpoint_io, weights_only)
         if state is not None:
-            restore(state, content, strict=strict, strategy=self)
+            restore(state, content, strict=strict, precision=precision)
         return content
 
     @classmethod

@@ -41,6 +41,10 @@ class Claims:
 class Models:
     """`LightningLite`'s set-up models and optimizers, and the training-step calls through them.
 
+    The precision is the job's, held here: it converts each model, and this room hands it to the
+    strategy's calls that compose with it (`setup_module*`, `backward`, `clip_gradients_*`), as the
+    set-up optimizer does to `optimizer_step`; the strategy holds none.
+
     `set_up` is the list of set-up models that the loaders' evaluation passes also read: it is
     appended to, never replaced.
     """
@@ -71,7 +75,8 @@ class Models:
         for optimizer in optimizers:
             self._claims.claim(optimizer, "optimizer")
         model = _prepare_module(self._strategy, self._precision, model, move_to_device, optimizers)
-        forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers))
+        forward_module, ready = self._strategy.setup_module_and_optimizers(model, list(optimizers),
+                                                                           precision=self._precision)
         module = self._wrap_module(forward_module, model, compile_options, loss_fn, forward_methods)
         if not optimizers:
             return module
@@ -86,7 +91,8 @@ class Models:
         require_environment(self._strategy, "setup_module")
         self._claims.claim(model, "model")
         model = _prepare_module(self._strategy, self._precision, model, move_to_device)
-        return self._wrap_module(self._strategy.setup_module(model), model, compile_options, loss_fn, forward_methods)
+        forward_module = self._strategy.setup_module(model, precision=self._precision)
+        return self._wrap_module(forward_module, model, compile_options, loss_fn, forward_methods)
 
     def setup_optimizers(self, optimizers: tuple[Optimizer, ...]) -> Any:
         """`LightningLite.setup_optimizers`: each optimizer set up by the strategy and wrapped (one
@@ -132,7 +138,7 @@ class Models:
             _backward.check_loss_came_through_setup(strategy, self._set_up, args, kwargs)
         module = model if model is not None else self._set_up[0]
         forward_module = module.__dict__[STATE_KEY].forward_module if isinstance(module, LiteModule) else module
-        strategy.backward(tensor, forward_module, *args, **kwargs)
+        strategy.backward(tensor, forward_module, *args, precision=self._precision, **kwargs)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
         """`LightningLite.no_backward_sync`: the strategy's context that skips gradient synchronisation."""
@@ -149,8 +155,9 @@ class Models:
             raise MisuseError("clip_gradients() needs exactly one of clip_val and max_norm: pass one of them.")
         inner = optimizer.optimizer if isinstance(optimizer, _LiteOptimizerBase) else optimizer
         if max_norm is not None:
-            return self._strategy.clip_gradients_norm(model, inner, max_norm, norm_type, error_if_nonfinite)
-        self._strategy.clip_gradients_value(model, inner, cast(float, clip_val))
+            return self._strategy.clip_gradients_norm(model, inner, max_norm, norm_type, error_if_nonfinite,
+                                                      precision=self._precision)
+        self._strategy.clip_gradients_value(model, inner, cast(float, clip_val), precision=self._precision)
         return None
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from lite_core.plugins import CheckpointIO, Strategy, on_writing_ranks, to_state
+from lite_core.plugins import CheckpointIO, Precision, Strategy, on_writing_ranks, to_state
 from lite_xla.accelerator import XLA_PRECISION_SUPPORT
 from lite_xla.strategies import _device
 
@@ -60,19 +60,20 @@ class XLAStrategyBase(Strategy):
     def batch_to_device(self, batch: Any) -> Any:
         return _device.to_device(batch, self.root_device)
 
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, *, precision: Precision, **kwargs: Any) -> Any:
         self.reduce_gradients(optimizer)
-        result = self.precision.optimizer_step(optimizer, **kwargs)
+        result = precision.optimizer_step(optimizer, **kwargs)
         _device.cut_graph()
         return result
 
     def reduce_gradients(self, optimizer: Optimizer) -> None:
         """Combine the replicas' gradients before the step (nothing to do on one device)."""
 
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         """The first replica of each host writes the file (replicas hold the same state), so
         that every host of a TPU pod can load it without shared storage; on shared storage the
         hosts' atomic writes of the same content replace each other. If a write fails, every
         replica raises."""
-        state = _device.to_cpu(to_state(content, self))
+        state = _device.to_cpu(to_state(content, precision))
         on_writing_ranks(self, path, lambda: checkpoint_io.save(state, path), writes=self.local_rank == 0)

@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 from lite_core.plugins import (
     CheckpointIO,
     MisuseError,
+    Precision,
     TrainableState,
     check_weights_fit,
     forward_module,
@@ -56,10 +57,10 @@ class XLAFSDPStrategy(XLAStrategy):
         state["_sharded"] = set()
         return state
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
 
-        module = super().setup_module(module)  # every replica starts from rank 0's weights
+        module = super().setup_module(module, precision=precision)  # every replica starts from rank 0's weights
         kwargs = {"pin_layout_in_collective_ops": self.pin_layout, **self._fsdp_kwargs}
         sharded = XlaFullyShardedDataParallel(module, **kwargs)
         self._sharded.update(id(p) for p in sharded.parameters())
@@ -76,9 +77,9 @@ class XLAFSDPStrategy(XLAStrategy):
             if recurse or "." not in name:
                 yield (f"{prefix}.{name}" if prefix else name), shard
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
-        sharded = self.setup_module(module)
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
+        sharded = self.setup_module(module, precision=precision)
         for optimizer in optimizers:
             _point_at_shards(optimizer, sharded, self._on_device)
         return sharded, optimizers
@@ -101,12 +102,13 @@ class XLAFSDPStrategy(XLAStrategy):
         """Nothing to do: the sharded model reduce-scatters the gradients in backward."""
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor:
         """Clip by the norm of all gradients, every replica's shard included (torch-xla's
         `clip_grad_norm_` of the sharded model); returns that norm, the same on every replica."""
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
 
-        self.precision.unscale_gradients(optimizer)
+        precision.unscale_gradients(optimizer)
         sharded = forward_module(module)
         if not isinstance(sharded, XlaFullyShardedDataParallel):
             raise MisuseError(
@@ -114,7 +116,7 @@ class XLAFSDPStrategy(XLAStrategy):
                 " pass that model, not the original one."
             )
         norm = sharded.clip_grad_norm_(max_norm, norm_type)
-        self._check_finite(norm, norm_type, error_if_nonfinite)
+        self._check_finite(norm, norm_type, error_if_nonfinite, precision)
         return norm
 
     # -- whole state: gathered to rank 0, loaded from whole tensors --------------------------------
@@ -161,7 +163,8 @@ class XLAFSDPStrategy(XLAStrategy):
         return nn.modules.module._IncompatibleKeys(missing, unexpected)
 
     # -- checkpoints: `path` is a folder with one shard file per replica ------------------------
-    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO) -> None:
+    def save_checkpoint(self, path: str, content: dict[str, Any], *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> None:
         """Every replica writes its shard to `path/shard-RANK-of-WORLD.pt`; models are saved as
         their sharded state and metadata (join them with `lite_xla.consolidate_checkpoint`). If a
         write fails, every replica raises."""
@@ -170,7 +173,7 @@ class XLAFSDPStrategy(XLAStrategy):
         entries = {key: sharded.sharded_entry(value) if isinstance(value, nn.Module) else None
                    for key, value in content.items()}
         plain = {key: value for key, value in content.items() if entries[key] is None}
-        plain_state = to_state(plain, self)
+        plain_state = to_state(plain, precision)
         for key in [k for k, value in plain.items() if isinstance(value, TrainableState)]:
             # gathered whole on rank 0; every replica's file holds it, as each replica loads its own file
             plain_state[key] = self.broadcast(_device.to_cpu(plain_state[key]), src=0)
@@ -183,7 +186,8 @@ class XLAFSDPStrategy(XLAStrategy):
         on_writing_ranks(self, path, write, writes=True)
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
         """Read this replica's shard from the folder `path` and restore `state` from it."""
         from lite_xla import _sharded_checkpoint as sharded
 
@@ -198,7 +202,7 @@ class XLAFSDPStrategy(XLAStrategy):
                               sharded.whole_shapes(content[key]["shard_metadata"]), strict)
             target.load_state_dict(content[key]["state_dict"], strict=strict)
         rest = {k: v for k, v in state.items() if k not in modules}
-        restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, strategy=self)
+        restore(rest, {k: v for k, v in content.items() if k not in modules}, strict=strict, precision=precision)
         state.update(rest)
         return content
 

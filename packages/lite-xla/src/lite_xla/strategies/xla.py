@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from lite_core.plugins import ConfigurationError, MisuseError, reduce_on_one_process
+from lite_core.plugins import ConfigurationError, MisuseError, Precision, reduce_on_one_process
 from lite_xla.strategies import _device
 from lite_xla.strategies._base import XLAStrategyBase
 
@@ -105,7 +105,7 @@ class XLAStrategy(XLAStrategyBase):
         return int(getattr(xr, what)())
 
     # -- model and data ------------------------------------------------------------------------
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         self._broadcast_tensors([*module.parameters(), *module.buffers()], src=0)
         return module
 
@@ -120,22 +120,26 @@ class XLAStrategy(XLAStrategyBase):
         xm.reduce_gradients(optimizer, pin_layout=self.pin_layout)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *,
+                            precision: Precision) -> torch.Tensor:
         """Clip the averaged gradients (what the step applies), not this replica's own."""
         self._reduce_for_clipping(optimizer)
-        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite=False)
-        self._check_finite(norm, norm_type, error_if_nonfinite)
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite=False,
+                                           precision=precision)
+        self._check_finite(norm, norm_type, error_if_nonfinite, precision)
         return norm
 
-    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float, *,
+                             precision: Precision) -> None:
         """Clamp the averaged gradients (what the step applies), not this replica's own."""
         self._reduce_for_clipping(optimizer)
-        super().clip_gradients_value(module, optimizer, clip_val)
+        super().clip_gradients_value(module, optimizer, clip_val, precision=precision)
 
-    def _check_finite(self, norm: torch.Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
-        """Raise if the gradients' total norm is not finite (unless told not to, or the precision
+    def _check_finite(self, norm: torch.Tensor, norm_type: float, error_if_nonfinite: bool,
+                      precision: Precision) -> None:
+        """Raise if the gradients' total norm is not finite (unless told not to, or `precision`
         skips such steps); reading it runs the collectives behind it first, on every replica."""
-        if not error_if_nonfinite or self.precision.skips_nonfinite_steps:
+        if not error_if_nonfinite or precision.skips_nonfinite_steps:
             return
         _device.cut_graph()
         if not torch.isfinite(norm).all().item():

@@ -28,6 +28,7 @@ from lite_core.parallel import (
     MeshLayout,
 )
 from lite_core.precision.names import PrecisionSupport
+from lite_core.precision.precision import Precision
 from lite_core.strategies import _clip, _fsdp_init, _fsdp_optimizers
 from lite_core.strategies.fsdp import FSDPStrategy
 from lite_core.strategies.model_parallel import (
@@ -243,7 +244,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 " runs the backward pass itself and cannot scale it: choose 'bf16-mixed', 'bf16-true' or '32-true'."
             )
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, precision: Precision) -> nn.Module:
         self._apply_recompute(module)
         if self._pipeline is not None:
             return self._setup_pipeline(module)
@@ -326,17 +327,17 @@ class ModelParallelStrategy(FSDPStrategy):
                 submodule.set_reshard_after_forward(False, recurse=False)
         return parallelised
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer]
-                                    ) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer], *,
+                                    precision: Precision) -> tuple[nn.Module, list[Optimizer]]:
         if self._pipeline is None:
-            return super().setup_module_and_optimizers(module, optimizers)
+            return super().setup_module_and_optimizers(module, optimizers, precision=precision)
         moves = [_fsdp_optimizers.capture(optimizer, module) for optimizer in optimizers]
         if any(move.state is not None for move in moves):
             raise MisuseError(
                 "An optimizer that has already stepped cannot follow its model into pipeline stages: set up the"
                 " model and optimizer before the first step, or load the optimizer's state after setup."
             )
-        local = self.setup_module(module)
+        local = self.setup_module(module, precision=precision)
         parameters = dict(local.named_parameters())
         for move in moves:
             self._names_before_split[id(move.optimizer)] = move.names
@@ -392,11 +393,12 @@ class ModelParallelStrategy(FSDPStrategy):
         return self._keys_before_split.get(id(module))
 
     def load_checkpoint(self, path: str, state: dict[str, Any] | None = None, strict: bool = True,
-                        weights_only: bool = True, *, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+                        weights_only: bool = True, *, checkpoint_io: CheckpointIO,
+                        precision: Precision) -> dict[str, Any]:
         if self._pipeline is not None and state is not None and store_for(path).is_file(path) and not is_sharded(path):
-            return _pipeline_load.load_full(self, path, state, strict, weights_only, checkpoint_io)
+            return _pipeline_load.load_full(self, path, state, strict, weights_only, checkpoint_io, precision)
         return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only,
-                                       checkpoint_io=checkpoint_io)
+                                       checkpoint_io=checkpoint_io, precision=precision)
 
     def pipeline_of(self, module: nn.Module) -> PipelineForward | None:
         """The pipeline that runs `module` (what `setup_module` returned), if any."""
@@ -411,7 +413,7 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         return super().call_module_method(forward_module, module, name, *args, **kwargs)
 
-    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, precision: Precision, **kwargs: Any) -> None:
         # A loss a pipeline returned (or one computed from it, such as loss / n): the schedule ran its
         # backward pass, whose gradients are added into .grad now, scaled (see `_pipeline_backward`).
         if self._pipelines and _pipeline_backward.backward(self._pipelines.values(), tensor, self._replicas()):
@@ -424,9 +426,9 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         context = self.context_parallel
         if context is None:
-            return super().backward(tensor, module, *args, **kwargs)
+            return super().backward(tensor, module, *args, precision=precision, **kwargs)
         with context.ring():
-            return super().backward(tensor, module, *args, **kwargs)
+            return super().backward(tensor, module, *args, precision=precision, **kwargs)
 
     def _replicas(self) -> Any:
         """The data-parallel group when it has several processes (their pipelines' scales must agree);
@@ -444,13 +446,14 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().no_backward_sync(module)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0, error_if_nonfinite: bool = True) -> Any:
+                            norm_type: float = 2.0, error_if_nonfinite: bool = True, *, precision: Precision) -> Any:
         if self._pipeline is None:
-            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite,
+                                               precision=precision)
         # Each process holds some stages: one norm over every stage, combined over the pipeline.
-        self.precision.unscale_gradients(optimizer)
+        precision.unscale_gradients(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_nonfinite_steps
+        error_if_nonfinite = error_if_nonfinite and not precision.skips_nonfinite_steps
         return _clip.clip_grad_norm(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
                                     across=self.device_mesh["pipeline_parallel"].get_group())
 

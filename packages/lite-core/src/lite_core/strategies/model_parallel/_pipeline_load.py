@@ -17,13 +17,14 @@ from torch.optim import Optimizer
 from lite_core.checkpoint import CheckpointIO
 from lite_core.checkpoint._fsdp import _check_keys, _load_into, _split
 from lite_core.checkpoint._state import is_keyed_by_name, positions_to_names, read_checkpoint, restore
+from lite_core.precision.precision import Precision
 
 
 def load_full(strategy: Any, path: str, state: dict[str, Any], strict: bool,
-              weights_only: bool, checkpoint_io: CheckpointIO) -> dict[str, Any]:
-    """Restore `state`'s objects from the one-file checkpoint at `path`, read with `checkpoint_io`;
-    return its content. `strategy` is the `ModelParallelStrategy` with the pipeline (handed in, not
-    imported)."""
+              weights_only: bool, checkpoint_io: CheckpointIO, precision: Precision) -> dict[str, Any]:
+    """Restore `state`'s objects (and `precision`'s state) from the one-file checkpoint at `path`,
+    read with `checkpoint_io`; return its content. `strategy` is the `ModelParallelStrategy` with the
+    pipeline (handed in, not imported)."""
     content = read_checkpoint(path, checkpoint_io, weights_only)
     objects, plain = _split(state)
     _check_keys(objects, content, strict)
@@ -36,7 +37,7 @@ def load_full(strategy: Any, path: str, state: dict[str, Any], strict: bool,
             local = set(obj.state_dict())
             value = {name: tensor for name, tensor in content[key].items() if name in local}
         _load_into(strategy, obj, value, full=True, strict=strict)
-    restore(plain, content, strict=strict, strategy=strategy)
+    restore(plain, content, strict=strict, precision=precision)
     state.update(plain)
     return content
 
