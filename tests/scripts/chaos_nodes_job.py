@@ -33,7 +33,8 @@ saves and returns, as the preemption page's loop does.
 
 `CHAOS_PLANT` plants a fault the harness must see: `loggers-not-saved` leaves the loggers out of
 the saved state (a restart opens new tracker runs), `wandb-not-at-save` makes `WandbLogger` skip
-its durable point at `save` (a checkpoint commits before W&B's files hold the steps it covers).
+its durable point at `save` (a checkpoint commits before W&B's files hold the steps it covers),
+`orphan` has each rank start a process in a session of its own that outlives the job.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,6 +137,8 @@ def main(out: Path, bucket: str) -> None:
                      "epoch": 0, "step": 0}
             if plant == "loggers-not-saved":
                 del state["mlflow"], state["wandb"]
+            if plant == "orphan":
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
             _write(out / "worker", f"{self.global_rank} {os.getpid()}")
             (out / f"ready-{os.getpid()}").touch()
             while (out / "gate").exists() and not stop["requested"]:

@@ -35,8 +35,10 @@ where the ledger shows it trained twice with them: conftest's `check_mlflow_run`
 `check_wandb_run`, shared with the replica-group chaos job), nothing left unsent in a fallback
 file, both nodes end with the weights of one uninterrupted plain PyTorch process (1e-6), the last
 checkpoint is the last step's and loads with `weights_only`, the bucket holds no pending marker,
-temporary or partial upload, and no process of either node is left (nor any process that carries
-the run's environment, such as a rank's W&B service).
+temporary or partial upload, and once both launchers ended no process of either node is left,
+nor any process that carries the run's environment (a rank's W&B service runs in a session of its
+own, so a launcher's or a rank's session does not hold it). This is checked before the harness's
+clean-up kills whatever is left.
 
 Planted fault seen to fail it: `latest()` taking a folder of shards without `.metadata` for a
 complete checkpoint (seed 16, kill-in-save after step 1): every restart resumed from the partial
@@ -47,7 +49,9 @@ its tracker has the steps it covers) failed it with "W&B holds steps [1, 2, 13, 
 missing [3, ..., 12]" (global rank 0, on node 2 since the preemption, was SIGKILLed inside the save
 of step 6 and after step 12, before its W&B service had written those rows); `loggers-not-saved`
 (the loggers left out of the saved state) failed it with "the job logged to 4 MLflow runs" (each
-restart opened a run of its own).
+restart opened a run of its own); `orphan` (each rank starts a process in a session of its own)
+failed it with "processes of the run are still running after both launchers ended", listing the
+sleepers of every attempt (the check before this one ran after the clean-up had killed them).
 """
 
 from __future__ import annotations
@@ -184,6 +188,14 @@ class Nodes:
         ranks = [pid for node in (0, 1) for pid in self.ready(node) if _alive(pid) and _runs_the_job(pid)]
         launched = [pid for session in self.sessions for pid in _live_in_session(session)]
         return sorted(set(launched + ranks + _carrying(f"CHAOS_MLFLOW_EXPERIMENT={self.experiment}")))
+
+    def left_over(self) -> list[int]:
+        """The run's processes still alive `PATIENCE` seconds after both launchers ended (a hang
+        guard: they end with their ranks within a second or two)."""
+        deadline = time.monotonic() + PATIENCE
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
 
     def stop_all(self) -> None:
         for pid in self.processes():
@@ -327,6 +339,17 @@ def _carrying(variable: str) -> list[int]:
     return found
 
 
+def _describe(pids: list[int]) -> list[str]:
+    """`pid: command line` of each process, for a failure's message."""
+    def command(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            return "(ended)"
+
+    return [f"{pid}: {command(pid)}" for pid in pids]
+
+
 def _listing(url: str) -> list[str]:
     """The names under `url` in the bucket, fresh (no cached listing)."""
     import fsspec
@@ -345,13 +368,12 @@ def ledger(folder: Path) -> list[tuple[int, int, int, int, int, float, list[int]
 
 
 def check(nodes: Nodes) -> None:
-    """What the job must show after any schedule (see the module's docstring)."""
+    """What the job must show after any schedule (see the module's docstring; no process left is
+    checked before it, `Nodes.left_over`)."""
     _check_every_sample_once(nodes.folders)
     _check_trackers(nodes)
     _check_weights(nodes.folders)
     _check_bucket(nodes.bucket)
-    left = nodes.processes()
-    assert not left, f"processes of the nodes are still running: {left}"
 
 
 def _check_every_sample_once(folders: list[Path]) -> None:
@@ -448,7 +470,9 @@ def test_nodes_under_random_faults_train_every_sample_once_log_every_step_once_a
             nodes.inject(fault, after)
             print(f"  {fault}: landed by {time.monotonic() - started:.0f} s", flush=True)
         nodes.finish()
+        left = nodes.left_over()  # before stop_all, which kills whatever is left
     finally:
         nodes.stop_all()
     print(f"chaos seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
+    assert not left, f"processes of the run are still running after both launchers ended: {_describe(left)}"
     check(nodes)
