@@ -98,6 +98,62 @@ def test_a_replica_group_restarted_off_the_logging_process_keeps_what_it_would_s
     assert restarted.state_dict() == {"run_id": None, "last_step": 7}  # sent: not kept any more
 
 
+def test_a_group_that_heals_past_steps_it_never_trained_sends_its_peers_values_of_them_when_it_logs() -> None:
+    """DiLoCo: group 0 resumed behind a sync (its save of step 16 was cut off) and waits in its own
+    sync while group 1, not logging, trains steps 17 to 19; at group 1's sync (20) group 0 heals
+    past them and is the logging group. The heal carries group 1's kept values, so group 0 sends
+    them before step 20."""
+    moment = {"round": 4, "leads": 0}
+    healed, peer = _Recorded(), _Recorded()
+    for index, logger in enumerate((healed, peer)):
+        logger._follow(lambda index=index: moment["leads"] == index, lambda: moment["round"])
+    for step in (17, 18, 19):
+        peer._log_to_run({"loss": step / 10}, step=step)
+    healed._take_kept(peer._kept())  # the heal, inside the sync of round 5
+    moment.update(round=5)
+    peer._log_to_run({"loss": 2.0}, step=20)  # dropped with what it kept: another group leads round 5
+    healed._log_to_run({"loss": 2.5}, step=20)
+    assert healed.sent == [(17, {"loss": 1.7}), (18, {"loss": 1.8}), (19, {"loss": 1.9}), (20, {"loss": 2.5})]
+    assert peer.sent == [] and "unsent" not in healed.state_dict()
+
+
+def test_a_heal_keeps_the_values_a_group_logged_itself_for_a_step() -> None:
+    own, peer = _Recorded(), _Recorded()
+    for logger in (own, peer):
+        logger._follow(lambda: False, lambda: 3)
+    own._log_to_run({"loss": 1.0}, step=5)
+    peer._log_to_run({"loss": 9.0}, step=5)
+    peer._log_to_run({"loss": 8.0}, step=6)
+    own._take_kept(peer._kept())
+    assert own._kept() == {5: {"loss": 1.0}, 6: {"loss": 8.0}}
+
+
+def test_lite_hands_the_tracker_loggers_kept_values_to_a_strategy_whose_groups_heal() -> None:
+    """What a strategy sends in a heal (`carry_in_heals`) is every tracker logger's kept values, and
+    what it receives goes back into them: a peer's kept steps end up in this process's logger."""
+    from lite_core.plugins import SingleDeviceStrategy
+
+    carried: dict[str, object] = {}
+
+    class Healing(SingleDeviceStrategy):
+        def is_logging_process(self) -> bool:
+            return False
+
+        def logging_round(self) -> int | None:
+            return 2
+
+        def carry_in_heals(self, name: str, state: object) -> None:
+            carried[name] = state
+
+    first, second = _Recorded(), _Recorded()
+    lite = LightningLite(accelerator="cpu", strategy=Healing(), loggers=[first, second])
+    lite.log("loss", torch.tensor(0.5), step=3)
+    [state] = carried.values()
+    assert state.state_dict() == {"kept": [{3: {"loss": 0.5}}, {3: {"loss": 0.5}}]}
+    state.load_state_dict({"kept": [{4: {"loss": 0.25}}, {}]})  # a heal from a peer that kept step 4
+    assert first._kept() == {3: {"loss": 0.5}, 4: {"loss": 0.25}} and second._kept() == {3: {"loss": 0.5}}
+
+
 def test_under_a_strategy_whose_logging_never_moves_nothing_is_kept_off_the_logging_process() -> None:
     quiet = _Recorded()
     quiet._follow(lambda: False)  # no logging round: e.g. rank 1 under ddp

@@ -1,4 +1,5 @@
-"""What a healing replica group receives from a peer: every set-up model, optimizer and loader."""
+"""What a healing replica group receives from a peer: every set-up model, optimizer and loader,
+and what Lite handed the strategy to carry along (`Strategy.carry_in_heals`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class HealingState:
         self.streams: list[LoaderStream] = []
         self._waiting_loaders: list[dict[str, Any]] = []
         self._waiting_resumed = False  # whether those positions came from a checkpoint
+        self.carried: dict[str, Any] = {}  # name -> an object with state_dict/load_state_dict (carry_in_heals)
         self.heals = 0  # the peer states this group took over (torchft's first sync of a new group too)
 
     def add_stream(self, stream: LoaderStream) -> None:
@@ -38,6 +40,7 @@ class HealingState:
             "modules": [module.state_dict() for module in self.modules],
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "loaders": [stream.state_dict() for stream in self.streams] + self._waiting_loaders[len(self.streams):],
+            "carried": {name: carried.state_dict() for name, carried in self.carried.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -48,6 +51,9 @@ class HealingState:
         for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(optimizer_state)
         self.load_positions(state["loaders"])
+        for name, carried_state in state.get("carried", {}).items():  # a peer without one sends none
+            if name in self.carried:
+                self.carried[name].load_state_dict(carried_state)
 
     def load_positions(self, positions: list[dict[str, Any]], resumed: bool = False) -> None:
         """Move every loader to its position (a loader not iterated yet takes it at its first pass);

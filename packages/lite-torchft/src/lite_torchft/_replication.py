@@ -164,6 +164,11 @@ class ReplicaGroups:
         the next (its predecessor died, say, between two syncs)."""
         return None if self._manager is None else self.step
 
+    def carry_in_heals(self, name: str, state: Any) -> None:
+        """A group that heals takes `state`'s `state_dict()` from its peer along with the model
+        (see `HealingState`)."""
+        self._healing.carried[name] = state
+
     def _first_in_quorum(self) -> bool:
         """Whether this group is first in the last quorum (group 0 before any); every process of a
         group gets the same answer."""

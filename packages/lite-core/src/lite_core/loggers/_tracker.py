@@ -116,6 +116,18 @@ class TrackerLogger:
         values = {name: value.item() if hasattr(value, "item") else value for name, value in metrics.items()}
         self._unsent.setdefault(int(step), (current, {}))[1].update(values)
 
+    def _kept(self) -> dict[int, dict[str, Any]]:
+        """What `_keep_unsent` holds, by step: a peer that heals from this process takes it."""
+        return {step: dict(values) for step, (_, values) in self._unsent.items()}
+
+    def _take_kept(self, kept: Mapping[int, Mapping[str, Any]]) -> None:
+        """A peer's kept values, taken in a heal: this process may have healed past steps it never
+        trained (its group resumed behind a sync the peer had passed), and if the logging comes here
+        it sends those the tracker lacks. Kept as restored values are, through the first round this
+        process logs in; a step it logged itself keeps its own values."""
+        for step, values in kept.items():
+            self._unsent.setdefault(int(step), (None, dict(values)))
+
     def _take_unsent(self, before: int | None) -> list[tuple[int, dict[str, Any]]]:
         """The values `_keep_unsent` kept for steps before `before` (all, for `None`) that the
         tracker does not hold yet, in step order, each step counted as logged; the rest is dropped.

@@ -24,6 +24,21 @@ class Callbacks:
                 method(*args, **kwargs)
 
 
+class _KeptValues:
+    """The values the tracker loggers keep off the logging process (`TrackerLogger._keep_unsent`),
+    as one state a healing replica group takes from its peer (`Strategy.carry_in_heals`)."""
+
+    def __init__(self, trackers: list[TrackerLogger]) -> None:
+        self._trackers = trackers
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kept": [tracker._kept() for tracker in self._trackers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for tracker, kept in zip(self._trackers, state["kept"]):
+            tracker._take_kept(kept)
+
+
 class Loggers:
     """The job's loggers: metrics logged from the logging process (tensors as numbers), closed at the end.
 
@@ -33,9 +48,11 @@ class Loggers:
     def __init__(self, loggers: list[Any], strategy: Strategy) -> None:
         self._loggers = loggers
         self._strategy = strategy
-        for logger in loggers:
-            if isinstance(logger, TrackerLogger):
-                logger._follow(strategy.is_logging_process, strategy.logging_round)
+        trackers = [logger for logger in loggers if isinstance(logger, TrackerLogger)]
+        for logger in trackers:
+            logger._follow(strategy.is_logging_process, strategy.logging_round)
+        if trackers:
+            strategy.carry_in_heals("loggers", _KeptValues(trackers))
 
     def log_dict(self, metrics: dict[str, Any], step: int | None) -> None:
         if not self._strategy.is_logging_process():

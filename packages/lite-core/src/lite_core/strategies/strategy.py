@@ -474,6 +474,13 @@ class Strategy:
         between a dying logging process's last word and the next round are not lost."""
         return None
 
+    def carry_in_heals(self, name: str, state: Any) -> None:
+        """For a strategy whose replica groups heal from a peer (lite-torchft): send `state` (an
+        object with `state_dict()` and `load_state_dict(...)`) to a healing group along with the
+        model, under `name`. Nothing by default. Lite hands it its tracker loggers' kept values: a
+        group that heals past steps it never trained (it resumed behind a sync) then holds its
+        peer's values of them, and sends them if the logging comes to it."""
+
     def fault_tolerance_figures(self) -> dict[str, float]:
         """What this strategy knows of the job's failures and recoveries, by metric name (e.g. a
         fault-tolerant strategy's `fault/replica_groups` in the last quorum and `fault/heals`):
