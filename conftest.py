@@ -419,11 +419,15 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_each_sample_once(records: list[tuple[int, int, list[int]]], steps: int, batch: int, steps_per_epoch: int,
-                           samples: int) -> None:
+                           samples: int, skipped: frozenset[int] = frozenset()) -> int:
     """A chaos job's ledger, `(epoch, step, sample ids)` per step a process recorded (a step trained
     again after a rollback appears again): every step 1..`steps` recorded in one epoch with one
     batch of `batch` samples (taken again, it must take the same batch), and every epoch training
-    each of its `samples` samples exactly once."""
+    each of its `samples` samples exactly once.
+
+    In the steps of `skipped` (a DiLoCo group healed past them, so its share went untrained) a
+    share of the batch may be missing; returns how many samples those steps lack (0 without them).
+    """
     from collections import defaultdict
 
     by_step: dict[int, set[int]] = defaultdict(set)
@@ -434,12 +438,16 @@ def check_each_sample_once(records: list[tuple[int, int, list[int]]], steps: int
     missing = sorted(set(range(1, steps + 1)) - set(by_step))
     assert sorted(by_step) == list(range(1, steps + 1)), f"steps missing from the ledger: {missing}, in it: {sorted(by_step)}"
     for step, ids in by_step.items():
-        assert len(ids) == batch, f"step {step} trained on {sorted(ids)}: a step took two different batches"
+        assert len(ids) == batch or (step in skipped and len(ids) < batch), (
+            f"step {step} trained on {sorted(ids)}: a step took two different batches")
+    lacking = sum(batch - len(ids) for ids in by_step.values())
     for epoch in range(steps // steps_per_epoch):
         seen = [i for step, ids in by_step.items() if epochs[step] == epoch for i in ids]
         repeated = len(seen) - len(set(seen))
-        assert repeated == 0 and sorted(seen) == list(range(samples)), (
+        lacks = sum(batch - len(ids) for step, ids in by_step.items() if epochs[step] == epoch)
+        assert repeated == 0 and len(seen) == samples - lacks and set(seen) <= set(range(samples)), (
             f"epoch {epoch} trained {len(set(seen))} distinct samples of {samples}, {repeated} more than once")
+    return lacking
 
 
 

@@ -111,15 +111,16 @@ def main() -> None:
 
             base = one("baseline", []).seconds
             print(f"baseline ({options.strategy}, no fault): {base:.1f} s for {chaos.STEPS} steps")
-            print("| seed | faults | steps trained again | samples repeated | seconds | goodput measured | modelled |")
-            print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+            print("| seed | faults | steps trained again | samples repeated | samples skipped by a heal | seconds |"
+                  " goodput measured | modelled |")
+            print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             for seed in range(options.seed, options.seed + options.runs):
                 schedule = chaos.draw(seed, options.faults)
                 started = time.monotonic()
                 report = one(f"seed-{seed}", schedule)
                 seconds = time.monotonic() - started
                 kinds = ", ".join(fault.kind for fault in schedule)
-                print(f"| {seed} | {kinds} | {report.steps_trained_again} | {report.samples_repeated} |"
+                print(f"| {seed} | {kinds} | {report.steps_trained_again} | {report.samples_repeated} | {report.samples_skipped} |"
                       f" {seconds:.1f} | {base / seconds:.2f} | {_modelled(chaos, schedule, base, options):.2f} |",
                       flush=True)
     finally:

@@ -57,7 +57,13 @@ kind, under diloco:
   fault (until then a hold could stop the survivor short of the sync the victim waits in);
 - `kill-job`, `preempt-job`, `store-down`: every group rolls back to its own last checkpoint (which
   may be one step apart between the groups: the odd steps save in the background); the simulation
-  loads the same group's state after that step;
+  loads the same group's state after that step. When those checkpoints stand on either side of a
+  sync (the group behind lost its save of the sync step), the group behind waits in its own sync
+  until its peer's next one and heals there: its share of the steps between is trained by no group
+  (`Report.samples_skipped`, which CI's runs require to be 0 and the soak reports), and the peer's
+  logged values of them come with the heal. A hold for the next fault moves to that sync of the
+  peer (`ChaosJob._reachable`): held before it, the peer would never come, and the group behind
+  would give up its quorum and train on alone (two logging groups).
 - `slow-group`, `tracker-down`: nothing changes in the math; the simulation is the run without faults.
 """
 
@@ -143,7 +149,8 @@ def write_stream(url: str) -> None:
 @dataclasses.dataclass
 class Report:
     """What a run saw: the schedule, the steps trained again, the samples trained more than once
-    per epoch (0 when it passes), the steps W&B's offline files hold with two values (see
+    per epoch (0 when it passes), the samples no group trained because a diloco group healed past
+    its share of them (`_skipped_steps`), the steps W&B's offline files hold with two values (see
     `_check_wandb`), the heals of a group from its peer at a sync (diloco), and the seconds the run took."""
 
     schedule: list[Fault]
@@ -151,6 +158,7 @@ class Report:
     heals: int = 0
     steps_trained_again: int = 0
     samples_repeated: int = 0
+    samples_skipped: int = 0
     wandb_steps_twice: int = 0
     seconds: float = 0.0
 
@@ -212,6 +220,18 @@ class ChaosJob:
         steps = [step for _, step, pid, _ in ledger(self.out, group) if pid == proc.pid]
         return steps[-1] if steps else 0
 
+    def position(self, group: int) -> int:
+        """The job's step `group`'s current process stands at, which its hold compares with: under
+        diloco a heal jumps it to the peer's step (the ledger records the inner step trained), and a
+        process that has trained nothing yet stands where it loaded its checkpoint (0 if none)."""
+        committed = self.committed(group)  # the ledger: its row comes after the step's event (chaos_job.py)
+        if self.config != "diloco":
+            return committed
+        pid = self.procs[group].pid
+        if not committed:
+            return _loaded_step(self.out, group, pid)
+        return _healed_steps(self.out, group).get((pid, committed), committed)
+
     # -- holds ----------------------------------------------------------------------------------
     def hold(self, group: int, step: int) -> None:
         part = self.out / f"hold-{group}.part"
@@ -221,13 +241,33 @@ class ChaosJob:
     def release(self, group: int) -> None:
         (self.out / f"hold-{group}").unlink(missing_ok=True)
 
-    def hold_both_at(self, step: int) -> None:
-        """Both groups wait once they have recorded `step` (or at once, if already past it)."""
+    def hold_both_at(self, step: int) -> int:
+        """Both groups wait once they have recorded `step` (or at once, if already past it), or a
+        later step that diloco's syncs let both reach (`_reachable`); returns the step held at."""
+        step = self._reachable(step)
         for group in (0, 1):
             self.hold(group, step)
         for group in (0, 1):
-            self._wait(lambda: self.committed(group) >= step or self.procs[group].poll() is not None,
+            self._wait(lambda: self.position(group) >= step or self.procs[group].poll() is not None,
                        f"group {group} to reach step {step}", alive=False)
+        return step
+
+    def _reachable(self, step: int) -> int:
+        """`step`, or under diloco the first step at or after it that both groups can reach while held.
+
+        Groups that resumed from their own checkpoints on either side of a sync (a kill of both lands
+        between an odd step's background save and the next) meet at the next sync of the one ahead:
+        the one behind waits in its own sync's quorum until then and heals there. Held before that
+        sync, the one ahead would never come, and the one behind would give up its quorum (its timeout)
+        and train on alone: two logging groups. So such a hold moves to the sync of the one ahead.
+        """
+        if self.config != "diloco" or any(self.procs[g].poll() is not None for g in (0, 1)):
+            return step
+        behind, ahead = sorted((self.position(0), self.position(1)))
+        next_sync = lambda at: (at // DILOCO_SYNC_EVERY + 1) * DILOCO_SYNC_EVERY  # noqa: E731
+        if next_sync(behind) < next_sync(ahead) and next_sync(behind) <= step < next_sync(ahead):
+            return next_sync(ahead)
+        return step
 
     # -- faults -----------------------------------------------------------------------------------
     def inject(self, fault: Fault) -> None:
@@ -242,12 +282,12 @@ class ChaosJob:
 
     def _kill_group(self, fault: Fault) -> None:
         victim, survivor = fault.group, 1 - fault.group
-        self.hold_both_at(fault.step)
+        held = self.hold_both_at(fault.step)
         self._kill((victim,))
         self.release(victim)
         if self.procs[survivor].poll() is None:
-            self.hold(survivor, self.committed(survivor) + fault.alone)
-        self._wait(lambda: self.procs[survivor].poll() is not None or self.committed(survivor) >= fault.step + fault.alone
+            self.hold(survivor, self.position(survivor) + fault.alone)
+        self._wait(lambda: self.procs[survivor].poll() is not None or self.position(survivor) >= held + fault.alone
                    or not (self.out / f"hold-{survivor}").exists(), f"group {survivor} to train alone", alive=False)
         asked = self._quorum_requests(victim)
         self.start((victim,))
@@ -259,7 +299,7 @@ class ChaosJob:
             self._wait(lambda: self._quorum_requests(victim) > asked, f"group {victim} to ask for a quorum", victim)
         self.release(survivor)
         if self.config == "diloco":  # until the victim is past the survivor's steps alone (healed, if it must)
-            back = fault.step + fault.alone
+            back = held + fault.alone
             self._wait(lambda: self.procs[victim].poll() is not None or self.committed(victim) > back,
                        f"group {victim} to be back in step", alive=False)
 
@@ -294,13 +334,13 @@ class ChaosJob:
         self.start()
 
     def _tracker_down(self, fault: Fault) -> None:
-        self.hold_both_at(fault.step)
+        held = self.hold_both_at(fault.step)
         self.mlflow.stop()
         try:
-            self.hold_both_at(fault.step + MLFLOW_DOWN_STEPS)  # each step's save finds no server
+            held = self.hold_both_at(held + MLFLOW_DOWN_STEPS)  # each step's save finds no server
         finally:
             self.mlflow.start()
-        self.hold_both_at(fault.step + MLFLOW_DOWN_STEPS + 1)  # that step's save sends what was kept
+        self.hold_both_at(held + 1)  # that step's save sends what was kept
         self.release(0), self.release(1)
 
     def _slow_group(self, fault: Fault) -> None:
@@ -364,7 +404,7 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
     check(out, bucket, job.pids, report, env(**job_env(out, bucket, server, mlflow, config)), mlflow.uri)
     heals = f", {report.heals} heals at a sync" if config == "diloco" else ""
     print(f"chaos report ({config}): {report.seconds:.0f} s, {report.steps_trained_again} steps trained again,"
-          f" {report.samples_repeated} samples repeated, {report.wandb_steps_twice} steps twice in W&B's files{heals}",
+          f" {report.samples_repeated} samples repeated, {report.samples_skipped} skipped by a heal, {report.wandb_steps_twice} steps twice in W&B's files{heals}",
           flush=True)
     return report
 
@@ -395,7 +435,9 @@ def _check_every_sample_once(out: Path, report: Report) -> None:
     from conftest import check_each_sample_once  # the repository's conftest.py (test_chaos and the soak put it on the path)
 
     records = [(epoch, step, rows) for group in (0, 1) for epoch, step, _, rows in ledger(out, group)]
-    check_each_sample_once(records, STEPS, BATCH, STEPS_PER_EPOCH, SAMPLES)  # raises where a sample repeats
+    skipped = frozenset(step for group in (0, 1) for step in _skipped_steps(out, group))
+    # raises where a sample repeats, or is missing from a step no heal jumped over
+    report.samples_skipped = check_each_sample_once(records, STEPS, BATCH, STEPS_PER_EPOCH, SAMPLES, skipped)
     steps_recorded = {(group, step) for group in (0, 1) for _, step, _, _ in ledger(out, group)}
     report.steps_trained_again = sum(
         len([1 for _, step, _, _ in ledger(out, group)]) for group in (0, 1)) - len(steps_recorded)
@@ -417,6 +459,25 @@ def _healed_steps(out: Path, group: int) -> dict[tuple[int, int], int]:
     """diloco: (pid, inner step) -> the job's step, for each step at whose sync `group` healed."""
     return {(pid, step): outer * DILOCO_SYNC_EVERY for step, pid, _, healed, outer in _diloco_steps(out, group)
             if healed}
+
+
+def _skipped_steps(out: Path, group: int) -> list[int]:
+    """diloco: the job's steps `group` jumped over by healing (a heal at its inner step i to the job's
+    step j skips its share of steps i+1..j). Its peer trained them on whole batches if it had synced
+    alone since; if not, the group's share of them is trained by no group: a group that resumed from a
+    checkpoint older than a sync it had taken part in (its save of the sync step failed or was cut off)
+    meets its peer only at the peer's next sync (see docs/regions.md)."""
+    return [skipped for (_, step), jumped in _healed_steps(out, group).items() for skipped in range(step + 1, jumped + 1)]
+
+
+def _loaded_step(out: Path, group: int, pid: int) -> int:
+    """The step process `pid` of `group` loaded its checkpoint at (chaos_job.py's `load` event; 0 if it
+    started fresh)."""
+    path = out / f"diloco-{group}"
+    lines = path.read_text().splitlines() if path.exists() else []
+    loads = [int(step) for kind, step, at in (line.split() for line in lines if line.startswith("load "))
+             if int(at) == pid]
+    return loads[-1] if loads else 0
 
 
 def _diloco_steps(out: Path, group: int) -> list[tuple[int, ...]]:

@@ -221,7 +221,8 @@ def replay(out: Path, forget_faults: bool = False) -> None:
             take(1 - peer, state(peer))
         else:
             sync([0, 1])
-        saved[0][step0], saved[1][step1] = state(0), state(1)
+        # each group's checkpoint of that sync is at the job's step (a healed group's is its peer's)
+        saved[0][outer0 * SYNC_EVERY], saved[1][outer1 * SYNC_EVERY] = state(0), state(1)
         at[0] += 1
         at[1] += 1
     torch.save(nets[0].state_dict(), out / "weights-replay.pt")
