@@ -108,19 +108,19 @@ def test_environments_that_mostly_wait_run_in_a_lane_beside_the_others(monkeypat
 
     monkeypatch.setattr(suite.subprocess, "run", fake_run)
     monkeypatch.setattr(suite, "run_with_cpu", fake_hatch_run)
-    asked = ["test", "test-cuda", "test-xla", "test-packaging"]
+    asked = ["test", "test-ray", "test-xla", "test-packaging"]
     assert suite.main(asked) == 0
     assert set(spans) == set(asked)
     (test_start, test_end), (xla_start, _) = spans["test"], spans["test-xla"]
-    (packaging_start, packaging_end), (cuda_start, _) = spans["test-packaging"], spans["test-cuda"]
+    (packaging_start, packaging_end), (ray_start, _) = spans["test-packaging"], spans["test-ray"]
     assert xla_start >= test_end  # the others one after the other
     assert packaging_start < test_end and test_start < packaging_end  # the lane beside them
-    assert cuda_start >= packaging_end  # one after another in the lane
+    assert ray_start >= packaging_end  # one after another in the lane
     out = capsys.readouterr().out
     assert "===== test-packaging (ran beside the others) =====\ntest-packaging:all output" in out
-    assert "===== test-cuda (ran beside the others) =====\ntest-cuda:all output" in out
+    assert "===== test-ray (ran beside the others) =====\ntest-ray:all output" in out
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| test")]
-    assert rows == ["| test", "| test-cuda", "| test-xla", "| test-packaging"]  # the table in the order asked
+    assert rows == ["| test", "| test-ray", "| test-xla", "| test-packaging"]  # the table in the order asked
 
 
 def test_an_environments_cpu_seconds_include_its_grandchildren(tmp_path: Path) -> None:
