@@ -221,3 +221,14 @@ def test_a_strategy_override_without_the_precision_keyword_fails_loudly() -> Non
 
     with pytest.raises(TypeError, match="precision"):
         LightningLite(accelerator="cpu", strategy=_OldSetup()).setup_module(nn.Linear(2, 2))
+
+
+def test_the_plan_holds_the_model_parallel_mesh_layout_resolved_and_none_for_other_strategies() -> None:
+    from lite_core.parallel import MeshLayout
+    from lite_core.strategies.model_parallel import ModelParallelStrategy
+
+    plan = LightningLite(accelerator="cpu", devices=4,
+                         strategy=ModelParallelStrategy(lambda model, mesh: model, mesh=MeshLayout(shard=2)))._plan
+    assert plan.mesh_layout is plan.strategy.mesh_layout
+    assert plan.mesh_layout.sizes() == MeshLayout(shard=2, tensor=2).sizes()  # "auto" resolved against 4 processes
+    assert LightningLite(accelerator="cpu", strategy="ddp", devices=2)._plan.mesh_layout is None

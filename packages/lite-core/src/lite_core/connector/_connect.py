@@ -61,7 +61,8 @@ def connect(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, preci
     _connect_precision(plugin, chosen, accel, indexes)
     checkpoint_io = given[CheckpointIO] if CheckpointIO in given else TorchCheckpointIO()
     return Plan(accelerator=accel, environment=environment, precision=plugin, checkpoint_io=checkpoint_io,
-                strategy=chosen, launcher=chosen.launcher, device_indexes=tuple(indexes), num_nodes=num_nodes)
+                strategy=chosen, launcher=chosen.launcher, device_indexes=tuple(indexes), num_nodes=num_nodes,
+                mesh_layout=chosen.mesh_layout)
 
 
 def _connect_precision(plugin: Precision, strategy: Strategy, accel: Accelerator, indexes: list[int]) -> None:

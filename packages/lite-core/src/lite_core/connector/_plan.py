@@ -17,6 +17,7 @@ from lite_core.checkpoint import CheckpointIO
 from lite_core.environments import ClusterEnvironment
 from lite_core.errors import ConfigurationError
 from lite_core.launchers.launcher import Launcher
+from lite_core.parallel import MeshLayout
 from lite_core.precision.precision import Precision
 from lite_core.strategies.strategy import Strategy
 
@@ -36,6 +37,8 @@ class Plan:
         launcher: what starts the processes; `None` runs the user's code in this process only.
         device_indexes: the indexes of this node's devices the job uses.
         num_nodes: how many machines the job spans.
+        mesh_layout: the sizes of the named device mesh the strategy spreads the model over
+            (`ModelParallelStrategy`'s resolved `MeshLayout`), `None` for a strategy without one.
     """
 
     accelerator: Accelerator
@@ -46,6 +49,7 @@ class Plan:
     launcher: Launcher | None
     device_indexes: tuple[int, ...]
     num_nodes: int
+    mesh_layout: MeshLayout | None = None
 
     def __post_init__(self) -> None:
         _check_wired(self.strategy, "accelerator", self.accelerator)

@@ -23,6 +23,7 @@ from lite_core.precision.names import FAMILIES, PrecisionSupport, SupportedPreci
 from lite_core.precision.precision import Precision
 
 if TYPE_CHECKING:
+    from lite_core.parallel import MeshLayout
     from lite_core.model.compile import CompileOptions
     from lite_core.accelerators.accelerator import Accelerator
     from lite_core.environments.environment import ClusterEnvironment
@@ -192,6 +193,13 @@ class Strategy:
     @property
     def launcher(self) -> Launcher | None:
         """What starts the processes; `None` runs the user's code in this process only."""
+        return None
+
+    @property
+    def mesh_layout(self) -> MeshLayout | None:
+        """The sizes of the named device mesh this strategy spreads the model over, once connected
+        (`ModelParallelStrategy`'s `MeshLayout`, its `"auto"` sizes resolved); `None` for a strategy
+        without such a mesh, the default."""
         return None
 
     # -- process ------------------------------------------------------------------------------
