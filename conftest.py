@@ -323,6 +323,31 @@ def _live_in_session(session: int) -> list[int]:
     return found
 
 
+def processes_carrying(variable: str) -> list[int]:
+    """The live processes whose environment holds `variable` (`NAME=value`), this user's: a chaos
+    job's every process, including those started in a session of their own (a W&B service)."""
+    found, wanted = [], variable.encode() + b"\0"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if (b"\0" + environment).find(b"\0" + wanted) >= 0 and process_alive(int(pid)):
+            found.append(int(pid))
+    return found
+
+
+def describe_processes(pids: list[int]) -> list[str]:
+    """`pid: command line` of each process, for a failure's message."""
+    def command(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            return "(ended)"
+
+    return [f"{pid}: {command(pid)}" for pid in pids]
+
+
 @pytest.fixture(scope="session")
 def processes_in_session() -> Callable[[int], list[int]]:
     """`processes_in_session(job.pid)` -> the live processes left of a job `start_script` started

@@ -27,7 +27,12 @@ same batch), each tracker (trackio, MLflow, W&B) holds one run with every step o
 value the ledger says (`_check_tracker`, `_check_mlflow`, `_check_wandb`), no group warned that
 its loader's position was lost, the groups' weights are equal and equal to one plain process's
 reading the same stream to 1e-5, the last checkpoint is the last step's and loads with
-`weights_only`, no temporary upload is left in the bucket, and no process of the job is left running.
+`weights_only`, no temporary upload is left in the bucket, and once both groups finished no process
+of the job is left running, nor any it started (found by the job's environment: a W&B service runs
+in a session of its own); checked before the harness's clean-up kills what is left.
+`CHAOS_PLANT=orphan` (each group's process starts a process in a session of its own) was seen to
+fail it with "processes of the job still run after both groups finished" (seed 7); the check before
+this one ran after the clean-up and looked at the groups' own processes only, so it could not fail.
 
 A second configuration, `diloco` (`CHAOS_STRATEGY=diloco` in the job; `config="diloco"` here), runs
 the same job under `DiLoCoStrategy(sync_every=4)`: the groups train alone and meet every 4 inner
@@ -172,7 +177,6 @@ class ChaosJob:
         self.config = config
         self._env, self._free_port = env, free_port
         self.procs: dict[int, subprocess.Popen[str]] = {}
-        self.pids: set[int] = set()
 
     # -- processes --------------------------------------------------------------------------------
     def start(self, groups: tuple[int, ...] = (0, 1)) -> None:
@@ -186,7 +190,6 @@ class ChaosJob:
             log = (self.out / f"group-{group}.log").open("a")
             self.procs[group] = subprocess.Popen([sys.executable, str(SCRIPT), str(self.out), self.bucket], env=env,
                                                  text=True, stdout=log, stderr=subprocess.STDOUT)
-            self.pids.add(self.procs[group].pid)
         for group in groups:
             proc = self.procs[group]
             self._wait(lambda: any(self.out.glob(f"ready-{group}-{proc.pid}")), f"group {group} to be ready", group)
@@ -360,11 +363,31 @@ class ChaosJob:
                 assert self.procs[group].wait(timeout=PATIENCE) == 0, f"group {group} failed:\n{self.log(group)}"
             assert (self.out / f"done-{group}").exists(), f"group {group} did not finish:\n{self.log(group)}"
 
+    def processes(self) -> list[int]:
+        """Every live process of the job: the groups' and whatever they started, in a session of its
+        own too (a W&B service), found by the job's environment (`job_env`'s `LITE_JOB_ID`)."""
+        from conftest import processes_carrying  # the repository's conftest.py
+
+        return processes_carrying(f"LITE_JOB_ID=chaos-{self.out.name}")
+
+    def left_over(self) -> list[int]:
+        """The job's processes still alive `PATIENCE` seconds after both groups finished (a hang
+        guard: they end with their group within a second or two)."""
+        deadline = time.monotonic() + PATIENCE
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def job_env(out: Path, bucket: str, server: Any, mlflow: MLflowServer, config: str = "ddp_ft") -> dict[str, str]:
@@ -398,10 +421,14 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
         for fault in schedule:
             job.inject(fault)
         job.finish()
+        left = job.left_over()  # before stop_all, which kills whatever is left
     finally:
         job.stop_all()
+    from conftest import describe_processes  # the repository's conftest.py
+
+    assert not left, f"processes of the job still run after both groups finished: {describe_processes(left)}"
     report = Report(schedule, config, seconds=time.monotonic() - started)
-    check(out, bucket, job.pids, report, env(**job_env(out, bucket, server, mlflow, config)), mlflow.uri)
+    check(out, bucket, report, env(**job_env(out, bucket, server, mlflow, config)), mlflow.uri)
     heals = f", {report.heals} heals at a sync" if config == "diloco" else ""
     print(f"chaos report ({config}): {report.seconds:.0f} s, {report.steps_trained_again} steps trained again,"
           f" {report.samples_repeated} samples repeated, {report.samples_skipped} skipped by a heal, {report.wandb_steps_twice} steps twice in W&B's files{heals}",
@@ -409,9 +436,9 @@ def run(out: Path, lighthouse: str, bucket: str, server: Any, env: Callable[...,
     return report
 
 
-def check(out: Path, bucket: str, pids: set[int], report: Report, env: dict[str, str], mlflow_uri: str) -> None:
-    """The promises a cloud user's job keeps under faults (see the module's docstring); `env` is
-    the job's environment (for its plain run)."""
+def check(out: Path, bucket: str, report: Report, env: dict[str, str], mlflow_uri: str) -> None:
+    """The promises a cloud user's job keeps under faults (see the module's docstring; no process
+    left is checked before it, `ChaosJob.left_over`); `env` is the job's environment (for its plain run)."""
     _check_every_sample_once(out, report)
     for group in (0, 1):  # the core's warning that a loader resumed at its epoch's start (the strategy resumes it)
         log = (out / f"group-{group}.log").read_text()
@@ -427,8 +454,6 @@ def check(out: Path, bucket: str, pids: set[int], report: Report, env: dict[str,
     else:
         _check_weights(out, env)
         _check_bucket(bucket)
-    alive = [pid for pid in pids if _running(pid)]
-    assert not alive, f"processes of the job still run: {alive}"
 
 
 def _check_every_sample_once(out: Path, report: Report) -> None:
@@ -557,10 +582,3 @@ def _check_bucket(bucket: str) -> None:
     leftovers = [name for name in names if name.startswith(".")]
     assert not leftovers, f"temporary uploads left in the bucket: {leftovers}"
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -73,7 +73,7 @@ import pytest
 import torch
 
 from conftest import (MLflowServer, _live_in_session, check_each_sample_once, check_mlflow_run,  # the repository's
-                      check_wandb_run, free_port, script_env)  # conftest.py
+                      check_wandb_run, describe_processes, free_port, processes_carrying, script_env)  # conftest.py
 
 pytest.importorskip("mlflow", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
 pytest.importorskip("wandb", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
@@ -187,7 +187,7 @@ class Nodes:
         rank's W&B service, whichever session it is in)."""
         ranks = [pid for node in (0, 1) for pid in self.ready(node) if _alive(pid) and _runs_the_job(pid)]
         launched = [pid for session in self.sessions for pid in _live_in_session(session)]
-        return sorted(set(launched + ranks + _carrying(f"CHAOS_MLFLOW_EXPERIMENT={self.experiment}")))
+        return sorted(set(launched + ranks + processes_carrying(f"CHAOS_MLFLOW_EXPERIMENT={self.experiment}")))
 
     def left_over(self) -> list[int]:
         """The run's processes still alive `PATIENCE` seconds after both launchers ended (a hang
@@ -326,30 +326,6 @@ def _runs_the_job(pid: int) -> bool:
         return False
 
 
-def _carrying(variable: str) -> list[int]:
-    """The live processes whose environment holds `variable` (`NAME=value`), this user's."""
-    found, wanted = [], variable.encode() + b"\0"
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environment = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if (b"\0" + environment).find(b"\0" + wanted) >= 0 and _alive(int(pid)):
-            found.append(int(pid))
-    return found
-
-
-def _describe(pids: list[int]) -> list[str]:
-    """`pid: command line` of each process, for a failure's message."""
-    def command(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-        except OSError:
-            return "(ended)"
-
-    return [f"{pid}: {command(pid)}" for pid in pids]
-
-
 def _listing(url: str) -> list[str]:
     """The names under `url` in the bucket, fresh (no cached listing)."""
     import fsspec
@@ -474,5 +450,5 @@ def test_nodes_under_random_faults_train_every_sample_once_log_every_step_once_a
     finally:
         nodes.stop_all()
     print(f"chaos seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
-    assert not left, f"processes of the run are still running after both launchers ended: {_describe(left)}"
+    assert not left, f"processes of the run are still running after both launchers ended: {describe_processes(left)}"
     check(nodes)

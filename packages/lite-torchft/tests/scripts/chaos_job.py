@@ -33,13 +33,15 @@ from a peer at a sync jumps to the peer's step. Besides the ledger, each group w
 `step STEP PID PARTICIPANTS HEALED OUTER` (the groups in the step's sync, 0 if it did not sync;
 whether this group took a peer's state there; the outer steps after it). `replay` reads these and
 the ledger and computes in one process what the groups computed (`replay`). `CHAOS_PLANT=no-outer-heal`
-plants a fault: a group that heals keeps its own outer optimizer state.
+plants a fault: a group that heals keeps its own outer optimizer state; `CHAOS_PLANT=orphan` has each
+group's process start one in a session of its own that outlives the job.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -265,6 +267,8 @@ def lite(out: Path, bucket: str) -> None:
                 from diloco_train import _heal_without_the_outer_optimizer
 
                 _heal_without_the_outer_optimizer(self.strategy.manager)
+            if os.environ.get("CHAOS_PLANT") == "orphan":  # a process in a session of its own that outlives the job
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
             resumed = latest(root)
             if resumed is not None:
                 self.load(resumed, state)
