@@ -195,7 +195,8 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
     """The user's loop resumes at its top from `latest(bucket)` and saves to the bucket after each
     committed step: the group started again finds the survivor's checkpoint of the step it is held
     at, so it joins at the same step and needs no heal; the bucket alone brought it back. One group
-    (the first of the quorum: group 0) uploads each checkpoint, not every group (under `fsdp_ft`,
+    (the first of the quorum: group 0, or group 1 where group 0 missed a quorum) uploads each
+    checkpoint, not every group (under `fsdp_ft`,
     whose groups write sharded checkpoints in place, two writers would delete each other's shards)."""
     caplog.set_level(logging.INFO, logger="werkzeug")  # the S3 server's requests (it runs in this process)
     held_at = _kill_and_restart(lighthouse, tmp_path, f"{mode} bucket={s3_bucket}/ft")
@@ -205,7 +206,10 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
                    for record in caplog.records]
         writers = {int(found[1]): int(found[2]) for found in uploads if found}
         assert sorted(writers) == list(range(1, STEPS + 1)), writers
-        assert set(writers.values()) == {pid for _, pid, _ in _records(tmp_path, 0)}, "a group other than group 0 uploaded"
+        # the first group of each step's quorum uploads: group 0, unless it missed a quorum (a loaded
+        # machine: a fresh-clone CI run saw group 1 alone in one quorum, and upload that step)
+        groups = {pid for group in (0, 1) for _, pid, _ in _records(tmp_path, group)}
+        assert set(writers.values()) <= groups, "a process of no group uploaded"
         assert len([found for found in uploads if found]) == STEPS, "a checkpoint was uploaded twice"
     victim_pid = max((p for p in tmp_path.glob("resumed-1-*")), key=lambda p: p.stat().st_mtime).name.split("-")[2]
     first_life = [step for step, pid, _ in _records(tmp_path, 1) if pid != int(victim_pid)]
