@@ -337,6 +337,15 @@ def processes_carrying(variable: str) -> list[int]:
     return found
 
 
+def outliving(find: Callable[[], list[int]], patience: float) -> list[int]:
+    """What `find()` still returns after `patience` seconds (a hang guard: a job's processes end
+    within a second or two of it), or nothing as soon as it returns nothing."""
+    deadline = time.monotonic() + patience
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def describe_processes(pids: list[int]) -> list[str]:
     """`pid: command line` of each process, for a failure's message."""
     def command(pid: int) -> str:

@@ -73,7 +73,7 @@ import pytest
 import torch
 
 from conftest import (MLflowServer, _live_in_session, check_each_sample_once, check_mlflow_run,  # the repository's
-                      check_wandb_run, describe_processes, free_port, processes_carrying, script_env)  # conftest.py
+                      check_wandb_run, describe_processes, free_port, outliving, processes_carrying, script_env)  # conftest.py
 
 pytest.importorskip("mlflow", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
 pytest.importorskip("wandb", reason="the job logs to MLflow and W&B: it runs in the test-trackers environment")
@@ -192,10 +192,7 @@ class Nodes:
     def left_over(self) -> list[int]:
         """The run's processes still alive `PATIENCE` seconds after both launchers ended (a hang
         guard: they end with their ranks within a second or two)."""
-        deadline = time.monotonic() + PATIENCE
-        while (left := self.processes()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return left
+        return outliving(self.processes, PATIENCE)
 
     def stop_all(self) -> None:
         for pid in self.processes():
