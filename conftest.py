@@ -114,14 +114,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     children it waited for: a script's ranks count through the script) and wall seconds are
     appended to `<folder>/<worker>.tsv`; `python tools/cpu_report.py <folder>` sums them per module.
     It tells where the suite's CPU goes, which is what CI's time is made of. A program forked from
-    the fork server is the server's child, not the test's: run with `LITE_TEST_FORKSERVER=0` to
-    see each test's whole cost."""
+    the fork server is the server's child, not the test's: the server logs its CPU-seconds under
+    the test's id (`LITE_TEST_NODEID`, set here while the test runs), as a row of its own."""
     folder = os.environ.get("LITE_TEST_CPU_LOG")
     if not folder:
         yield
         return
+    os.environ["LITE_TEST_NODEID"] = item.nodeid
     before, started = os.times(), time.monotonic()
-    yield
+    try:
+        yield
+    finally:
+        os.environ.pop("LITE_TEST_NODEID", None)
     after = os.times()
     cpu = sum(after[:4]) - sum(before[:4])
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -9,13 +9,22 @@ from pathlib import Path
 
 
 def read(folder: Path) -> list[tuple[str, float, float]]:
-    """Every recorded test as (node id, CPU-seconds, wall seconds)."""
-    rows = []
+    """Every recorded test as (node id, CPU-seconds, wall seconds), the CPU-seconds of the programs
+    the fork server forked for it (its `forked-*.tsv` rows) added to the test's."""
+    rows: dict[str, list[float]] = {}
+    forked: dict[str, float] = defaultdict(float)
     for log in sorted(folder.glob("*.tsv")):
         for line in log.read_text().splitlines():
             nodeid, cpu, wall = line.split("\t")
-            rows.append((nodeid, float(cpu), float(wall)))
-    return rows
+            if log.name.startswith("forked-"):
+                forked[nodeid] += float(cpu)
+            else:
+                entry = rows.setdefault(nodeid, [0.0, 0.0])
+                entry[0] += float(cpu)
+                entry[1] += float(wall)
+    for nodeid, cpu in forked.items():
+        rows.setdefault(nodeid, [0.0, 0.0])[0] += cpu
+    return [(nodeid, cpu, wall) for nodeid, (cpu, wall) in rows.items()]
 
 
 def main() -> None:

@@ -175,6 +175,21 @@ def _reap_proxies() -> None:
             return
 
 
+def _log_cpu(env: dict[str, str], usage: Any) -> None:
+    """With `LITE_TEST_CPU_LOG=<folder>`, append the program's CPU-seconds (its own and those of the
+    children it waited for) to the test that started it (`LITE_TEST_NODEID`, which the root
+    conftest.py sets during each test): a forked program is the server's child, so the test's own
+    `os.times()` cannot see it. `tools/cpu_report.py` adds these rows to the tests'."""
+    folder, nodeid = env.get("LITE_TEST_CPU_LOG"), env.get("LITE_TEST_NODEID")
+    if not folder or not nodeid:
+        return
+    try:
+        with open(os.path.join(folder, f"forked-{os.getppid()}.tsv"), "a") as log:
+            log.write(f"{nodeid}\t{usage.ru_utime + usage.ru_stime:.2f}\t0\n")
+    except OSError:
+        pass
+
+
 # -- the proxy: the program's parent, alive while the stand-in's parent is ------------------------
 def _proxy(request: dict[str, Any], fds: list[int], connection: socket.socket, base_path: list[str]) -> None:
     """Fork the program and wait: report its exit to the stand-in; kill it when the stand-in dies
@@ -200,7 +215,8 @@ def _proxy(request: dict[str, Any], fds: list[int], connection: socket.socket, b
         pass
     ready, _, _ = select.select([exited, stand_in, parent], [], [])
     if exited in ready:
-        _, status = os.waitpid(program, 0)
+        _, status, usage = os.wait4(program, 0)
+        _log_cpu(request["env"], usage)
         killed = os.WIFSIGNALED(status)
         report = _STATUS.pack(1, os.WTERMSIG(status)) if killed else _STATUS.pack(0, os.waitstatus_to_exitcode(status))
         try:
