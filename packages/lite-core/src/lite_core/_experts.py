@@ -53,7 +53,7 @@ class ExpertParallel(ParallelStyle):
 
     Gradients: each process of the dimension is assumed to hold its own data and its loss to be a
     mean over it, the loss of one process over the whole batch being the mean of theirs; the style
-    divides the experts' gradients by the dimension's size (see `_scaled_local`). Other weights are
+    divides the experts' gradients by the dimension's size (see `_ScaledGradient`). Other weights are
     averaged over the data-parallel processes as usual (e.g. `fully_shard` with the experts'
     parameters in `ignored_params`).
     """
@@ -271,11 +271,11 @@ class _Dispatch:
         incoming = torch.empty_like(outgoing)
         torch.distributed.all_to_all_single(incoming, outgoing, group=group)
         sent, received = outgoing.sum(1).tolist(), incoming.sum(1).tolist()
-        arrived = all_to_all_single_autograd(tokens, received, sent, group)
+        arrived = _ScaledGradient.apply(all_to_all_single_autograd(tokens, received, sent, group), size)
         order = _by_local_expert(incoming)
         per_local_expert = incoming.sum(0)
         self._load += per_local_expert.to(self._load.device)
-        self._routes.append(_Route(sent, received, order, _present_local_weights(module, size), routed))
+        self._routes.append(_Route(sent, received, order, _present_local_weights(module), routed))
         local_counts = per_local_expert.to(counts.dtype)
         if routed is None:
             return arrived[order], local_counts
@@ -297,10 +297,11 @@ class _Dispatch:
             module.num_experts = route.routed.num_experts
         if not isinstance(output, torch.Tensor):
             return output  # the forward failed (always_call); its error follows
-        back = torch.empty_like(route.order)
-        back[route.order] = torch.arange(len(route.order), device=route.order.device)
-        # Results go back to the process that sent each token, in the order it sent them.
-        results = all_to_all_single_autograd(output[back], route.sent, route.received, self._mesh.get_group())
+        size = self._mesh.size()
+        # Back in arrival order (the received tokens were `arrived[order]`), then to the process that
+        # sent each token, in the order it sent them.
+        arrival = torch.empty_like(output).index_copy(0, route.order, _ScaledGradient.apply(output, 1 / size))
+        results = all_to_all_single_autograd(arrival, route.sent, route.received, self._mesh.get_group())
         return results if route.routed is None else _combined(results, route.routed)
 
 
@@ -346,26 +347,35 @@ def _by_local_expert(incoming: torch.Tensor) -> torch.Tensor:
     return torch.argsort(torch.repeat_interleave(key, incoming.flatten()), stable=True)
 
 
-def _present_local_weights(module: nn.Module, size: int) -> dict[str, torch.Tensor]:
+def _present_local_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """Show the module's forward this process's experts as plain tensors (an instance attribute
     hides the parameter until `receive` removes it); their gradients flow back into the `DTensor`s."""
-    locals_ = {name: _scaled_local(param, size) for name, param in module.named_parameters(recurse=False)
+    locals_ = {name: param.to_local() for name, param in module.named_parameters(recurse=False)
                if isinstance(param, DTensor)}
     module.__dict__.update(locals_)
     return locals_
 
 
-def _scaled_local(param: DTensor, size: int) -> torch.Tensor:
-    """`param`'s local shard, whose gradient is divided by `size`.
+class _ScaledGradient(torch.autograd.Function):
+    """The identity forward, whose backward multiplies the gradient by `scale`.
 
-    Why: with `size` processes each averaging the loss over its own tokens, one process over the
-    whole batch minimises L = (L_0 + ... + L_{n-1}) / n. An expert here receives tokens from every
+    Why: with `n` processes each averaging the loss over its own tokens, one process over the whole
+    batch minimises L = (L_0 + ... + L_{n-1}) / n. An expert here receives tokens from every
     process, and the all-to-all's backward brings each process's gradient of its own L_r back, so
-    the expert's gradient is sum_r dL_r/dw = n * dL/dw: dividing by n makes it dL/dw. Weights that
-    are not experts see only their own process's tokens, dL_r/dw, and data parallelism averages them
-    over the n processes: (1/n) sum_r dL_r/dw = dL/dw, the same scale.
+    the expert's gradient would be sum_r dL_r/dw = n * dL/dw. The experts' results scale their
+    gradient by 1/n on the way back and the tokens they received by n, so the experts' weights get
+    dL/dw and each sender's tokens their own dL_r/dx. Weights that are not experts see only their
+    own process's tokens, dL_r/dw, and data parallelism averages them over the n processes:
+    (1/n) sum_r dL_r/dw = dL/dw, the same scale. Scaling the tokens' gradients costs tokens x hidden
+    elements, where dividing the experts' gradients would cost their whole size, and with a
+    power-of-two `n` both scalings are exact.
     """
-    local = param.to_local()
-    if local.requires_grad:
-        local.register_hook(lambda grad: grad / size)
-    return local
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
