@@ -497,19 +497,22 @@ def _skipped_steps(out: Path, group: int) -> list[int]:
 def _loaded_step(out: Path, group: int, pid: int) -> int:
     """The step process `pid` of `group` loaded its checkpoint at (chaos_job.py's `load` event; 0 if it
     started fresh)."""
-    path = out / f"diloco-{group}"
-    lines = path.read_text().splitlines() if path.exists() else []
-    loads = [int(step) for kind, step, at in (line.split() for line in lines if line.startswith("load "))
-             if int(at) == pid]
+    loads = [step for step, at in _diloco_events(out, group, "load") if at == pid]
     return loads[-1] if loads else 0
 
 
 def _diloco_steps(out: Path, group: int) -> list[tuple[int, ...]]:
-    """`group`'s diloco step events (chaos_job.py writes them): (inner step, pid, participants,
-    healed, outer step) each; none outside diloco."""
+    """`group`'s diloco step events: (inner step, pid, participants, healed, outer step) each; none
+    outside diloco."""
+    return _diloco_events(out, group, "step")
+
+
+def _diloco_events(out: Path, group: int, kind: str) -> list[tuple[int, ...]]:
+    """The numbers of each `kind` event (`step`, `load`) that chaos_job.py wrote to `OUT/diloco-<group>`,
+    in order (none outside diloco)."""
     path = out / f"diloco-{group}"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [tuple(map(int, line.split()[1:])) for line in lines if line.startswith("step ")]
+    return [tuple(map(int, line.split()[1:])) for line in lines if line.startswith(f"{kind} ")]
 
 
 def _check_tracker(out: Path, trained: dict[int, set[float]]) -> None:
