@@ -22,9 +22,24 @@ FT_TRAIN = Path(__file__).parent / "scripts" / "ft_train.py"
 @pytest.fixture
 def lighthouse() -> Iterator[str]:
     """The address of a lighthouse that forms a quorum of one group or more."""
+    yield from _lighthouse(min_replicas=1)
+
+
+@pytest.fixture
+def lighthouse_of_two() -> Iterator[str]:
+    """The address of a lighthouse whose every quorum holds both groups of a test that kills none.
+
+    With one group enough, a group starved of the CPU for longer than the heartbeat timeout (1 s)
+    is dropped from the next quorum and the other steps alone: a run then differs from the one
+    process it is compared with for a reason that is the machine's load, not Lite's."""
+    yield from _lighthouse(min_replicas=2)
+
+
+def _lighthouse(min_replicas: int) -> Iterator[str]:
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=1000)
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=10000,
+                              heartbeat_timeout_ms=1000)
     port = server.address().rsplit(":", 1)[1]
     yield f"http://127.0.0.1:{port}"
     server.shutdown()

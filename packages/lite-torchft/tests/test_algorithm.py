@@ -54,10 +54,10 @@ def simulate(sync_every: int, pull: float, groups: int = 2) -> list[dict[str, to
 
 # A run takes a few seconds when idle; 180 s is far above 10x that (a hang guard only).
 @pytest.mark.timeout(180)
-def test_a_toy_algorithm_on_the_public_interface_runs_on_two_groups(lighthouse: str, tmp_path: Path) -> None:
+def test_a_toy_algorithm_on_the_public_interface_runs_on_two_groups(lighthouse_of_two: str, tmp_path: Path) -> None:
     """Two groups (diloco_train.py with `AlgorithmStrategy(PullToAverage(4, 0.25))`) over the
     DiLoCo tests' loop: every 4 inner steps each moves a quarter of the way to the average."""
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0", "0", "1", "pull=0.25")
+    first, second = _run_groups(lighthouse_of_two, tmp_path, "4", "0", "0", "1", "pull=0.25")
     assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]  # 6 committed syncs, 24 steps
     simulated = simulate(4, 0.25)
     assert _distance(first, simulated[0]) < 1e-5 and _distance(second, simulated[1]) < 1e-5

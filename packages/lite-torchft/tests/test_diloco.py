@@ -109,8 +109,8 @@ def _distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -
 # A run takes a few seconds when idle; 180 s is far above 10x that (a hang guard only).
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("inside", ["", "fsdp"], ids=["diloco", "diloco_fsdp-2-processes-per-group"])
-def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str, tmp_path: Path, inside: str) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "1", *[inside] if inside else [])
+def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse_of_two: str, tmp_path: Path, inside: str) -> None:
+    first, second = _run_groups(lighthouse_of_two, tmp_path, "4", "0.7", "0.9", "1", *[inside] if inside else [])
     if inside == "fsdp":  # a sharded checkpoint between syncs (after step 6) resumes exactly
         for group, straight in enumerate((first, second)):
             assert _distance(torch.load(tmp_path / f"resumed-{group}.pt", weights_only=True), straight) == 0.0
@@ -125,9 +125,9 @@ def test_two_groups_end_where_one_process_simulating_diloco_ends(lighthouse: str
 
 
 @pytest.mark.timeout(180)  # hang guard, as above
-def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse: str, tmp_path: Path,
+def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse_of_two: str, tmp_path: Path,
                                                                       plain_run: Callable[[Path], None]) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "1", "1.0", "0.0", "1")
+    first, second = _run_groups(lighthouse_of_two, tmp_path, "1", "1.0", "0.0", "1")
     assert _distance(first, second) == 0.0
     plain_run(tmp_path)  # ft_train's plain loop: one process over whole global batches, same inner SGD
     plain = torch.load(tmp_path / "weights-plain.pt", weights_only=True)
@@ -139,9 +139,9 @@ def test_h1_with_an_outer_sgd_at_lr_1_is_plain_data_parallel_training(lighthouse
 
 @pytest.mark.timeout(180)  # hang guard, as above
 @pytest.mark.parametrize("delay", [0, 1], ids=["no-delay", "fragment-sync-delay-1"])
-def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(lighthouse: str, tmp_path: Path,
+def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(lighthouse_of_two: str, tmp_path: Path,
                                                                            delay: int) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "0.7", "0.9", "2", f"delay={delay}")
+    first, second = _run_groups(lighthouse_of_two, tmp_path, "4", "0.7", "0.9", "2", f"delay={delay}")
     # the last sync (step 24) was the second fragment's (the last layer); the first trained alone since
     assert all(torch.equal(first[name], second[name]) for name in ("2.weight", "2.bias"))
     # a fragment syncs every 2 steps, in turn: 12 outer steps over 24 inner steps
@@ -155,8 +155,8 @@ def test_streaming_diloco_with_two_fragments_ends_where_its_simulation_ends(ligh
 
 
 @pytest.mark.timeout(180)  # hang guard, as above
-def test_local_sgd_averages_the_groups_weights(lighthouse: str, tmp_path: Path) -> None:
-    first, second = _run_groups(lighthouse, tmp_path, "4", "1.0", "0.0", "1", "local_sgd")
+def test_local_sgd_averages_the_groups_weights(lighthouse_of_two: str, tmp_path: Path) -> None:
+    first, second = _run_groups(lighthouse_of_two, tmp_path, "4", "1.0", "0.0", "1", "local_sgd")
     assert _distance(first, second) == 0.0
     assert [(tmp_path / f"steps-{g}").read_text() for g in (0, 1)] == ["6", "6"]
     train = _load("diloco_train")
