@@ -160,11 +160,36 @@ def test_a_program_whose_launcher_died_is_seen_until_it_ends(wait_gone: Callable
     assert wait_gone([int(pid), int(stand_in)], 60) == []
 
 
-def test_a_job_a_test_signals_as_a_group_starts_fresh_unless_the_group_is_for_cleanup_only(
+#: A program that starts a child and prints its own pid and the child's, then waits.
+GROUPED_JOB = f"""{FORKED}
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+print(os.getpid(), os.getpgid(0) == os.getpid(), child.stdout.readline().strip(), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_job_a_test_signals_as_a_group_is_forked_and_the_groups_signal_reaches_what_it_started(
+        wait_gone: Callable[[list[int], float], list[int]], sig: int) -> None:
+    # A process-group leader (a job started with start_new_session, a rank torch's elastic agent
+    # starts): forked, leading a group of its own whose signal reaches its children too.
+    proc = subprocess.Popen([sys.executable, "-c", GROUPED_JOB], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "forked"
+        program, leads, child = proc.stdout.readline().split()
+        assert leads == "True"
+        os.killpg(proc.pid, sig)
+        assert proc.wait(timeout=60) == -sig
+        assert wait_gone([int(program), int(child)], 60) == []  # a hang guard: the signal is at once
+    finally:
+        proc.kill()
+
+
+def test_a_group_for_cleanup_only_is_forked_and_its_kill_ends_the_program(
         wait_gone: Callable[[list[int], float], list[int]]) -> None:
-    grouped = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60,
-                             start_new_session=True)
-    assert grouped.stdout.strip() == "fresh"
     code = f"{FORKED}; import os, time; print(os.getpid(), flush=True); time.sleep(60)"
     env = {**os.environ, "LITE_TEST_FORKSERVER_CLEANUP_GROUP": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,

@@ -20,8 +20,13 @@ What a forked program sees that a fresh one would not, and how it is made equal:
   `torch.set_num_threads`. Random seeds: torch's and numpy's global generators are seeded afresh.
 - What cannot be mirrored starts a fresh interpreter (the hook decides): an environment variable
   read when torch imports that differs from the server's (`import_time_environment`), interpreter
-  options other than -u, -B, -s and -W, and a process-group leader (a job that a test signals as
-  a group: its descendants stay in its group as stand-ins, which relay what the group receives).
+  options other than -u, -B, -s and -W.
+- A process-group leader (a job that a test signals as a group; a rank that torch's elastic agent
+  starts in a session of its own, which it stops with `killpg`): the program calls `setsid()` and
+  leads a group of its own, its descendants in it. The stand-in, the group's leader, relays each
+  signal to the program's whole group, and when the stand-in is killed the proxy kills that group,
+  so a group's signal reaches what the program started, as it would reach a fresh one's children.
+  (A signal sent to the stand-in alone reaches the program's group too.)
 
 It is test infrastructure only: nothing in the packages knows of it.
 """
@@ -224,7 +229,13 @@ def _proxy(request: dict[str, Any], fds: list[int], connection: socket.socket, b
         except OSError:
             pass
     elif stand_in in ready:
-        os.kill(program, signal.SIGKILL)
+        try:
+            if request.get("group"):
+                os.killpg(program, signal.SIGKILL)  # the stand-in's group was killed: the program's is
+            else:
+                os.kill(program, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(program, 0)
     else:  # the stand-in's parent died: the stand-in waits for the program without a report
         try:
@@ -242,6 +253,8 @@ def _become(request: dict[str, Any], fds: list[int], connection: socket.socket, 
     whose parent died waits for that, so that it is seen as long as its program runs."""
     import fcntl
 
+    if request.get("group"):
+        os.setsid()  # leads its own group (and session), as the stand-in does
     floor = max([*request["fds"], *fds, connection.fileno(), 2]) + 1
     fcntl.fcntl(connection.fileno(), fcntl.F_DUPFD_CLOEXEC, floor)
     connection.close()

@@ -15,9 +15,9 @@ def _lite_forkserver_hand_over() -> None:
     if path in ("", "0") or sys.flags.isolated or sys.flags.ignore_environment or sys.flags.optimize:
         return
     leader_for_cleanup = os.environ.pop("LITE_TEST_FORKSERVER_CLEANUP_GROUP", "") == "1"  # this process only
-    if os.getpgid(0) == os.getpid() and not leader_for_cleanup:
-        _note("a process-group leader")  # the test may signal its job as a group (see lite_forkserver.py)
-        return
+    # A process-group leader (a job a test signals as a group, a rank torch's elastic agent starts
+    # in a session of its own): its program leads a group of its own, where the signals go.
+    group = os.getpgid(0) == os.getpid() and not leader_for_cleanup
     parsed = _parse(list(getattr(sys, "orig_argv", [])))
     if parsed is None:
         _note("interpreter options")
@@ -47,7 +47,7 @@ def _lite_forkserver_hand_over() -> None:
         "kind": kind, "target": target, "args": args, "warnoptions": warnoptions,
         "unbuffered": "u" in flags, "dont_write_bytecode": "B" in flags,
         "orig_argv": list(sys.orig_argv), "cwd": os.getcwd(), "env": dict(os.environ),
-        "stand_in": os.getpid(), "parent": os.getppid(),
+        "stand_in": os.getpid(), "parent": os.getppid(), "group": group,
     })
 
 
@@ -127,7 +127,10 @@ def _run_in_fork(path: str, request: dict) -> None:
             early.append(signum)
             return
         try:
-            os.kill(child, signum)
+            if request["group"]:
+                os.killpg(child, signum)  # what the group received: the program and what it started
+            else:
+                os.kill(child, signum)
         except ProcessLookupError:
             pass
 

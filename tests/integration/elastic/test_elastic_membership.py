@@ -73,7 +73,9 @@ def test_the_remaining_node_goes_on_at_the_smaller_world_size(start_script, free
                 "2", "--monitor-interval", "0.5", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-conf", f"{RDZV_CONF},is_host={int(is_host)}")
 
-    env = {"LITE_ACCELERATOR": "cpu"}
+    # Fresh interpreters (not the fork server's): kill_node finds a node's processes by walking
+    # /proc's parent links, and a forked program's parent there is the fork server's proxy.
+    env = {"LITE_ACCELERATOR": "cpu", "LITE_TEST_FORKSERVER": "0"}
     progress = tmp_path / "progress.txt"
     # Both at once, as two machines would start: node 1 hosts the rendezvous store, node 2 (told it
     # is no host, so it never opens a store of its own on the shared port) connects to it.
