@@ -236,7 +236,7 @@ def _proxy(request: dict[str, Any], fds: list[int], connection: socket.socket, b
                 os.kill(program, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(program, 0)
+        _log_cpu(request["env"], os.wait4(program, 0)[2])
     else:  # the stand-in's parent died: the stand-in waits for the program without a report
         try:
             connection.sendall(_STATUS.pack(2, 0))
