@@ -7,6 +7,8 @@ With `config["die"]` the test's harness (not the user's loop) has Ray worker 1 e
 after its second committed step on the first attempt (`OUT_DIR/died` marks it), and the survivor
 wait between steps until Ray's replacement is set up and asking for its first quorum
 (`OUT_DIR/back-<pid>`), so that the replacement heals from it; every committed step appends `<pid> <step>` to `OUT_DIR/steps`.
+On the first attempt both workers wait for each other before their loops (`OUT_DIR/ready-<worker>`), so
+that they meet in their first quorum.
 """
 
 from __future__ import annotations
@@ -78,8 +80,15 @@ class _Harness:
         self.out, self.worker = out, ray.train.get_context().get_world_rank()
 
     def before_loop(self) -> None:
-        if (self.out / "died").exists():  # Ray's replacement, set up and about to ask for its first quorum
+        if self.worker == 1 and (self.out / "died").exists():  # Ray's replacement, about to ask for its first quorum
             (self.out / f"back-{os.getpid()}").touch()
+            return
+        # First attempt: both workers set up (their Managers heartbeat) before either asks for a quorum, so
+        # the first quorum holds both. Without it, a worker set up seconds before the other on a busy
+        # machine trained its steps alone and died before the other came.
+        (self.out / f"ready-{self.worker}").touch()
+        while not all((self.out / f"ready-{worker}").exists() for worker in (0, 1)):
+            time.sleep(0.05)
 
     def after_step(self, step: int) -> None:
         with open(self.out / "steps", "a") as record:

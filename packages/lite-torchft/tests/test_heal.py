@@ -246,6 +246,33 @@ def test_a_killed_group_heals_under_fp8_with_float8_all_gather(lighthouse: str, 
     assert all(torch.equal(first[name], second[name]) for name in first)
 
 
+@pytest.mark.timeout(240)  # a hang guard: about 15 s on an idle machine
+def test_a_group_whose_run_ended_leaves_the_job_while_its_process_lives_on(lighthouse: str, tmp_path: Path) -> None:
+    """Group 0 trains the whole run alone and its process lives on after `run()` (as a Ray worker
+    waits for its peers); group 1 starts only then. The lighthouse forms no quorum without a
+    majority of the groups it sees alive, so had group 0 gone on heartbeating, group 1 would have
+    waited out its quorum timeout for a group that asks for no more quorums. It trains alone instead."""
+    logs = [tmp_path / "group-0.log", tmp_path / "group-1.log"]
+    (tmp_path / "linger").touch()
+    procs = [_start(0, lighthouse, tmp_path, "split linger", logs[0])]
+    try:
+        _wait_for(lambda: (tmp_path / "finished-0").exists(), procs[0], logs[0])
+        procs.append(_start(1, lighthouse, tmp_path, "split linger", logs[1]))
+        _wait_for(lambda: (tmp_path / "finished-1").exists(), procs[1], logs[1])
+        assert procs[0].poll() is None  # group 0's process lived on the whole time
+        (tmp_path / "linger").unlink()
+        for group, proc in enumerate(procs):
+            assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for group in (0, 1):  # each trained every step alone, on whole batches
+        assert [step for step, _, _ in _records(tmp_path, group)] == list(range(1, STEPS + 1))
+    first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
 @pytest.mark.timeout(150)
 def test_without_split_batches_no_committed_step_repeats_or_skips_a_sample(lighthouse: str, tmp_path: Path) -> None:
     _kill_and_restart(lighthouse, tmp_path, "whole")

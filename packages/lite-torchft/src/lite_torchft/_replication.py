@@ -15,8 +15,9 @@ set-up model, `backward`; it is decided at the first `optimizer.step()` after it
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -86,6 +87,8 @@ class ReplicaGroups:
         self._wrapped: list[nn.Module] = []
         self._global_batch_loaders: list[Iterable[Any]] = []  # set up with split_batches=True
         self._first_group = False  # whether this is group 0 (the logging group until the first quorum)
+        self._runs = 0  # the user's `run()` calls in progress (`run_context`)
+        self._left = False  # whether this group has left the job (`_leave`)
 
     # -- environment -------------------------------------------------------------------------------
     def connect(self, *args: Any, **kwargs: Any) -> None:
@@ -135,10 +138,32 @@ class ReplicaGroups:
         kind = torchft.ProcessGroupNCCL if self.process_group_backend == "nccl" else torchft.ProcessGroupGloo
         return kind(timeout=self._ft_timeout)
 
-    def teardown(self, failed: bool = False) -> None:
-        if self._manager is not None:
+    @contextmanager
+    def run_context(self) -> Iterator[None]:
+        """The user's `run()`; when it ends, this group leaves the job (see `_leave`)."""
+        self._runs += 1
+        try:
+            with super().run_context():
+                yield
+        finally:
+            self._runs -= 1
+            if not self._runs:
+                self._leave()
+
+    def _leave(self) -> None:
+        """Stop torchft's `Manager`: its heartbeats and its checkpoint server. A group whose `run()`
+        has ended asks for no more quorums, but while its process lives on (a Ray worker waiting for
+        its peers, a script that goes on after `run()`) its heartbeats would count it as alive, and
+        the lighthouse forms no quorum without a majority of the groups it sees alive: a group still
+        training, or one started again late, would wait out its quorum timeout for it. What the group
+        has read from the Manager (its step, its place in the last quorum) stays readable."""
+        if self._manager is not None and not self._left:
+            self._left = True
             self._manager.shutdown(wait=False)
-            self._manager = None
+
+    def teardown(self, failed: bool = False) -> None:
+        self._leave()
+        self._manager = None
         super().teardown(failed)
 
     @property

@@ -1,6 +1,6 @@
 """A user's ordinary loop under `strategy="ddp_ft"` (one replica group; the test starts two).
 
-Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL] [fp8]
+Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL] [fp8] [linger]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
 can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
@@ -24,6 +24,8 @@ with `stream`, the same rows come from a stream (`RowStream`: an `IterableDatase
 buffer), and `plain(out, stream=True)` reads that. With `fp8`, the model is `fp8_model()` under
 `Float8Precision("tensorwise", emulate=True)` (torchao, emulated on the CPU), and each process
 writes whether FSDP2 all-gathers its weights in float8 to `OUT_DIR/float8-all-gather-<group>-<rank>`.
+With `linger`, the process lives on after `run()` returns, as a Ray worker waiting for its peers
+does: it writes `OUT_DIR/finished-<group>` and waits while `OUT_DIR/linger` exists.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def _held(out: Path, group: str, step: int) -> bool:
 
 
 def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, shuffle: bool = False,
-         stream: bool = False, fp8: bool = False) -> None:
+         stream: bool = False, fp8: bool = False, linger: bool = False) -> None:
     from lite_core import CSVLogger, Float8Precision, LightningLite, ThroughputMonitor, TrackioLogger
     from lite_core.checkpoint import latest
 
@@ -195,6 +197,10 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
               precision=precision).run()
     else:
         Train(accelerator="cpu", strategy=DDPFTStrategy(ft_timeout=5), loggers=loggers, precision=precision).run()
+    if linger:
+        (out / f"finished-{group}").touch()
+        while (out / "linger").exists():
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
@@ -205,4 +211,4 @@ if __name__ == "__main__":
         buckets = [arg.removeprefix("bucket=") for arg in sys.argv[2:] if arg.startswith("bucket=")]
         lite(out, split="split" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:], trackio="trackio" in sys.argv[2:],
              bucket=buckets[0] if buckets else None, shuffle="shuffle" in sys.argv[2:], stream="stream" in sys.argv[2:],
-             fp8="fp8" in sys.argv[2:])
+             fp8="fp8" in sys.argv[2:], linger="linger" in sys.argv[2:])
