@@ -75,6 +75,7 @@ kind, under diloco:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -168,6 +169,10 @@ class Report:
     seconds: float = 0.0
 
 
+#: The line torchft's manager logs as it asks the lighthouse for a quorum.
+_QUORUM_REQUEST = b"All workers joined - starting quorum"
+
+
 class ChaosJob:
     """The two groups of one run, in folder `out`, meeting at `lighthouse`, saving under `bucket`."""
 
@@ -177,6 +182,7 @@ class ChaosJob:
         self.config = config
         self._env, self._free_port = env, free_port
         self.procs: dict[int, subprocess.Popen[str]] = {}
+        self._log_read: dict[int, tuple[int, int, bytes]] = {}  # group -> (bytes read, quorum requests seen, tail)
 
     # -- processes --------------------------------------------------------------------------------
     def start(self, groups: tuple[int, ...] = (0, 1)) -> None:
@@ -213,9 +219,21 @@ class ChaosJob:
 
     def _quorum_requests(self, group: int) -> int:
         """How many quorums `group`'s processes have asked the lighthouse for (torchft's manager logs
-        this line as it sends the request)."""
+        this line as it sends the request). Reads only what the log gained since the last call."""
         path = self.out / f"group-{group}.log"
-        return path.read_text().count("All workers joined - starting quorum") if path.exists() else 0
+        if not path.exists():
+            return 0
+        read, seen, tail = self._log_read.get(group, (0, 0, b""))
+        with path.open("rb") as log:
+            log.seek(read)
+            new = log.read()
+        text = tail + new
+        seen += text.count(_QUORUM_REQUEST)
+        # A line cut in the middle is counted once it is whole: keep what could begin one, after the last counted.
+        last = text.rfind(_QUORUM_REQUEST)
+        tail = text[max(len(text) - len(_QUORUM_REQUEST) + 1, 0 if last < 0 else last + len(_QUORUM_REQUEST)):]
+        self._log_read[group] = (read + len(new), seen, tail)
+        return seen
 
     def committed(self, group: int) -> int:
         """The last step `group`'s current process recorded (0 before its first)."""
@@ -399,10 +417,7 @@ def job_env(out: Path, bucket: str, server: Any, mlflow: MLflowServer, config: s
 
 def ledger(out: Path, group: int) -> list[tuple[int, int, int, list[int]]]:
     """(epoch, step, pid, sample ids) of each step a process of `group` committed, in order."""
-    path = out / f"ledger-{group}"
-    if not path.exists():
-        return []
-    lines = [line.split() for line in path.read_text().splitlines()]
+    lines = [line.split() for line in _text(out / f"ledger-{group}").splitlines()]
     return [(int(epoch), int(step), int(pid), [int(r) for r in rows]) for epoch, step, pid, *rows in lines]
 
 
@@ -510,9 +525,23 @@ def _diloco_steps(out: Path, group: int) -> list[tuple[int, ...]]:
 def _diloco_events(out: Path, group: int, kind: str) -> list[tuple[int, ...]]:
     """The numbers of each `kind` event (`step`, `load`) that chaos_job.py wrote to `OUT/diloco-<group>`,
     in order (none outside diloco)."""
-    path = out / f"diloco-{group}"
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = _text(out / f"diloco-{group}").splitlines()
     return [tuple(map(int, line.split()[1:])) for line in lines if line.startswith(f"{kind} ")]
+
+
+def _text(path: Path) -> str:
+    """The text of `path` ("" if it does not exist), read again only when its size or time changed:
+    the harness's waits ask for the ledger and the event files every 20 ms."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return ""
+    return _text_as_of(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _text_as_of(path: Path, size: int, mtime_ns: int) -> str:
+    return path.read_text()
 
 
 def _check_tracker(out: Path, trained: dict[int, set[float]]) -> None:
