@@ -33,6 +33,7 @@ It is test infrastructure only: nothing in the packages knows of it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -54,7 +55,8 @@ IMPORT_TIME_PREFIXES = ("LD_", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL", "PYTORCH_", 
                         "PYTHONSTARTUP", "PYTHONBREAKPOINT", "LOGLEVEL")
 #: More of them, when the module that reads them is among the preloads.
 READ_BY_MODULE = {"deepspeed": ("DS_",), "torch_xla": ("PJRT_", "XLA_", "TPU_"),
-                  "torch._inductor.config": ("TORCHINDUCTOR_",), "torch._dynamo.config": ("TORCH_COMPILE", "TORCHDYNAMO_")}
+                  "torch._inductor.config": ("TORCHINDUCTOR_",), "torch._dynamo.config": ("TORCH_COMPILE", "TORCHDYNAMO_"),
+                  "transformers": ("HF_", "TRANSFORMERS_", "USE_TORCH", "USE_TF", "USE_FLAX"), "torchao": ("TORCHAO_",)}
 #: Variables of those prefixes that a forked program applies itself.
 EXEMPT = ("OMP_NUM_THREADS",  # set again by the child (torch.set_num_threads)
           "TORCHINDUCTOR_CACHE_DIR")  # read when inductor compiles, not when it imports
@@ -98,6 +100,10 @@ def serve(path: str) -> None:
             __import__(name)
         else:
             print(f"not preloaded: importing {name} fails or starts a thread", file=sys.stderr, flush=True)
+    # What the preloads built is never garbage: moved out of the collector's generations, a forked
+    # program's full collections neither walk it nor write to its pages (which would copy them).
+    gc.collect()
+    gc.freeze()
     info = {"executable": sys.executable, "prefix": sys.prefix, "pid": os.getpid(),
             "environment": import_time_environment(dict(os.environ)),
             "prefixes": list(import_time_prefixes()), "exempt": list(EXEMPT)}

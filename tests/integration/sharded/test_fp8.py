@@ -7,6 +7,7 @@ FP8, never with float32."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,8 +98,9 @@ def test_a_sharded_fp8_checkpoint_reads_in_a_process_without_torchao(job, job_fo
         "from lite_core.checkpoint import consolidate\n"
         "consolidate(sys.argv[1], sys.argv[2])\n"
     )
+    fresh = {**os.environ, "LITE_TEST_FORKSERVER": "0"}  # not forked from the session's server, which imported torchao
     proc = subprocess.run([sys.executable, "-c", reader, str(job_folder / "fp8_all_gather_sharded"),
-                           str(tmp_path / "one.pt")], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "one.pt")], capture_output=True, text=True, timeout=120, env=fresh)
     assert proc.returncode == 0, proc.stderr
     weights = torch.load(tmp_path / "one.pt", weights_only=True)["model"]
     assert all(type(tensor) is torch.Tensor for tensor in weights.values())
