@@ -10,6 +10,7 @@ job fails fast instead of hanging.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -180,6 +181,21 @@ def script_env(**extra: str) -> dict[str, str]:
                PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
+
+
+#: The ids `start_life` hands out, unique in this test process.
+_LIVES = itertools.count(1)
+
+
+def start_life(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
+    """`subprocess.Popen(args, env=env, text=True, **kwargs)` for a test script that names its
+    process by `LITE_TEST_LIFE` (`life()` in the scripts) where it would write its pid; the id is
+    the returned `Popen`'s `life`. Forked from the session's fork server, a program's pid is not
+    the `Popen`'s (that is its stand-in's), so a test that matched the two never saw its program."""
+    life = next(_LIVES)
+    proc = subprocess.Popen(args, env={**env, "LITE_TEST_LIFE": str(life)}, text=True, **kwargs)
+    proc.life = life  # type: ignore[attr-defined]
+    return proc
 
 
 #: Where `free_port` records the ports it handed out, one empty file per port, for every test

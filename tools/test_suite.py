@@ -11,7 +11,7 @@ While the first environment runs, the others are created in the background (low 
 at a time): creating them waits mostly on downloads and the disk. The environments whose tests
 mostly wait rather than compute (`test-packaging`: wheel builds and pip installs into a fresh
 venv; `test-cuda`: mostly skips on a CPU machine; `test-ray`, `test-torchft` and `test-trackers`:
-clusters, lighthouses, heartbeats, tracking servers) run one after another in a second lane beside the others, their output kept in logs that
+clusters, lighthouses, heartbeats, tracking servers), and `test-deepspeed` to even the lanes, run one after another in a second lane beside the others, their output kept in logs that
 are printed when each ends, so that the two lanes take about as long. Two tables follow the run:
 one row per environment (exit code, seconds) and the whole run's time, then the matrix
 (`tests/matrix`): per cell and environment, passed, skipped (with the reason, as a numbered
@@ -54,8 +54,10 @@ def test_environments() -> list[str]:
 #: took 1558 s and the serial environments 1502 s; the elastic chaos job then moved from `test` to
 #: `test-trackers`, and `test-deepspeed` to the serial lane. With `test-cuda` there too, a loaded
 #: fresh clone of 5d28f32 took 2225 s in the serial lane and 1895 s in this one; `test-cuda`
-#: (135 s there, mostly skips) came back here.
-BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-trackers", "test-cuda")
+#: (135 s there, mostly skips) came back here. At stop 67 `test-torchft` went from about 850 s to
+#: 255 s (forked from the fork server) and `test` lost about 300 CPU-seconds (more preloads), so
+#: `test-deepspeed` (260-420 s) came back to this lane, last.
+BESIDE = ("test-packaging", "test-torchft", "test-ray", "test-trackers", "test-cuda", "test-deepspeed")
 
 
 def run_cell(env: str, report: Path | None = None, log: Path | None = None) -> tuple[int, float, float]:

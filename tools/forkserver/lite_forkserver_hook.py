@@ -43,12 +43,20 @@ def _lite_forkserver_hand_over() -> None:
         return  # python says why
     if kind == "script":
         target = os.path.abspath(target)
+        if os.path.basename(target) in _NATIVE_ARGV:
+            _note("a program that reads the process's command line natively")
+            return
     _run_in_fork(path, {
         "kind": kind, "target": target, "args": args, "warnoptions": warnoptions,
         "unbuffered": "u" in flags, "dont_write_bytecode": "B" in flags,
         "orig_argv": list(sys.orig_argv), "cwd": os.getcwd(), "env": dict(os.environ),
         "stand_in": os.getpid(), "parent": os.getppid(), "group": group,
     })
+
+
+#: Console scripts whose `main` is native code that reads the process's own command line (the
+#: kernel's, which in a forked program is the server's), not `sys.argv`: torchft's lighthouse (Rust).
+_NATIVE_ARGV = ("torchft_lighthouse",)
 
 
 def _parse(argv: list[str]):  # -> (kind, target, args, flags, warnoptions) | None

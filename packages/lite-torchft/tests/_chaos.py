@@ -91,7 +91,7 @@ import torch
 
 # The repository's conftest.py (test_chaos and the soak put it on the path): the MLflow server and the
 # trackers' checks are shared with tests/integration/elastic/test_chaos_nodes.py.
-from conftest import MLflowServer, check_mlflow_run, check_trackio_run, check_wandb_run  # noqa: F401
+from conftest import MLflowServer, check_mlflow_run, check_trackio_run, check_wandb_run, start_life  # noqa: F401
 
 SCRIPT = Path(__file__).parent / "scripts" / "chaos_job.py"
 STEPS = 24  # chaos_job: 2 epochs of 12 global batches
@@ -194,11 +194,11 @@ class ChaosJob:
                             MASTER_PORT=str(self._free_port()), **job_env(self.out, self.bucket, self.server,
                                                                            self.mlflow, self.config))
             log = (self.out / f"group-{group}.log").open("a")
-            self.procs[group] = subprocess.Popen([sys.executable, str(SCRIPT), str(self.out), self.bucket], env=env,
-                                                 text=True, stdout=log, stderr=subprocess.STDOUT)
+            self.procs[group] = start_life([sys.executable, str(SCRIPT), str(self.out), self.bucket], env, stdout=log,
+                                           stderr=subprocess.STDOUT)
         for group in groups:
             proc = self.procs[group]
-            self._wait(lambda: any(self.out.glob(f"ready-{group}-{proc.pid}")), f"group {group} to be ready", group)
+            self._wait(lambda: any(self.out.glob(f"ready-{group}-{proc.life}")), f"group {group} to be ready", group)
         (self.out / "gate").unlink()
 
     def log(self, group: int) -> str:
@@ -238,7 +238,7 @@ class ChaosJob:
     def committed(self, group: int) -> int:
         """The last step `group`'s current process recorded (0 before its first)."""
         proc = self.procs[group]
-        steps = [step for _, step, pid, _ in ledger(self.out, group) if pid == proc.pid]
+        steps = [step for _, step, pid, _ in ledger(self.out, group) if pid == proc.life]
         return steps[-1] if steps else 0
 
     def position(self, group: int) -> int:
@@ -248,7 +248,7 @@ class ChaosJob:
         committed = self.committed(group)  # the ledger: its row comes after the step's event (chaos_job.py)
         if self.config != "diloco":
             return committed
-        pid = self.procs[group].pid
+        pid = self.procs[group].life
         if not committed:
             return _loaded_step(self.out, group, pid)
         return _healed_steps(self.out, group).get((pid, committed), committed)

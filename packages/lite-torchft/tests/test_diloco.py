@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import free_port, script_env  # the repository's conftest.py
+from conftest import free_port, script_env, start_life  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.plugins import ConfigurationError
 from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
@@ -61,14 +61,14 @@ def _start(group: int, lighthouse: str, out: Path, args: tuple[str, ...], **env:
     env = script_env(REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), **env)
     log = (out / f"group-{group}.log").open("a")
-    return subprocess.Popen([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env=env,
-                            text=True, stdout=log, stderr=subprocess.STDOUT)
+    return start_life([sys.executable, str(SCRIPTS / "diloco_train.py"), str(out), *args], env, stdout=log,
+                      stderr=subprocess.STDOUT)
 
 
 def _wait_until_ready(out: Path, procs: dict[int, subprocess.Popen[str]] | list[subprocess.Popen[str]]) -> None:
     """Until each group (index: process) is set up and waits at the gate."""
     procs = dict(enumerate(procs)) if isinstance(procs, list) else procs
-    _wait(lambda: all(any(out.glob(f"ready-{group}-{proc.pid}")) for group, proc in procs.items()),
+    _wait(lambda: all(any(out.glob(f"ready-{group}-{proc.life}")) for group, proc in procs.items()),
           list(procs.values()), out, "set up")
 
 
@@ -199,7 +199,7 @@ def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equ
         _wait_for_the_end(procs, out)
     survivor, victim = _records(out, 0), _records(out, 1)
     assert [batch for batch, _, _ in survivor] == list(range(1, 25)) and len({pid for *_, pid in survivor}) == 1
-    second_life = [batch for batch, _, pid in victim if pid == procs[1].pid]
+    second_life = [batch for batch, _, pid in victim if pid == procs[1].life]
     # 4 inner steps from its own start, then on from group 0's position after the sync at 16
     assert second_life == [1, 2, 3, 4, *range(17, 25)], second_life
     assert [(out / f"heals-{g}").read_text() for g in (0, 1)] == ["0", "1"]

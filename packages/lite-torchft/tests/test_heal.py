@@ -29,7 +29,7 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import free_port, script_env  # the repository's conftest.py
+from conftest import free_port, script_env, start_life  # the repository's conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "ft_train.py"
 
@@ -40,8 +40,8 @@ def _start(group: int, lighthouse: str, out: Path, mode: str, log: Path) -> subp
     env = script_env(LITE_COLLECTIVE_TIMEOUT="10", REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), FT_STEP_SLEEP="0.1",
                      TRACKIO_DIR=str(out / "trackio"), LITE_JOB_ID=f"heal-{out.name}")  # one job for both groups
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), *mode.split()], env=env, text=True,
-                            stdout=log.open("a"), stderr=subprocess.STDOUT)
+    return start_life([sys.executable, str(SCRIPT), str(out), *mode.split()], env, stdout=log.open("a"),
+                      stderr=subprocess.STDOUT)
 
 
 def _committed(out: Path, group: int) -> int:
@@ -68,7 +68,7 @@ def _open_the_gate_when_ready(out: Path, procs: list[subprocess.Popen[str]], log
     ready, they meet the lighthouse together. Without it, a group that started seconds later on a
     busy machine found the other alone at the last step, and healed there."""
     for group, proc in enumerate(procs):
-        _wait_for(lambda: any(out.glob(f"ready-{group}-{proc.pid}")), proc, logs[group])
+        _wait_for(lambda: any(out.glob(f"ready-{group}-{proc.life}")), proc, logs[group])
     (out / "gate").unlink()
 
 
@@ -107,7 +107,7 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
         _wait_for_step(out, survivor, held_at, procs[survivor], logs[survivor])
         time.sleep(1)
         procs[victim] = _start(victim, lighthouse, out, mode, logs[victim])
-        _wait_for(lambda: any(out.glob(f"ready-{victim}-{procs[victim].pid}")), procs[victim], logs[victim])
+        _wait_for(lambda: any(out.glob(f"ready-{victim}-{procs[victim].life}")), procs[victim], logs[victim])
         (out / f"hold-{survivor}").unlink()
         for group, proc in enumerate(procs):
             assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
@@ -116,7 +116,7 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
             if proc.poll() is None:
                 proc.kill()
     # the restarted group healed from the survivor and went on from its step, not from 1
-    second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].pid]
+    second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].life]
     assert second_life and second_life[0] > held_at, f"group {victim} did not resume at its peer's step: {second_life}"
     assert second_life[-1] == _records(out, survivor)[-1][0]
     return held_at
@@ -208,7 +208,7 @@ def test_a_group_started_again_resumes_from_the_latest_checkpoint_in_the_bucket(
         assert sorted(writers) == list(range(1, STEPS + 1)), writers
         # the first group of each step's quorum uploads: group 0, unless it missed a quorum (a loaded
         # machine: a fresh-clone CI run saw group 1 alone in one quorum, and upload that step)
-        groups = {pid for group in (0, 1) for _, pid, _ in _records(tmp_path, group)}
+        groups = {int(path.read_text()) for path in tmp_path.glob("pid-*")}  # each group's processes' pids
         assert set(writers.values()) <= groups, "a process of no group uploaded"
         assert len([found for found in uploads if found]) == STEPS, "a checkpoint was uploaded twice"
     victim_pid = max((p for p in tmp_path.glob("resumed-1-*")), key=lambda p: p.stat().st_mtime).name.split("-")[2]

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ft_train import _held  # the same hold between steps as the heal tests' script
+from ft_train import _held, life  # the same hold between steps as the heal tests' script
 
 EPOCHS = 2
 BATCH = 4  # the global batch
@@ -233,7 +233,7 @@ def replay(out: Path, forget_faults: bool = False) -> None:
 def _record(out: Path, group: str, epoch: int, step: int, index: torch.Tensor) -> None:
     rows = " ".join(str(int(i)) for i in index.flatten().tolist())
     with open(out / f"ledger-{group}", "a") as ledger:
-        ledger.write(f"{epoch} {step} {os.getpid()} {rows}\n")
+        ledger.write(f"{epoch} {step} {life()} {rows}\n")
         ledger.flush()
         os.fsync(ledger.fileno())
 
@@ -273,8 +273,8 @@ def lite(out: Path, bucket: str) -> None:
             if resumed is not None:
                 self.load(resumed, state)
                 if diloco:
-                    event(f"load {state['step']} {os.getpid()}")
-            (out / f"ready-{group}-{os.getpid()}").touch()
+                    event(f"load {state['step']} {life()}")
+            (out / f"ready-{group}-{life()}").touch()
             while (out / "gate").exists():
                 time.sleep(0.02)
             for epoch in range(state["epoch"], EPOCHS):
@@ -296,7 +296,7 @@ def lite(out: Path, bucket: str) -> None:
                         state["epoch"] = epoch
                         # the event first: the harness kills once the ledger shows the step (a soak run
                         # killed a group between the two writes, and the simulation found no event for it)
-                        event(f"step {trained} {os.getpid()} {participants} {int(healed)} {self.strategy.step}")
+                        event(f"step {trained} {life()} {participants} {int(healed)} {self.strategy.step}")
                         _record(out, group, epoch, trained, index)
                         # from the group that logs, at the job's step: the peer's, after a heal
                         self.log("batch", float(index.sum()), step=state["step"])

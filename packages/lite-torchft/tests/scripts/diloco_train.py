@@ -17,7 +17,7 @@ to `OUT_DIR/weights-<group>.pt` and the outer steps taken (the Manager's step) t
 `OUT_DIR/steps-<group>`. `simulate` computes the same in one process without Lite or torchft.
 
 For the test that kills a group, as ft_train.py does: each inner step appends `<global batch>
-<outer steps> <pid>` to `OUT_DIR/progress-<group>` (the global batch numbered from 1, read from the
+<outer steps> <life>` to `OUT_DIR/progress-<group>` (the global batch numbered from 1, read from the
 rows' indices), the group waits between steps while `OUT_DIR/hold-<group>` names a global batch it
 has reached, sleeps FT_STEP_SLEEP seconds per step (0 by default), and at the end writes the number
 of times it healed from a peer to `OUT_DIR/heals-<group>`. `plant=no-outer-heal` plants a fault for that test to see: a group that
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.nn.functional import mse_loss
 
-from ft_train import BATCH, _full, _held, data, model  # the same data, model and inner optimizer as the ddp_ft tests
+from ft_train import BATCH, _full, _held, data, life, model  # the same data, model and inner optimizer as the ddp_ft tests
 
 INNER_LR, INNER_MOMENTUM = 0.05, 0.9
 SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0"))
@@ -107,9 +107,9 @@ def simulate(sync_every: int, outer_lr: float, outer_momentum: float, groups: in
 
 def wait_at_the_gate(out: Path, group: str) -> None:
     """Say that this group is set up (its Manager heartbeats to the lighthouse) with
-    OUT_DIR/ready-<group>-<pid>, and wait while OUT_DIR/gate exists: the test opens it once every
+    OUT_DIR/ready-<group>-<life>, and wait while OUT_DIR/gate exists: the test opens it once every
     group is ready, so that no group meets the lighthouse alone because another started later."""
-    (out / f"ready-{group}-{os.getpid()}").touch()
+    (out / f"ready-{group}-{life()}").touch()
     while (out / "gate").exists():
         time.sleep(0.05)
 
@@ -162,7 +162,7 @@ def lite(out: Path, sync_every: int, outer_lr: float, outer_momentum: float, fra
                     self.save({"model": net, "optimizer": optimizer}, out / f"ckpt-{group}")
                 if self.global_rank == 0:
                     with open(out / f"progress-{group}", "a") as f:
-                        f.write(f"{batch} {self.strategy.step} {os.getpid()}\n")
+                        f.write(f"{batch} {self.strategy.step} {life()}\n")
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
                 while _held(out, group, batch):  # the test holds this group between steps
                     time.sleep(0.05)

@@ -3,7 +3,7 @@
 Usage: python ft_train.py OUT_DIR [split|whole] [plain|fsdp] [trackio] [shuffle|stream] [bucket=URL] [fp8] [linger]
 
 Trains a tiny model over one epoch of a fixed loader, sleeping a little per step so that the test
-can kill the group mid-run. Each committed step appends `<step> <pid> <sample indices>` to
+can kill the group mid-run. Each committed step appends `<step> <life> <sample indices>` to
 `OUT_DIR/progress-<group>`; while `OUT_DIR/hold-<group>` exists the group waits between steps, at
 once if the file is empty, else once it has committed the step the file names (the test holds the
 survivor until the restarted group is ready to join); at the end the weights go to
@@ -17,14 +17,15 @@ step, the loss and the id of the group that logged it. With `bucket=URL` (an `s3
 resumes at its top from the latest complete checkpoint under URL (`lite_core.checkpoint.latest`) and
 saves `URL/step-<step>` after each committed step, before recording it; a group writes the name of
 the checkpoint it resumed from (or nothing) and its step after loading it to
-`OUT_DIR/resumed-<group>-<pid>` ("step-7 7"), and at the end the
+`OUT_DIR/resumed-<group>-<life>` ("step-7 7"), and at the end the
 number of times it healed from a peer to `OUT_DIR/heals-<group>`. With `shuffle`, the training loader is the user's shuffled one
 (`shuffle=True` with a seeded generator), and `plain(out, shuffle=True)` reads it the same way;
 with `stream`, the same rows come from a stream (`RowStream`: an `IterableDataset` with a shuffle
 buffer), and `plain(out, stream=True)` reads that. With `fp8`, the model is `fp8_model()` under
 `Float8Precision("tensorwise", emulate=True)` (torchao, emulated on the CPU), and each process
 writes whether FSDP2 all-gathers its weights in float8 to `OUT_DIR/float8-all-gather-<group>-<rank>`.
-With `linger`, the process lives on after `run()` returns, as a Ray worker waiting for its peers
+A process names itself by its life (`life()`: the test's `LITE_TEST_LIFE`, else its pid) in
+these files, and rank 0 writes its pid to `OUT_DIR/pid-<group>-<life>`. With `linger`, the process lives on after `run()` returns, as a Ray worker waiting for its peers
 does: it writes `OUT_DIR/finished-<group>` and waits while `OUT_DIR/linger` exists.
 """
 
@@ -43,6 +44,12 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 STEPS = 24
 BATCH = 4
 SLEEP = float(os.environ.get("FT_STEP_SLEEP", "0.25"))
+
+
+def life() -> int:
+    """This process's id in the files the tests read: the test's `LITE_TEST_LIFE` (conftest.py's
+    `start_life`), else the pid."""
+    return int(os.environ.get("LITE_TEST_LIFE", os.getpid()))
 
 
 class RowStream(IterableDataset):
@@ -156,8 +163,10 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
                     self.load(resumed_from, state)
                 if self.global_rank == 0:
                     name = os.path.basename(resumed_from or "")
-                    (out / f"resumed-{group}-{os.getpid()}").write_text(f"{name} {self.strategy.step}")
-            (out / f"ready-{group}-{os.getpid()}").touch()
+                    (out / f"resumed-{group}-{life()}").write_text(f"{name} {self.strategy.step}")
+            if self.global_rank == 0:  # its pid, which names what it uploads to the bucket
+                (out / f"pid-{group}-{life()}").write_text(str(os.getpid()))
+            (out / f"ready-{group}-{life()}").touch()
             while (out / "gate").exists():  # the test opens it once every group is ready (see test_heal.py)
                 time.sleep(0.05)
             for x, y, index in loader:
@@ -171,7 +180,7 @@ def lite(out: Path, split: bool, fsdp: bool, trackio: bool, bucket: str | None, 
                         self.save(state, f"{bucket}/step-{self.strategy.step}")
                     rows = " ".join(str(int(i)) for i in index.flatten().tolist())
                     with open(out / f"progress-{group}{'' if self.global_rank == 0 else f'-{self.global_rank}'}", "a") as f:
-                        f.write(f"{self.strategy.step} {os.getpid()} {rows}\n")
+                        f.write(f"{self.strategy.step} {life()} {rows}\n")
                     monitor.step(batch_size=len(x), step=self.strategy.step)
                     self.log_dict({"loss": loss, "group": float(group)}, step=self.strategy.step)
                 time.sleep(SLEEP)  # between steps (a kill lands here, after the record)
