@@ -109,17 +109,25 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
         procs[victim] = _start(victim, lighthouse, out, mode, logs[victim])
         _wait_for(lambda: any(out.glob(f"ready-{victim}-{procs[victim].life}")), procs[victim], logs[victim])
         (out / f"hold-{survivor}").unlink()
-        for group, proc in enumerate(procs):
-            assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
+        _each_ends_well(procs, logs)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _kill_what_is_left(procs)
     # the restarted group healed from the survivor and went on from its step, not from 1
     second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].life]
     assert second_life and second_life[0] > held_at, f"group {victim} did not resume at its peer's step: {second_life}"
     assert second_life[-1] == _records(out, survivor)[-1][0]
     return held_at
+
+
+def _each_ends_well(procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+    for group, proc in enumerate(procs):
+        assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
+
+
+def _kill_what_is_left(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -175,9 +183,7 @@ def test_a_group_that_never_comes_back_leaves_the_plain_run(lighthouse: str, tmp
         procs[1].wait()
         assert procs[0].wait(timeout=120) == 0, f"group 0 failed:\n{logs[0].read_text()[-4000:]}"
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _kill_what_is_left(procs)
     records = _records(tmp_path, 0)
     assert [step for step, _, _ in records] == list(range(1, STEPS + 1)) and len({pid for _, pid, _ in records}) == 1
     assert not (tmp_path / "weights-1.pt").exists()
@@ -261,12 +267,9 @@ def test_a_group_whose_run_ended_leaves_the_job_while_its_process_lives_on(light
         _wait_for(lambda: (tmp_path / "finished-1").exists(), procs[1], logs[1])
         assert procs[0].poll() is None  # group 0's process lived on the whole time
         (tmp_path / "linger").unlink()
-        for group, proc in enumerate(procs):
-            assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
+        _each_ends_well(procs, logs)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _kill_what_is_left(procs)
     for group in (0, 1):  # each trained every step alone, on whole batches
         assert [step for step, _, _ in _records(tmp_path, group)] == list(range(1, STEPS + 1))
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
