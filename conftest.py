@@ -198,6 +198,18 @@ def start_life(args: list[str], env: dict[str, str], **kwargs: Any) -> subproces
     return proc
 
 
+@contextlib.contextmanager
+def killing_leftovers(procs: list[subprocess.Popen[str]]) -> Iterator[None]:
+    """Kill whichever of `procs` still runs when the block ends (a failed assertion, a hang guard);
+    the list may have a process replaced or added inside the block."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
 #: Where `free_port` records the ports it handed out, one empty file per port, for every test
 #: process of this machine (pytest-xdist workers, nested pytests, concurrent runs).
 _PORT_CLAIMS = Path(tempfile.gettempdir()) / "lite-test-ports"

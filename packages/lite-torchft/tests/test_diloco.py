@@ -9,7 +9,6 @@ momentum dropped, or the pseudo-gradient's sign flipped, must not match: the com
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import signal
@@ -19,13 +18,13 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import free_port, script_env, start_life  # the repository's conftest.py
+from conftest import free_port, killing_leftovers, script_env, start_life  # the repository's conftest.py
 from lite_core import LightningLite
 from lite_core.plugins import ConfigurationError
 from lite_torchft.diloco import DiLoCoFSDPStrategy, DiLoCoStrategy, LocalSGDStrategy
@@ -49,7 +48,7 @@ def _run_groups(lighthouse: str, out: Path, *args: str) -> list[dict[str, torch.
     each waits at `OUT/gate` until both are set up)."""
     (out / "gate").touch()
     procs = [_start(group, lighthouse, out, args) for group in (0, 1)]
-    with _killing_leftovers(procs):
+    with killing_leftovers(procs):
         _wait_until_ready(out, procs)
         (out / "gate").unlink()
         _wait_for_the_end(procs, out)
@@ -78,18 +77,6 @@ def _wait(condition: Callable[[], bool], procs: list[subprocess.Popen[str]], out
         assert all(proc.poll() is None for proc in procs), f"a group ended before the groups were {what}:\n{_logs(out)}"
         assert time.monotonic() < deadline, f"the groups were not {what} in 120 s:\n{_logs(out)}"
         time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def _killing_leftovers(procs: list[subprocess.Popen[str]]) -> Iterator[None]:
-    """Kill whatever group is still running when the block ends (a failed assertion, a hang guard);
-    `procs` may have a group replaced inside the block."""
-    try:
-        yield
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def _wait_for_the_end(procs: list[subprocess.Popen[str]], out: Path) -> None:
@@ -182,7 +169,7 @@ def test_a_group_killed_between_outer_syncs_heals_from_its_peer_and_both_end_equ
     (out / "gate").touch()
     _hold(out, 1, 6)
     procs = [_start(group, lighthouse, out, args, FT_STEP_SLEEP="0.1") for group in (0, 1)]
-    with _killing_leftovers(procs):
+    with killing_leftovers(procs):
         _wait_until_ready(out, procs)
         (out / "gate").unlink()
         _wait(lambda: _batches(out, 1)[-1:] == [6], procs, out, "at step 6")
@@ -278,7 +265,7 @@ def _saved_between_syncs_and_resumed(strategy: Callable[[], Any], path: str, lig
     try:
         return LightningLite(accelerator="cpu", strategy=made).launch(train)
     finally:
-        made.teardown()  # the Manager would go on heartbeating to this test's lighthouse
+        made.teardown()  # the process group Lite made in this test's process
 
 
 # One group in this process: a few seconds when idle; 90 s is a hang guard only.

@@ -29,7 +29,7 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import free_port, script_env, start_life  # the repository's conftest.py
+from conftest import free_port, killing_leftovers, script_env, start_life  # the repository's conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "ft_train.py"
 
@@ -91,7 +91,7 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
     if ready_to_kill is not None:
         _hold(out, victim, 5)
     procs = [_start(g, lighthouse, out, mode, logs[g]) for g in (0, 1)]
-    try:
+    with killing_leftovers(procs):
         _open_the_gate_when_ready(out, procs, logs)
         _wait_for_step(out, victim, 5, procs[victim], logs[victim])
         if ready_to_kill is not None:
@@ -110,8 +110,6 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
         _wait_for(lambda: any(out.glob(f"ready-{victim}-{procs[victim].life}")), procs[victim], logs[victim])
         (out / f"hold-{survivor}").unlink()
         _each_ends_well(procs, logs)
-    finally:
-        _kill_what_is_left(procs)
     # the restarted group healed from the survivor and went on from its step, not from 1
     second_life = [step for step, pid, _ in _records(out, victim) if pid == procs[victim].life]
     assert second_life and second_life[0] > held_at, f"group {victim} did not resume at its peer's step: {second_life}"
@@ -122,12 +120,6 @@ def _kill_and_restart(lighthouse: str, out: Path, mode: str, victim: int = 1,
 def _each_ends_well(procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
     for group, proc in enumerate(procs):
         assert proc.wait(timeout=90) == 0, f"group {group} failed:\n{logs[group].read_text()[-4000:]}"
-
-
-def _kill_what_is_left(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -176,14 +168,12 @@ def test_a_group_that_never_comes_back_leaves_the_plain_run(lighthouse: str, tmp
     (tmp_path / "gate").touch()
     _hold(tmp_path, 1, 5)
     procs = [_start(g, lighthouse, tmp_path, mode, logs[g]) for g in (0, 1)]
-    try:
+    with killing_leftovers(procs):
         _open_the_gate_when_ready(tmp_path, procs, logs)
         _wait_for_step(tmp_path, 1, 5, procs[1], logs[1])
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].wait()
         assert procs[0].wait(timeout=120) == 0, f"group 0 failed:\n{logs[0].read_text()[-4000:]}"
-    finally:
-        _kill_what_is_left(procs)
     records = _records(tmp_path, 0)
     assert [step for step, _, _ in records] == list(range(1, STEPS + 1)) and len({pid for _, pid, _ in records}) == 1
     assert not (tmp_path / "weights-1.pt").exists()
@@ -261,15 +251,13 @@ def test_a_group_whose_run_ended_leaves_the_job_while_its_process_lives_on(light
     logs = [tmp_path / "group-0.log", tmp_path / "group-1.log"]
     (tmp_path / "linger").touch()
     procs = [_start(0, lighthouse, tmp_path, "split linger", logs[0])]
-    try:
+    with killing_leftovers(procs):
         _wait_for(lambda: (tmp_path / "finished-0").exists(), procs[0], logs[0])
         procs.append(_start(1, lighthouse, tmp_path, "split linger", logs[1]))
         _wait_for(lambda: (tmp_path / "finished-1").exists(), procs[1], logs[1])
         assert procs[0].poll() is None  # group 0's process lived on the whole time
         (tmp_path / "linger").unlink()
         _each_ends_well(procs, logs)
-    finally:
-        _kill_what_is_left(procs)
     for group in (0, 1):  # each trained every step alone, on whole batches
         assert [step for step, _, _ in _records(tmp_path, group)] == list(range(1, STEPS + 1))
     first, second = _weights(tmp_path / "weights-0.pt"), _weights(tmp_path / "weights-1.pt")
