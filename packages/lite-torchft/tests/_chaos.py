@@ -182,7 +182,7 @@ class ChaosJob:
         self.config = config
         self._env, self._free_port = env, free_port
         self.procs: dict[int, subprocess.Popen[str]] = {}
-        self._log_read: dict[int, tuple[int, int, bytes]] = {}  # group -> (bytes read, quorum requests seen, tail)
+        self._log_read: dict[int, tuple[int, int]] = {}  # group -> (bytes read, quorum requests seen)
 
     # -- processes --------------------------------------------------------------------------------
     def start(self, groups: tuple[int, ...] = (0, 1)) -> None:
@@ -219,21 +219,17 @@ class ChaosJob:
 
     def _quorum_requests(self, group: int) -> int:
         """How many quorums `group`'s processes have asked the lighthouse for (torchft's manager logs
-        this line as it sends the request). Reads only what the log gained since the last call."""
+        this line as it sends the request). Reads only the whole lines the log gained since the last call."""
         path = self.out / f"group-{group}.log"
         if not path.exists():
             return 0
-        read, seen, tail = self._log_read.get(group, (0, 0, b""))
+        read, seen = self._log_read.get(group, (0, 0))
         with path.open("rb") as log:
             log.seek(read)
             new = log.read()
-        text = tail + new
-        seen += text.count(_QUORUM_REQUEST)
-        # A line cut in the middle is counted once it is whole: keep what could begin one, after the last counted.
-        last = text.rfind(_QUORUM_REQUEST)
-        tail = text[max(len(text) - len(_QUORUM_REQUEST) + 1, 0 if last < 0 else last + len(_QUORUM_REQUEST)):]
-        self._log_read[group] = (read + len(new), seen, tail)
-        return seen
+        whole = new[:new.rfind(b"\n") + 1]  # a line still being written is read with the next call
+        self._log_read[group] = (read + len(whole), seen + whole.count(_QUORUM_REQUEST))
+        return self._log_read[group][1]
 
     def committed(self, group: int) -> int:
         """The last step `group`'s current process recorded (0 before its first)."""
