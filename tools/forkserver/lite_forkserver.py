@@ -20,7 +20,13 @@ What a forked program sees that a fresh one would not, and how it is made equal:
   `torch.set_num_threads`. Random seeds: torch's and numpy's global generators are seeded afresh.
 - What cannot be mirrored starts a fresh interpreter (the hook decides): an environment variable
   read when torch imports that differs from the server's (`import_time_environment`), interpreter
-  options other than -u, -B, -s and -W.
+  options other than -u, -B, -s and -W, and a console script whose native main reads the process's
+  own command line, which in a fork is the server's (`_NATIVE_ARGV` in the hook).
+- Not mirrored: its pid, which is not the one its `Popen` holds (that is the stand-in's). A test
+  that matches what a program names by its pid gives the program an id of its own instead
+  (`start_life` in the root conftest.py).
+- Its heap: the server freezes what its preloads built (`gc.freeze()`), so a program's full
+  collections skip those objects, as they would skip objects that are not there.
 - A process-group leader (a job that a test signals as a group; a rank that torch's elastic agent
   starts in a session of its own, which it stops with `killpg`): the program calls `setsid()` and
   leads a group of its own, its descendants in it. The stand-in, the group's leader, relays each
